@@ -1,0 +1,36 @@
+# The two commands that set everything up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TORCH_VERSION ?= 2.13.0
+EXTRAS ?= test,bench
+
+.PHONY: demo test lint bench clean
+
+# Torch is installed only when the venv has none, so an existing (CUDA) build is kept;
+# it is pinned because an unpinned resolve pulls several GB of CUDA packages.
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==$(TORCH_VERSION)
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	touch $@
+
+demo: $(VENV)/.installed
+	$(PY) tools/demo.py
+
+test: $(VENV)/.installed
+	$(VENV)/bin/ruff check fastdata tests tools benchmarks
+	$(VENV)/bin/ruff format --check fastdata tests tools benchmarks
+	$(VENV)/bin/mypy
+	$(PY) -m pytest -q
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check fastdata tests tools benchmarks
+	$(VENV)/bin/ruff format --check fastdata tests tools benchmarks
+	$(VENV)/bin/mypy
+
+bench: $(VENV)/.installed
+	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

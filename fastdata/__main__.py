@@ -1,0 +1,7 @@
+"""``python -m fastdata`` runs the command line."""
+
+import sys
+
+from fastdata.cli import main
+
+sys.exit(main())

@@ -1,0 +1,29 @@
+"""``fastdata verify OUT``: re-check every shard checksum; non-zero exit on corruption."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from fastdata.cli import EXIT_FAILURE, EXIT_OK
+from fastdata.shards import load_manifest, verify_shards
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("verify", help="re-check every shard's size and SHA-256")
+    parser.add_argument("out", help="shard folder written by `fastdata preprocess`")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    problems = verify_shards(args.out, show_progress=not args.quiet)
+    if problems:
+        for problem in problems:
+            print(f"CORRUPT {problem.file}: {problem.reason}", file=sys.stderr)
+        print(f"{len(problems)} shard(s) failed verification", file=sys.stderr)
+        return EXIT_FAILURE
+    count = len(load_manifest(args.out).shards)
+    print(f"OK: {count} shard(s) verified")
+    return EXIT_OK

@@ -1,0 +1,26 @@
+"""Shared fixtures and marker handling: `gpu` tests skip cleanly without CUDA."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    skip_dali = pytest.mark.skip(reason="needs NVIDIA DALI: pip install nvidia-dali-cuda130")
+    skip_ray = pytest.mark.skip(reason="needs Ray: pip install 'fastdata[ray]'")
+    has_cuda = torch.cuda.is_available()
+    has_dali = importlib.util.find_spec("nvidia") is not None and (
+        importlib.util.find_spec("nvidia.dali") is not None
+    )
+    has_ray = importlib.util.find_spec("ray") is not None
+    for item in items:
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(skip_gpu)
+        if "dali" in item.keywords and not has_dali:
+            item.add_marker(skip_dali)
+        if "ray" in item.keywords and not has_ray:
+            item.add_marker(skip_ray)

@@ -152,7 +152,7 @@ class ShardReader:
                 if isinstance(source, np.memmap):
                     # One memcpy per sample: 2-3x faster than fancy indexing (no temporary).
                     for position, local in zip(positions.tolist(), locals_.tolist(), strict=True):
-                        np.copyto(out[position], source[local])
+                        out[position] = source[local]
                 else:
                     order = np.argsort(locals_, kind="stable")
                     unique, inverse = np.unique(locals_[order], return_inverse=True)

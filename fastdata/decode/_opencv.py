@@ -1,0 +1,96 @@
+"""Image decoding with OpenCV (libjpeg-turbo), shared by preprocessing, datasets and the
+``cpu`` decoder backend.
+
+For JPEGs that are at least twice the wanted size, libjpeg-turbo can decode at 1/2, 1/4 or
+1/8 scale straight from the DCT coefficients (``IMREAD_REDUCED_*``), which costs a fraction
+of a full decode. :func:`decode_image` picks the largest reduction that keeps the decoded
+image at least as large as asked.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from fastdata.errors import DecodeError
+
+_REDUCED_COLOR = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2,
+                  4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}  # fmt: skip
+_REDUCED_GRAY = {1: cv2.IMREAD_GRAYSCALE, 2: cv2.IMREAD_REDUCED_GRAYSCALE_2,
+                 4: cv2.IMREAD_REDUCED_GRAYSCALE_4, 8: cv2.IMREAD_REDUCED_GRAYSCALE_8}  # fmt: skip
+# Start-of-frame markers (baseline, extended, progressive, lossless...) carry the size.
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def jpeg_size(data: bytes | np.ndarray) -> tuple[int, int] | None:
+    """``(height, width)`` from a JPEG's frame header, or ``None`` if it is not a JPEG
+    (or the header is unreadable). Reads only the markers before the first frame."""
+    buf = np.ascontiguousarray(data, dtype=np.uint8).data if isinstance(data, np.ndarray) else data
+    if len(buf) < 4 or buf[0] != 0xFF or buf[1] != 0xD8:
+        return None
+    pos = 2
+    end = len(buf)
+    while pos + 9 < end:
+        if buf[pos] != 0xFF:
+            return None
+        marker = buf[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        length = (buf[pos + 2] << 8) | buf[pos + 3]
+        if marker in _SOF_MARKERS:
+            height = (buf[pos + 5] << 8) | buf[pos + 6]
+            width = (buf[pos + 7] << 8) | buf[pos + 8]
+            return (height, width) if height and width else None
+        pos += 2 + length
+    return None
+
+
+def reduction_for(source_hw: tuple[int, int] | None, min_side: int | None) -> int:
+    """Largest factor in (1, 2, 4, 8) that keeps the shorter side of ``source_hw`` at
+    least ``min_side`` once decoded at that scale (1 when either is unknown)."""
+    if source_hw is None or not min_side:
+        return 1
+    shorter = min(source_hw)
+    factor = 1
+    for candidate in (2, 4, 8):
+        # libjpeg rounds the scaled size up: ceil(side / factor)
+        if -(-shorter // candidate) >= min_side:
+            factor = candidate
+    return factor
+
+
+def decode_image(
+    data: bytes | np.ndarray,
+    *,
+    min_side: int | None = None,
+    grayscale: bool = False,
+    source: str = "<bytes>",
+) -> np.ndarray:
+    """Decode an encoded image (JPEG, PNG, BMP, WebP, TIFF…) to uint8 pixels.
+
+    Args:
+        data: The encoded bytes.
+        min_side: When given, JPEGs are decoded at the smallest 1/2, 1/4 or 1/8 scale
+            whose shorter side is still at least this many pixels (other formats decode
+            at full size). The caller resizes to the exact target afterwards.
+        grayscale: Decode to one channel.
+        source: Where the bytes came from, for the error message.
+
+    Returns:
+        ``(H, W, 3)`` uint8 RGB, or ``(H, W)`` uint8 when ``grayscale``.
+
+    Raises:
+        DecodeError: The bytes are not a decodable image (corrupt, truncated, empty).
+    """
+    buf = np.frombuffer(data, dtype=np.uint8) if isinstance(data, bytes) else data
+    if buf.size == 0:
+        raise DecodeError("empty image data", source)
+    factor = reduction_for(jpeg_size(buf), min_side)
+    flag = (_REDUCED_GRAY if grayscale else _REDUCED_COLOR)[factor]
+    image = cv2.imdecode(buf, flag)
+    if image is None:
+        raise DecodeError("not a decodable image (corrupt, truncated or unknown format)", source)
+    if not grayscale:
+        cv2.cvtColor(image, cv2.COLOR_BGR2RGB, dst=image)
+    return image

@@ -6,7 +6,7 @@ For one batch (default 256 x 224 x 224 x 3):
   normalize, time per batch and ratio; and the fraction of copy+normalize time that
   ``DevicePrefetcher`` hides behind a synthetic compute step (target >= 90%).
 
-    python benchmarks/bench_gpu.py [--batch 256] [--size 224] [--steps 20] [--out PATH]
+    python benchmarks/bench_gpu.py [--batch 256] [--size 224] [--steps 50] [--out PATH]
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--size", type=int, default=224)
-    parser.add_argument("--steps", type=int, default=20, help="steps in the overlap test")
+    parser.add_argument("--steps", type=int, default=50, help="steps in the overlap test")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None, help="JSON results path")
     args = parser.parse_args(argv)

@@ -9,11 +9,18 @@ tensor is ``record_stream``-ed on the consumer's stream, so the caching allocato
 reuse its memory for a later batch until the consumer's queued work on it is done. Each
 copy first waits for work already queued on the consumer's stream (e.g. moving the
 transform's buffers to the device). Host batches stay referenced until their copy is done.
+
+Memory stays bounded: ``record_stream`` defers reuse of a batch's memory until the
+consumer's queued work is done, so a host running far ahead of the GPU would pile up
+batches. Asking for batch ``i`` therefore marks the consumer's stream, and the host waits
+for the mark of batch ``i - MAX_STEPS_AHEAD`` before going on: the host stays at most that
+many steps ahead of the GPU, which is plenty to keep it busy.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sized
 from typing import Any
 
@@ -28,6 +35,8 @@ from fastdata.gpu._batch import (
     map_fields,
     map_tensors,
 )
+
+MAX_STEPS_AHEAD = 3
 
 Transform = Callable[[Any], Any] | Mapping[FieldKey, Callable[[Any], Any]]
 
@@ -184,6 +193,14 @@ class DevicePrefetcher:
             done.record(self._stream)
         return _Pending(device_batch, done, host_batch)
 
+    def _mark_consumer(self) -> torch.cuda.Event | None:
+        """An event on the consumer's stream after all the work it has queued so far."""
+        if self._stream is None:
+            return None
+        mark = torch.cuda.Event()
+        mark.record(torch.cuda.current_stream(self.device))
+        return mark
+
     def _finish(self, pending: _Pending) -> Batch:
         if pending.done is None:
             return pending.device_batch
@@ -215,6 +232,8 @@ class _PrefetchIterator:
         self._pending: _Pending | None = None
         # Host batches whose copy may still be running: kept alive until its event is done.
         self._copying: list[_Pending] = []
+        # Consumer-stream marks of the last hand-outs (CUDA): bound how far the host runs ahead.
+        self._marks: deque[torch.cuda.Event] = deque()
         self._advance()
 
     def __iter__(self) -> _PrefetchIterator:
@@ -235,6 +254,11 @@ class _PrefetchIterator:
         if current is None or self._owner is None:
             self.close()
             raise StopIteration
+        mark = self._owner._mark_consumer()
+        if mark is not None:
+            self._marks.append(mark)
+            if len(self._marks) > MAX_STEPS_AHEAD:
+                self._marks.popleft().synchronize()
         batch = self._owner._finish(current)
         self._copying = [p for p in self._copying if p.done is not None and not p.done.query()]
         if current.done is not None:
@@ -242,6 +266,10 @@ class _PrefetchIterator:
             self._copying.append(current)
         self._advance()
         return batch
+
+    def __del__(self) -> None:
+        # An early `break` drops the iterator: release its batches as `close()` does.
+        self.close()
 
     def close(self) -> None:
         """Drop the in-flight batch and the loader's iterator (stops its workers)."""
@@ -252,6 +280,7 @@ class _PrefetchIterator:
             owner._stream.synchronize()
         self._pending = None
         self._copying = []
+        self._marks.clear()
         self._source = None
 
 

@@ -20,6 +20,7 @@ from fastdata.gpu import (
     Normalize,
     to_device,
 )
+from fastdata.gpu.prefetch import MAX_STEPS_AHEAD
 
 pytestmark = pytest.mark.gpu
 
@@ -135,6 +136,21 @@ def test_memory_is_flat_across_epochs() -> None:
     assert after_epoch == [baseline] * 3
     assert max(peaks[1:]) <= peaks[0]
     assert reserved[2] == reserved[1]
+
+
+def test_host_run_ahead_and_memory_are_bounded() -> None:
+    # The consumer queues slow work and never synchronizes: without the bound the host would
+    # race through all 24 batches, each one's memory held back by record_stream.
+    batches = _batches(24, size=256)
+    batch_bytes = batches[0][0].numel() + batches[0][1].numel() * 8
+    baseline = _settled_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    for images, _labels in DevicePrefetcher(batches, "cuda"):
+        torch.cuda._sleep(5 * SPIN_CYCLES)
+        images.add_(1)
+    del images, _labels
+    peak = torch.cuda.max_memory_allocated() - baseline
+    assert peak <= (MAX_STEPS_AHEAD + 3) * batch_bytes * 1.1
 
 
 def test_early_break_and_reiteration_leak_nothing() -> None:

@@ -117,8 +117,8 @@ class DeviceRandomResizedCrop(_SeededModule):
     Boxes are drawn like torchvision's ``RandomResizedCrop`` (area fraction in ``scale``,
     aspect ratio log-uniform in ``ratio``, ten tries then a centre crop); the resize is
     bilinear without antialiasing (``grid_sample``, ``align_corners=False``), nearest for
-    masks. Float images stay in their dtype; uint8 images are resampled in float32 and
-    rounded back to uint8.
+    masks. Images keep their dtype: float16/bfloat16 are resampled in float32 and cast back,
+    uint8 likewise and rounded.
 
     Args:
         size: Output ``(height, width)``, or one int for a square.
@@ -234,9 +234,9 @@ class DeviceRandomResizedCrop(_SeededModule):
     @staticmethod
     def _resample(bchw: torch.Tensor, grid: torch.Tensor, mode: str) -> torch.Tensor:
         dtype = bchw.dtype
-        # grid_sample needs float input; half types are resampled in float32 off CUDA.
-        work = dtype if dtype.is_floating_point and bchw.device.type == "cuda" else torch.float32
-        work = dtype if dtype in (torch.float32, torch.float64) else work
+        # grid_sample wants input and grid in one float dtype; a half-precision grid would be
+        # off by up to half a pixel at 224 px, so half types are resampled in float32.
+        work = dtype if dtype in (torch.float32, torch.float64) else torch.float32
         out = F.grid_sample(
             bchw.to(work), grid.to(work), mode=mode, padding_mode="border", align_corners=False
         )

@@ -165,7 +165,8 @@ class Normalize(nn.Module):
 
         Raises:
             TypeError: ``images`` is not a uint8 tensor.
-            ValueError: ``images`` is not 4-D or its channel count does not match.
+            ValueError: ``images`` is not 4-D, its channel count does not match, or it is on
+                another device than the module.
         """
         if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8:
             got = images.dtype if isinstance(images, torch.Tensor) else type(images).__name__
@@ -183,12 +184,18 @@ class Normalize(nn.Module):
                 f"images have {images.shape[1]} channels in layout {layout}, but mean/std "
                 f"have {channels}"
             )
+        if images.device != self.mean.device:
+            raise ValueError(
+                f"images are on {images.device} but mean/std on {self.mean.device}; "
+                f"move the module first: normalize.to({str(images.device)!r})"
+            )
         memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
         # Reorder the uint8 input (1 byte/element), not the float output; the multiply-add
         # below keeps the input's memory format.
         images = images.contiguous(memory_format=memory_format)
-        scale = self.std.reciprocal()
-        bias = -self.mean * scale
+        # float32 even if the module was cast (e.g. by model.half()): the output dtype is `dtype`.
+        scale = self.std.float().reciprocal()
+        bias = -self.mean.float() * scale
         shape = (1, channels, 1, 1)
         out = torch.addcmul(
             bias.to(self.dtype).view(shape), images, scale.to(self.dtype).view(shape)

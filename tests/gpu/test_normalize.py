@@ -80,6 +80,14 @@ def test_buffers_move_and_save_with_the_module() -> None:
     assert moved.mean.device.type == "meta"
 
 
+def test_module_cast_keeps_output_dtype_and_wrong_device_is_explained(bchw: torch.Tensor) -> None:
+    normalize = Normalize(MEAN, STD).double()
+    assert normalize.mean.dtype == torch.float64
+    assert normalize(bchw).dtype == torch.float32
+    with pytest.raises(ValueError, match=r"images are on meta but mean/std on cpu.*\.to\('meta'\)"):
+        normalize(bchw.to("meta"))
+
+
 def test_autocast_keeps_the_requested_dtype(bchw: torch.Tensor) -> None:
     normalize = Normalize(MEAN, STD, dtype=torch.float32)
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from collections import namedtuple
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from fastdata.gpu import DevicePrefetcher, MaskToLong, Normalize, to_device
@@ -194,3 +198,30 @@ def test_cuda_without_cuda_is_a_clear_error() -> None:
         DevicePrefetcher([], "cuda")
     with pytest.raises(ValueError, match="device=0 needs CUDA"):
         to_device([], 0)
+
+
+def test_trains_under_ddp_with_a_distributed_sampler(tmp_path: Path) -> None:
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1
+    )
+    try:
+        dataset = Numbers(8)
+        sampler = DistributedSampler(dataset, shuffle=True, seed=0)
+        model = DistributedDataParallel(nn.Linear(12, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        loader = DataLoader(dataset, batch_size=4, sampler=sampler)
+        normalize = Normalize([128.0] * 3, [64.0] * 3)
+        seen = []
+        for epoch in range(2):
+            batches = to_device(loader, "cpu", transform={0: normalize})
+            batches.set_epoch(epoch)
+            for images, labels in batches:
+                loss = (model(images.flatten(1)).squeeze(1) - labels.float()).pow(2).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                seen.extend(labels.tolist())
+        assert sorted(seen) == sorted(list(range(8)) * 2)
+        assert seen[:8] != seen[8:]
+    finally:
+        dist.destroy_process_group()

@@ -12,6 +12,8 @@ from torch import nn
 from fastdata.shards import load_manifest
 
 LAYOUTS = ("auto", "BCHW", "BHWC")
+# torch.compiler.is_compiling appeared in torch 2.3; before it, eager code is always taken.
+_is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 OUTPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -54,10 +56,11 @@ class Normalize(nn.Module):
     """Turn a uint8 image batch into a normalized float batch in one fused expression.
 
     ``out = (x * value_range / 255 - mean) / std``, computed as one multiply-add
-    ``x * scale + bias`` straight from the uint8 input (on CUDA the uint8 → float cast
-    happens inside the kernel: there is no float copy of the batch, neither on the host
-    nor on the device). ``mean`` and ``std`` are buffers, so the module moves with
-    ``.to(device)`` and is saved in ``state_dict``.
+    ``x * scale + bias`` straight from the uint8 input, in float32, written in the output
+    dtype and memory format by the same kernel (on CUDA the casts happen inside it: there is
+    no float copy of the batch, neither on the host nor on the device). ``mean`` and ``std``
+    are buffers, so the module moves with ``.to(device)`` and is saved in ``state_dict``.
+    Under ``torch.compile`` inductor fuses the same expression into one kernel.
 
     Args:
         mean: Per-channel mean, on the ``[0, value_range]`` scale.
@@ -190,17 +193,18 @@ class Normalize(nn.Module):
                 f"move the module first: normalize.to({str(images.device)!r})"
             )
         memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
-        # Reorder the uint8 input (1 byte/element), not the float output; the multiply-add
-        # below keeps the input's memory format.
-        images = images.contiguous(memory_format=memory_format)
-        # float32 even if the module was cast (e.g. by model.half()): the output dtype is `dtype`.
-        scale = self.std.float().reciprocal()
-        bias = -self.mean.float() * scale
-        shape = (1, channels, 1, 1)
-        out = torch.addcmul(
-            bias.to(self.dtype).view(shape), images, scale.to(self.dtype).view(shape)
+        # float32 statistics even if the module was cast (e.g. by model.half()).
+        scale = self.std.float().reciprocal().view(1, channels, 1, 1)
+        bias = (-self.mean.float()).view(1, channels, 1, 1) * scale
+        if _is_compiling():
+            # Dynamo cannot trace a channels_last `out=`; inductor fuses this into one kernel.
+            out = torch.addcmul(bias, images, scale).to(self.dtype)
+            return out.contiguous(memory_format=memory_format)
+        out = torch.empty(
+            images.shape, dtype=self.dtype, device=images.device, memory_format=memory_format
         )
-        return out.contiguous(memory_format=memory_format)
+        # One kernel: reads uint8, computes in float32, writes `dtype` in the asked layout.
+        return torch.addcmul(bias, images, scale, out=out)
 
     def extra_repr(self) -> str:
         return (

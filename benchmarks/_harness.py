@@ -1,71 +1,85 @@
-"""Tiny shared benchmark harness: timing, machine metadata, JSON results."""
+"""The small harness the benchmarks share: machine metadata, timing a loader, JSON results.
+
+(Written on the ``datasets`` branch; no shared harness existed when it was needed.)
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
-import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Callable
-from datetime import datetime, timezone
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-import fastdata
+from fastdata import __version__
 from fastdata._system import usable_cpus
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def machine_info() -> dict[str, Any]:
-    """What the figures were measured on."""
-    info: dict[str, Any] = {
-        "when_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+def load_tool(name: str) -> Any:
+    """A script from ``tools/`` loaded as a module (the tools are not a package)."""
+    path = Path(__file__).resolve().parents[1] / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # worker processes pickle its functions by module name
+    spec.loader.exec_module(module)
+    return module
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on (they compare only within one run)."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    return {
         "python": platform.python_version(),
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "usable_cpus": usable_cpus(),
-        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "torch": torch.__version__,
-        "fastdata": fastdata.__version__,
-        "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "numpy": np.__version__,
+        "fastdata": __version__,
+        "commit": commit,
+        "cpus": usable_cpus(),
+        "load_average_1min": os.getloadavg()[0],
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    return info
 
 
-def time_call(
-    fn: Callable[[], object],
-    *,
-    repeat: int = 5,
-    warmup: int = 1,
-    sync: Callable[[], None] | None = None,
-) -> dict[str, float]:
-    """Seconds per call of ``fn``: median and minimum of ``repeat`` timed calls.
+def images_per_second(
+    loader: Iterable[Any], *, warm_epochs: int = 1, min_seconds: float = 2.0
+) -> float:
+    """Images per second over timed epochs after ``warm_epochs`` untimed ones.
 
-    ``sync`` (e.g. ``torch.cuda.synchronize``) runs before each clock read, so
-    asynchronous device work is counted.
+    Timed epochs repeat (whole epochs) until ``min_seconds`` have passed, so that fast
+    loaders over a small dataset are not timed on a few milliseconds. A batch is a tuple
+    whose first item is the images (a tensor or a list of tensors).
     """
-    for _ in range(warmup):
-        fn()
-    if sync is not None:
-        sync()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        if sync is not None:
-            sync()
-        times.append(time.perf_counter() - start)
-    return {"median_s": statistics.median(times), "min_s": min(times), "repeat": repeat}
+    for _ in range(warm_epochs):
+        for _batch in loader:
+            pass
+    count = 0
+    started = time.perf_counter()
+    while count == 0 or time.perf_counter() - started < min_seconds:
+        for batch in loader:
+            count += len(batch[0])
+    return count / (time.perf_counter() - started)
 
 
-def write_results(name: str, results: dict[str, Any], path: str | Path | None = None) -> Path:
-    """Write ``{"machine": ..., "results": ...}`` as JSON (default ``results/<name>.json``)."""
-    out = Path(path) if path is not None else RESULTS_DIR / f"{name}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"benchmark": name, "machine": machine_info(), "results": results}
-    out.write_text(json.dumps(payload, indent=1) + "\n")
-    return out
+def save(name: str, results: dict[str, Any]) -> Path:
+    """Write ``benchmarks/results/<name>.json`` with the machine metadata."""
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"machine": machine(), **results}, indent=1))
+    return path

@@ -6,12 +6,13 @@ For one batch (default 256 x 224 x 224 x 3):
   normalize, time per batch and ratio; and the fraction of copy+normalize time that
   ``DevicePrefetcher`` hides behind a synthetic compute step (target >= 90%).
 
-    python benchmarks/bench_gpu.py [--batch 256] [--size 224] [--steps 50] [--out PATH]
+    python benchmarks/bench_gpu.py [--batch 256] [--size 224] [--steps 50] [--repeat 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -21,13 +22,39 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import time_call, write_results
+from _harness import save
 
 from fastdata._system import format_bytes
 from fastdata.gpu import DevicePrefetcher, Normalize
 
 MEAN = (123.7, 116.3, 103.5)
 STD = (58.4, 57.1, 57.4)
+
+
+def time_call(
+    fn: Callable[[], object],
+    *,
+    repeat: int,
+    warmup: int = 1,
+    sync: Callable[[], None] | None = None,
+) -> dict[str, float]:
+    """Seconds per call of ``fn``: median and minimum of ``repeat`` timed calls.
+
+    ``sync`` (``torch.cuda.synchronize``) runs before each clock read, so that queued
+    device work is counted.
+    """
+    for _ in range(warmup):
+        fn()
+    if sync is not None:
+        sync()
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        if sync is not None:
+            sync()
+        times.append(time.perf_counter() - started)
+    return {"median_s": statistics.median(times), "min_s": min(times)}
 
 
 def host_part(images: torch.Tensor, repeat: int) -> dict[str, Any]:
@@ -129,7 +156,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--steps", type=int, default=50, help="steps in the overlap test")
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=None, help="JSON results path")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     images = torch.randint(0, 256, (args.batch, args.size, args.size, 3), dtype=torch.uint8)
@@ -160,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         results["device"] = None
         print("no CUDA device: the device half (copy, device normalize, overlap) was not run")
     results["elapsed_s"] = time.perf_counter() - started
-    print(f"results: {write_results('bench_gpu', results, args.out)}")
+    results["cuda_device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    print(f"results: {save('bench_gpu', results)}")
     return 0
 
 

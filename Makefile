@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 EXTRAS ?= test,bench
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-gpu lint bench clean
 
 # Torch is installed only when the venv has none, so an existing (CUDA) build is kept;
 # it is pinned because an unpinned resolve pulls several GB of CUDA packages.
@@ -23,6 +23,11 @@ test: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check fastdata tests tools benchmarks
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
+
+# Only the `gpu`-marked tests, on a machine with CUDA (the venv needs a CUDA build of torch).
+test-gpu: $(VENV)/.installed
+	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'test-gpu: no CUDA device')"
+	$(PY) -m pytest -q -m gpu
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check fastdata tests tools benchmarks

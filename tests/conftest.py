@@ -8,6 +8,8 @@ import pytest
 import torch
 
 
+# Markers, not ``item.keywords``: keywords also hold directory names, so every test under
+# tests/gpu/ would count as `gpu`-marked.
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
     skip_dali = pytest.mark.skip(reason="needs NVIDIA DALI: pip install nvidia-dali-cuda130")
@@ -18,9 +20,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     )
     has_ray = importlib.util.find_spec("ray") is not None
     for item in items:
-        if "gpu" in item.keywords and not has_cuda:
+        if item.get_closest_marker("gpu") is not None and not has_cuda:
             item.add_marker(skip_gpu)
-        if "dali" in item.keywords and not has_dali:
+        if item.get_closest_marker("dali") is not None and not has_dali:
             item.add_marker(skip_dali)
-        if "ray" in item.keywords and not has_ray:
+        if item.get_closest_marker("ray") is not None and not has_ray:
             item.add_marker(skip_ray)

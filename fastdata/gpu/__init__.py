@@ -1,1 +1,20 @@
-"""fastdata.gpu."""
+"""Device-side modules: batches stay uint8 until they are on the device.
+
+``Normalize`` (uint8 → float, fused), ``MaskToLong`` (uint8 masks → int64),
+``DevicePrefetcher`` / ``to_device`` (the next batch in flight on a side CUDA stream) and
+batch augmentation on the device (``DeviceRandomHorizontalFlip``,
+``DeviceRandomResizedCrop``). Everything also runs on the CPU; CUDA is used, never required.
+"""
+
+from fastdata.gpu.augment import DeviceRandomHorizontalFlip, DeviceRandomResizedCrop
+from fastdata.gpu.normalize import MaskToLong, Normalize
+from fastdata.gpu.prefetch import DevicePrefetcher, to_device
+
+__all__ = [
+    "DevicePrefetcher",
+    "DeviceRandomHorizontalFlip",
+    "DeviceRandomResizedCrop",
+    "MaskToLong",
+    "Normalize",
+    "to_device",
+]

@@ -1,0 +1,197 @@
+"""Normalize on the host then copy float32, versus copy uint8 then normalize on the device.
+
+For one batch (default 256 x 224 x 224 x 3):
+  host part (always): bytes each way would move, host time of a float32 normalize;
+  device part (CUDA only): (a) host normalize + float32 copy versus (b) uint8 copy + device
+  normalize, time per batch and ratio; and the fraction of copy+normalize time that
+  ``DevicePrefetcher`` hides behind a synthetic compute step (target >= 90%).
+
+    python benchmarks/bench_gpu.py [--batch 256] [--size 224] [--steps 50] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import save
+
+from fastdata._system import format_bytes
+from fastdata.gpu import DevicePrefetcher, Normalize
+
+MEAN = (123.7, 116.3, 103.5)
+STD = (58.4, 57.1, 57.4)
+
+
+def time_call(
+    fn: Callable[[], object],
+    *,
+    repeat: int,
+    warmup: int = 1,
+    sync: Callable[[], None] | None = None,
+) -> dict[str, float]:
+    """Seconds per call of ``fn``: median and minimum of ``repeat`` timed calls.
+
+    ``sync`` (``torch.cuda.synchronize``) runs before each clock read, so that queued
+    device work is counted.
+    """
+    for _ in range(warmup):
+        fn()
+    if sync is not None:
+        sync()
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        if sync is not None:
+            sync()
+        times.append(time.perf_counter() - started)
+    return {"median_s": statistics.median(times), "min_s": min(times)}
+
+
+def host_part(images: torch.Tensor, repeat: int) -> dict[str, Any]:
+    """Bytes per batch for each path and the host cost of normalizing to float32."""
+    normalize = Normalize(MEAN, STD, layout="BHWC")
+    float_bytes = images.numel() * 4
+    timing = time_call(lambda: normalize(images), repeat=repeat)
+    return {
+        "uint8_bytes": images.numel(),
+        "float32_bytes": float_bytes,
+        "bytes_ratio": float_bytes / images.numel(),
+        "host_normalize_s": timing["median_s"],
+        "host_normalize_min_s": timing["min_s"],
+    }
+
+
+def _synthetic_step(work: torch.Tensor, matmuls: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    def step(batch: torch.Tensor) -> torch.Tensor:
+        # Depends on the batch, so it cannot start before the batch is on the device.
+        acc = work + batch[0, 0, 0, :1].float()
+        for _ in range(matmuls):
+            acc = torch.tanh(acc @ work)
+        return acc
+
+    return step
+
+
+def device_part(images: torch.Tensor, steps: int, repeat: int) -> dict[str, Any]:
+    """Copy/normalize timings on the current CUDA device and the prefetcher's overlap."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    sync = torch.cuda.synchronize
+    normalize_host = Normalize(MEAN, STD, layout="BHWC")
+    normalize_dev = Normalize(MEAN, STD, layout="BHWC").to(device)
+    pinned_u8 = images.pin_memory()
+
+    def float_path() -> torch.Tensor:  # (a) normalize on the host, copy float32
+        return normalize_host(images).pin_memory().to(device, non_blocking=True)
+
+    def uint8_path() -> torch.Tensor:  # (b) copy uint8, normalize on the device
+        return normalize_dev(pinned_u8.to(device, non_blocking=True))
+
+    pinned_f32 = normalize_host(images).pin_memory()
+    a = time_call(float_path, repeat=repeat, sync=sync)
+    b = time_call(uint8_path, repeat=repeat, sync=sync)
+    copy_f32 = time_call(lambda: pinned_f32.to(device, non_blocking=True), repeat=repeat, sync=sync)
+    copy_u8 = time_call(lambda: pinned_u8.to(device, non_blocking=True), repeat=repeat, sync=sync)
+
+    # Synthetic compute sized to about twice the uint8 copy + normalize, so it can hide it.
+    work = torch.randn(2048, 2048, device=device) / 2048**0.5
+    step = _synthetic_step(work, 1)
+    one = time_call(lambda: step(normalize_dev(pinned_u8.to(device))), repeat=repeat, sync=sync)
+    matmuls = max(1, round(2 * b["median_s"] / max(one["median_s"] - b["median_s"], 1e-6)))
+    step = _synthetic_step(work, matmuls)
+    batches = [pinned_u8.clone().pin_memory() for _ in range(4)]
+    device_batch = normalize_dev(pinned_u8.to(device))
+
+    def compute_only() -> None:
+        for _ in range(steps):
+            step(device_batch)
+
+    def serial() -> None:  # copy + normalize then compute, one after the other
+        for i in range(steps):
+            step(normalize_dev(batches[i % 4].to(device)))
+
+    def prefetched() -> None:
+        loader = [batches[i % 4] for i in range(steps)]
+        for batch in DevicePrefetcher(loader, device, transform=normalize_dev):
+            step(batch)
+
+    compute = time_call(compute_only, repeat=repeat, sync=sync)["median_s"]
+    serial_s = time_call(serial, repeat=repeat, sync=sync)["median_s"]
+    overlap_s = time_call(prefetched, repeat=repeat, sync=sync)["median_s"]
+    transfer = serial_s - compute
+    exposed = max(0.0, overlap_s - compute)
+    hidden = 1.0 - exposed / transfer if transfer > 0 else float("nan")
+    return {
+        "device": torch.cuda.get_device_name(device),
+        "float_path": "host normalize + pin + non_blocking copy of float32",
+        "uint8_path": "non_blocking copy of pinned uint8 + device Normalize",
+        "float_path_s": a["median_s"],
+        "uint8_path_s": b["median_s"],
+        "speedup_uint8_over_float": a["median_s"] / b["median_s"],
+        "copy_float32_s": copy_f32["median_s"],
+        "copy_uint8_s": copy_u8["median_s"],
+        "copy_float32_GBps": pinned_f32.numel() * 4 / copy_f32["median_s"] / 1e9,
+        "copy_uint8_GBps": pinned_u8.numel() / copy_u8["median_s"] / 1e9,
+        "overlap": {
+            "steps": steps,
+            "matmuls_per_step": matmuls,
+            "compute_only_s": compute,
+            "serial_s": serial_s,
+            "prefetched_s": overlap_s,
+            "hidden_fraction": max(0.0, min(1.0, hidden)),
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--steps", type=int, default=50, help="steps in the overlap test")
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    images = torch.randint(0, 256, (args.batch, args.size, args.size, 3), dtype=torch.uint8)
+    started = time.perf_counter()
+    results: dict[str, Any] = {"batch": args.batch, "size": args.size}
+    results["host"] = host = host_part(images, args.repeat)
+    print(
+        f"batch {args.batch}x{args.size}x{args.size}x3: uint8 {format_bytes(host['uint8_bytes'])}"
+        f" vs float32 {format_bytes(host['float32_bytes'])} to move ({host['bytes_ratio']:.0f}x);"
+        f" host float32 normalize {host['host_normalize_s'] * 1e3:.1f} ms/batch"
+        f" (uint8 path: 0 ms on the host)"
+    )
+    if torch.cuda.is_available():
+        results["device"] = dev = device_part(images, args.steps, args.repeat)
+        ov = dev["overlap"]
+        print(
+            f"{dev['device']}: (a) host normalize + float32 copy {dev['float_path_s'] * 1e3:.1f} ms"
+            f" vs (b) uint8 copy + device normalize {dev['uint8_path_s'] * 1e3:.2f} ms per batch"
+            f" = {dev['speedup_uint8_over_float']:.1f}x; copies {dev['copy_float32_s'] * 1e3:.2f}"
+            f" vs {dev['copy_uint8_s'] * 1e3:.2f} ms"
+        )
+        print(
+            f"prefetcher hides {ov['hidden_fraction']:.0%} of copy+normalize time behind compute"
+            f" (compute {ov['compute_only_s'] * 1e3:.1f} ms, serial {ov['serial_s'] * 1e3:.1f} ms,"
+            f" prefetched {ov['prefetched_s'] * 1e3:.1f} ms for {ov['steps']} steps)"
+        )
+    else:
+        results["device"] = None
+        print("no CUDA device: the device half (copy, device normalize, overlap) was not run")
+    results["elapsed_s"] = time.perf_counter() - started
+    results["cuda_device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    print(f"results: {save('bench_gpu', results)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

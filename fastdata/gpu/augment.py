@@ -1,0 +1,247 @@
+"""Batch augmentation on the device: random horizontal flip and random resized crop.
+
+For pipelines whose CPU side is the bottleneck: the random parameters are drawn on the
+host from one seeded ``torch.Generator`` (so a seed gives the same boxes and flips on every
+device), then the whole batch is transformed by a few device kernels. Masks given along
+with the images get the same flips and crops (nearest-neighbour).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+_LAYOUTS = ("BCHW", "BHWC")
+_TRIES = 10
+
+
+def _check_layout(layout: str) -> str:
+    if layout not in _LAYOUTS:
+        raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
+    return layout
+
+
+def _to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host tensor → ``device``, without blocking the host when it is a CUDA device."""
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
+def _check_batch(images: torch.Tensor, masks: torch.Tensor | None, layout: str) -> None:
+    if not isinstance(images, torch.Tensor) or images.dim() != 4:
+        got = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
+        raise ValueError(f"images must be a 4-D {layout} tensor, got {got}")
+    if masks is None:
+        return
+    spatial = images.shape[1:3] if layout == "BHWC" else images.shape[2:4]
+    mask_spatial = masks.shape[1:3] if masks.dim() == 3 or layout == "BHWC" else masks.shape[2:4]
+    if masks.dim() not in (3, 4) or masks.shape[0] != images.shape[0] or mask_spatial != spatial:
+        raise ValueError(
+            f"masks of shape {tuple(masks.shape)} do not match images of shape "
+            f"{tuple(images.shape)} (layout {layout}): need (B, H, W) or 4-D in the same layout"
+        )
+
+
+class _SeededModule(nn.Module):
+    def __init__(self, layout: str, seed: int | None) -> None:
+        super().__init__()
+        self.layout = _check_layout(layout)
+        self.generator = torch.Generator()
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.manual_seed(seed)
+
+    def manual_seed(self, seed: int) -> None:
+        """Restart the random sequence from ``seed``."""
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {seed!r}")
+        self.generator.manual_seed(seed)
+
+
+class DeviceRandomHorizontalFlip(_SeededModule):
+    """Flip each sample of a batch left-right with probability ``p``, on its device.
+
+    Args:
+        p: Probability that a sample is flipped, in [0, 1].
+        layout: ``"BCHW"`` or ``"BHWC"`` (the images' dims; any dtype, any memory format).
+        seed: Seed of the module's generator (``None``: nondeterministic).
+
+    Raises:
+        ValueError: ``p`` outside [0, 1] or an unknown ``layout``.
+    """
+
+    def __init__(self, p: float = 0.5, *, layout: str = "BCHW", seed: int | None = None) -> None:
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"p must be in [0, 1], got {p!r}")
+        super().__init__(layout, seed)
+        self.p = float(p)
+
+    def forward(
+        self, images: torch.Tensor, masks: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Flip a random subset of the batch.
+
+        Args:
+            images: 4-D batch in the module's layout.
+            masks: Optional ``(B, H, W)`` or 4-D (same layout) masks, flipped alike.
+
+        Returns:
+            The images (and masks, when given), same shapes, dtypes and device.
+
+        Raises:
+            ValueError: ``images`` is not 4-D or ``masks`` does not match it.
+        """
+        _check_batch(images, masks, self.layout)
+        flip = _to(torch.rand(images.shape[0], generator=self.generator) < self.p, images.device)
+        out_images = self._flip(images, flip, -2 if self.layout == "BHWC" else -1)
+        if masks is None:
+            return out_images
+        mask_dim = -1 if masks.dim() == 3 or self.layout == "BCHW" else -2
+        return out_images, self._flip(masks, flip, mask_dim)
+
+    @staticmethod
+    def _flip(tensor: torch.Tensor, flip: torch.Tensor, dim: int) -> torch.Tensor:
+        shape = (tensor.shape[0],) + (1,) * (tensor.dim() - 1)
+        return torch.where(flip.view(shape), tensor.flip(dim), tensor)
+
+
+class DeviceRandomResizedCrop(_SeededModule):
+    """Crop a random box of each sample and resize it to ``size``, the whole batch at once.
+
+    Boxes are drawn like torchvision's ``RandomResizedCrop`` (area fraction in ``scale``,
+    aspect ratio log-uniform in ``ratio``, ten tries then a centre crop); the resize is
+    bilinear without antialiasing (``grid_sample``, ``align_corners=False``), nearest for
+    masks. Images keep their dtype: float16/bfloat16 are resampled in float32 and cast back,
+    uint8 likewise and rounded.
+
+    Args:
+        size: Output ``(height, width)``, or one int for a square.
+        scale: Range of the crop's area as a fraction of the image's.
+        ratio: Range of the crop's width / height.
+        layout: ``"BCHW"`` or ``"BHWC"``.
+        seed: Seed of the module's generator (``None``: nondeterministic).
+
+    Raises:
+        ValueError: A size is not positive, a range is empty or out of bounds, or an
+            unknown ``layout``.
+    """
+
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        *,
+        layout: str = "BCHW",
+        seed: int | None = None,
+    ) -> None:
+        dims = (size, size) if isinstance(size, int) else tuple(size)
+        if len(dims) != 2 or not all(isinstance(d, int) and d > 0 for d in dims):
+            raise ValueError(f"size must be a positive int or (height, width), got {size!r}")
+        if not 0.0 < scale[0] <= scale[1] <= 1.0:
+            raise ValueError(f"scale must satisfy 0 < low <= high <= 1, got {scale!r}")
+        if not 0.0 < ratio[0] <= ratio[1]:
+            raise ValueError(f"ratio must satisfy 0 < low <= high, got {ratio!r}")
+        super().__init__(layout, seed)
+        self.size = (int(dims[0]), int(dims[1]))
+        self.scale = (float(scale[0]), float(scale[1]))
+        self.ratio = (float(ratio[0]), float(ratio[1]))
+
+    def sample_boxes(self, batch_size: int, height: int, width: int) -> torch.Tensor:
+        """Draw one crop box per sample (advances the generator).
+
+        Returns:
+            ``(batch_size, 4)`` int64 on the host: ``x0, y0, w, h`` in pixels.
+        """
+        gen = self.generator
+        area = torch.empty(batch_size, _TRIES, dtype=torch.float64)
+        area.uniform_(*self.scale, generator=gen).mul_(height * width)
+        log_ratio = torch.empty(batch_size, _TRIES, dtype=torch.float64)
+        log_ratio.uniform_(math.log(self.ratio[0]), math.log(self.ratio[1]), generator=gen)
+        aspect = log_ratio.exp()
+        box_w = (area * aspect).sqrt().round().long()
+        box_h = (area / aspect).sqrt().round().long()
+        fits = (box_w > 0) & (box_h > 0) & (box_w <= width) & (box_h <= height)
+        first = fits.to(torch.uint8).argmax(dim=1, keepdim=True)
+        box_w = box_w.gather(1, first).squeeze(1)
+        box_h = box_h.gather(1, first).squeeze(1)
+        # Fallback when no try fits: the largest centred box within the ratio range.
+        in_ratio = width / height
+        if in_ratio < self.ratio[0]:
+            fb_w, fb_h = width, max(1, min(height, round(width / self.ratio[0])))
+        elif in_ratio > self.ratio[1]:
+            fb_w, fb_h = max(1, min(width, round(height * self.ratio[1]))), height
+        else:
+            fb_w, fb_h = width, height
+        ok = fits.any(dim=1)
+        box_w = torch.where(ok, box_w, torch.full_like(box_w, fb_w))
+        box_h = torch.where(ok, box_h, torch.full_like(box_h, fb_h))
+        jitter = torch.rand(batch_size, 2, generator=gen, dtype=torch.float64)
+        x0 = (jitter[:, 0] * (width - box_w + 1)).floor().long()
+        y0 = (jitter[:, 1] * (height - box_h + 1)).floor().long()
+        x0 = torch.where(ok, x0, (width - box_w) // 2)
+        y0 = torch.where(ok, y0, (height - box_h) // 2)
+        return torch.stack([x0, y0, box_w, box_h], dim=1)
+
+    def forward(
+        self, images: torch.Tensor, masks: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Crop and resize every sample.
+
+        Args:
+            images: 4-D batch in the module's layout, float or uint8.
+            masks: Optional ``(B, H, W)`` or 4-D (same layout) integer masks.
+
+        Returns:
+            Images of spatial size ``size`` in the same layout, dtype and device (and masks,
+            when given, likewise).
+
+        Raises:
+            ValueError: ``images`` is not 4-D or ``masks`` does not match it.
+        """
+        _check_batch(images, masks, self.layout)
+        bchw = images.permute(0, 3, 1, 2) if self.layout == "BHWC" else images
+        batch, _, height, width = bchw.shape
+        boxes = self.sample_boxes(batch, height, width).double()
+        x0, y0, box_w, box_h = boxes.unbind(dim=1)
+        theta = torch.zeros(batch, 2, 3, dtype=torch.float32)
+        theta[:, 0, 0] = box_w / width
+        theta[:, 0, 2] = (2 * x0 + box_w) / width - 1
+        theta[:, 1, 1] = box_h / height
+        theta[:, 1, 2] = (2 * y0 + box_h) / height - 1
+        out_size = (batch, 1, *self.size)
+        grid = F.affine_grid(_to(theta, images.device), list(out_size), align_corners=False)
+        out = self._resample(bchw, grid, "bilinear")
+        out = out.permute(0, 2, 3, 1).contiguous() if self.layout == "BHWC" else out
+        if masks is None:
+            return out
+        mask_bchw = masks.unsqueeze(1) if masks.dim() == 3 else masks
+        if masks.dim() == 4 and self.layout == "BHWC":
+            mask_bchw = masks.permute(0, 3, 1, 2)
+        out_masks = self._resample(mask_bchw, grid, "nearest")
+        if masks.dim() == 3:
+            out_masks = out_masks.squeeze(1)
+        elif self.layout == "BHWC":
+            out_masks = out_masks.permute(0, 2, 3, 1).contiguous()
+        return out, out_masks
+
+    @staticmethod
+    def _resample(bchw: torch.Tensor, grid: torch.Tensor, mode: str) -> torch.Tensor:
+        dtype = bchw.dtype
+        # grid_sample wants input and grid in one float dtype; a half-precision grid would be
+        # off by up to half a pixel at 224 px, so half types are resampled in float32.
+        work = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+        out = F.grid_sample(
+            bchw.to(work), grid.to(work), mode=mode, padding_mode="border", align_corners=False
+        )
+        if not dtype.is_floating_point:
+            out = out.round_() if mode == "bilinear" else out
+            info = torch.iinfo(dtype)
+            out = out.clamp_(info.min, info.max)
+        return out.to(dtype)

@@ -1,0 +1,283 @@
+"""uint8 → float normalization on the device, and the uint8 → int64 mask companion."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from fastdata.shards import load_manifest
+
+LAYOUTS = ("auto", "BCHW", "BHWC")
+# torch.compiler.is_compiling appeared in torch 2.3; before it, eager code is always taken.
+_is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+OUTPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check_layout(layout: str) -> str:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    return layout
+
+
+def resolve_layout(images: torch.Tensor, layout: str, channels: int) -> str:
+    """The layout of a 4-D batch: ``layout`` itself, or the one ``"auto"`` can tell apart.
+
+    Raises:
+        ValueError: ``"auto"`` with a batch whose dims 1 and 3 both (or neither) equal
+            ``channels``.
+    """
+    if layout != "auto":
+        return layout
+    first, last = images.shape[1] == channels, images.shape[3] == channels
+    if first and not last:
+        return "BCHW"
+    if last and not first:
+        return "BHWC"
+    raise ValueError(
+        f"layout='auto' cannot tell the channel dim of a batch of shape {tuple(images.shape)} "
+        f"with {channels} channels; pass layout='BCHW' or layout='BHWC'"
+    )
+
+
+def _channel_values(name: str, values: Sequence[float] | torch.Tensor) -> torch.Tensor:
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, torch.Tensor)):
+        raise TypeError(f"{name} must be a sequence of floats, one per channel, got {values!r}")
+    tensor = torch.as_tensor(values, dtype=torch.float64).flatten().clone()
+    if tensor.numel() == 0 or not bool(torch.isfinite(tensor).all()):
+        raise ValueError(f"{name} must be a non-empty sequence of finite floats, got {values!r}")
+    return tensor
+
+
+class Normalize(nn.Module):
+    """Turn a uint8 image batch into a normalized float batch in one fused expression.
+
+    ``out = (x * value_range / 255 - mean) / std``, computed as one multiply-add
+    ``x * scale + bias`` straight from the uint8 input, in float32, written in the output
+    dtype and memory format by the same kernel (on CUDA the casts happen inside it: there is
+    no float copy of the batch, neither on the host nor on the device). ``mean`` and ``std``
+    are buffers, so the module moves with ``.to(device)`` and is saved in ``state_dict``.
+    Under ``torch.compile`` inductor fuses the same expression into one kernel.
+
+    Args:
+        mean: Per-channel mean, on the ``[0, value_range]`` scale.
+        std: Per-channel standard deviation, on the same scale; every value > 0.
+        value_range: The scale ``mean``/``std`` are given on: ``255.0`` (default) for pixel
+            units as in a shard manifest, ``1.0`` for torchvision-style constants such as
+            ``(0.485, 0.456, 0.406)``.
+        dtype: Output dtype: ``torch.float32``, ``torch.float16`` or ``torch.bfloat16``.
+        layout: Input layout: ``"BCHW"``, ``"BHWC"`` or ``"auto"`` (told apart by which
+            dim equals the channel count; an ambiguous shape raises ``ValueError``).
+        channels_last: Return the output in ``torch.channels_last`` memory format (the
+            logical shape is ``(B, C, H, W)`` either way).
+
+    Raises:
+        TypeError: ``mean``/``std`` are not sequences, or ``dtype`` is not a float dtype above.
+        ValueError: Lengths differ, a value is not finite, a ``std`` is not > 0,
+            ``value_range`` is not > 0, or ``layout`` is unknown.
+    """
+
+    mean: torch.Tensor
+    std: torch.Tensor
+
+    def __init__(
+        self,
+        mean: Sequence[float] | torch.Tensor,
+        std: Sequence[float] | torch.Tensor,
+        *,
+        value_range: float = 255.0,
+        dtype: torch.dtype = torch.float32,
+        layout: str = "auto",
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__()
+        mean_t, std_t = _channel_values("mean", mean), _channel_values("std", std)
+        if mean_t.numel() != std_t.numel():
+            raise ValueError(
+                f"mean and std need one value per channel each, got {mean_t.numel()} means "
+                f"and {std_t.numel()} stds"
+            )
+        if not bool((std_t > 0).all()):
+            raise ValueError(f"std must be > 0 for every channel, got {std_t.tolist()}")
+        if not (isinstance(value_range, (int, float)) and math.isfinite(value_range)):
+            raise TypeError(f"value_range must be a finite number, got {value_range!r}")
+        if value_range <= 0:
+            raise ValueError(f"value_range must be > 0, got {value_range!r}")
+        if dtype not in OUTPUT_DTYPES:
+            raise TypeError(f"dtype must be one of {OUTPUT_DTYPES}, got {dtype!r}")
+        to_pixels = 255.0 / float(value_range)
+        # Stored in pixel units (0-255) whatever scale they were given on.
+        self.register_buffer("mean", (mean_t * to_pixels).to(torch.float32))
+        self.register_buffer("std", (std_t * to_pixels).to(torch.float32))
+        self.dtype = dtype
+        self.layout = _check_layout(layout)
+        self.channels_last = bool(channels_last)
+
+    @classmethod
+    def from_manifest(
+        cls,
+        path: str | Path,
+        field: str = "image",
+        *,
+        dtype: torch.dtype = torch.float32,
+        layout: str = "auto",
+        channels_last: bool = False,
+    ) -> Normalize:
+        """Build from the per-channel statistics a shard manifest stores for ``field``.
+
+        Args:
+            path: The shard folder or its ``index.json``.
+            field: The image field whose ``stats`` to use.
+            dtype: See the class.
+            layout: See the class.
+            channels_last: See the class.
+
+        Raises:
+            ShardFormatError: The manifest is missing or unreadable.
+            ValueError: The manifest has no mean/std statistics for ``field``.
+        """
+        manifest = load_manifest(path)
+        stats = manifest.stats.get(field)
+        if not isinstance(stats, dict) or "mean" not in stats or "std" not in stats:
+            raise ValueError(
+                f"field={field!r} has no mean/std statistics in the manifest at {path}; "
+                f"fields with statistics: {sorted(manifest.stats)}"
+            )
+        return cls(
+            stats["mean"], stats["std"], dtype=dtype, layout=layout, channels_last=channels_last
+        )
+
+    @property
+    def num_channels(self) -> int:
+        """The channel count the statistics are for."""
+        return int(self.mean.numel())
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Normalize a batch.
+
+        Args:
+            images: ``(B, C, H, W)`` or ``(B, H, W, C)`` uint8, on any device (the module's
+                buffers must be on the same one).
+
+        Returns:
+            ``(B, C, H, W)`` tensor of the module's ``dtype`` on the input's device,
+            ``channels_last`` in memory when asked, contiguous otherwise.
+
+        Raises:
+            TypeError: ``images`` is not a uint8 tensor.
+            ValueError: ``images`` is not 4-D, its channel count does not match, or it is on
+                another device than the module.
+        """
+        if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8:
+            got = images.dtype if isinstance(images, torch.Tensor) else type(images).__name__
+            raise TypeError(f"images must be a uint8 tensor, got {got}")
+        if images.dim() != 4:
+            raise ValueError(
+                f"images must be 4-D (B, C, H, W) or (B, H, W, C), got shape {tuple(images.shape)}"
+            )
+        channels = self.num_channels
+        layout = resolve_layout(images, self.layout, channels)
+        if layout == "BHWC":
+            images = images.permute(0, 3, 1, 2)
+        if images.shape[1] != channels:
+            raise ValueError(
+                f"images have {images.shape[1]} channels in layout {layout}, but mean/std "
+                f"have {channels}"
+            )
+        if images.device != self.mean.device:
+            raise ValueError(
+                f"images are on {images.device} but mean/std on {self.mean.device}; "
+                f"move the module first: normalize.to({str(images.device)!r})"
+            )
+        memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
+        # float32 statistics even if the module was cast (e.g. by model.half()).
+        scale = self.std.float().reciprocal().view(1, channels, 1, 1)
+        bias = (-self.mean.float()).view(1, channels, 1, 1) * scale
+        if _is_compiling():
+            # Dynamo cannot trace a channels_last `out=`; inductor fuses this into one kernel.
+            out = torch.addcmul(bias, images, scale).to(self.dtype)
+            return out.contiguous(memory_format=memory_format)
+        out = torch.empty(
+            images.shape, dtype=self.dtype, device=images.device, memory_format=memory_format
+        )
+        # One kernel: reads uint8, computes in float32, writes `dtype` in the asked layout.
+        return torch.addcmul(bias, images, scale, out=out)
+
+    def extra_repr(self) -> str:
+        return (
+            f"mean={[round(v, 3) for v in self.mean.tolist()]}, "
+            f"std={[round(v, 3) for v in self.std.tolist()]}, dtype={self.dtype}, "
+            f"layout={self.layout!r}, channels_last={self.channels_last}"
+        )
+
+
+class MaskToLong(nn.Module):
+    """Segmentation targets: uint8 class masks → int64, on whatever device they are.
+
+    Args:
+        squeeze_channel: Drop a singleton channel dim: ``(B, 1, H, W)`` or ``(B, H, W, 1)``
+            → ``(B, H, W)`` (what ``nn.CrossEntropyLoss`` wants).
+        ignore_value: A stored value (e.g. 255 for "void") to replace ...
+        ignore_index: ... by this one (e.g. -100, CrossEntropyLoss' default ignore index).
+
+    Raises:
+        ValueError: Only one of ``ignore_value``/``ignore_index`` is given, or
+            ``ignore_value`` is outside 0-255.
+    """
+
+    def __init__(
+        self,
+        *,
+        squeeze_channel: bool = True,
+        ignore_value: int | None = None,
+        ignore_index: int | None = None,
+    ) -> None:
+        super().__init__()
+        if (ignore_value is None) != (ignore_index is None):
+            raise ValueError(
+                "ignore_value and ignore_index go together, got "
+                f"ignore_value={ignore_value!r}, ignore_index={ignore_index!r}"
+            )
+        if ignore_value is not None and not 0 <= ignore_value <= 255:
+            raise ValueError(f"ignore_value must be a uint8 value 0-255, got {ignore_value!r}")
+        self.squeeze_channel = bool(squeeze_channel)
+        self.ignore_value = ignore_value
+        self.ignore_index = ignore_index
+
+    def forward(self, masks: torch.Tensor) -> torch.Tensor:
+        """Convert a batch of masks.
+
+        Args:
+            masks: ``(B, H, W)``, ``(B, 1, H, W)`` or ``(B, H, W, 1)`` uint8.
+
+        Returns:
+            int64 tensor on the input's device; ``(B, H, W)`` when ``squeeze_channel``.
+
+        Raises:
+            TypeError: ``masks`` is not a uint8 tensor.
+            ValueError: ``masks`` is not 3-D or 4-D with a singleton channel dim.
+        """
+        if not isinstance(masks, torch.Tensor) or masks.dtype != torch.uint8:
+            got = masks.dtype if isinstance(masks, torch.Tensor) else type(masks).__name__
+            raise TypeError(f"masks must be a uint8 tensor, got {got}")
+        if masks.dim() == 4 and self.squeeze_channel:
+            if masks.shape[1] == 1:
+                masks = masks[:, 0]
+            elif masks.shape[3] == 1:
+                masks = masks[..., 0]
+            else:
+                raise ValueError(
+                    f"masks of shape {tuple(masks.shape)} have no singleton channel dim to "
+                    "squeeze; pass squeeze_channel=False to keep it"
+                )
+        elif masks.dim() not in (3, 4):
+            raise ValueError(
+                f"masks must be (B, H, W) or (B, 1, H, W), got shape {tuple(masks.shape)}"
+            )
+        out = masks.long()
+        if self.ignore_value is not None and self.ignore_index is not None:
+            out = out.masked_fill(masks == self.ignore_value, self.ignore_index)
+        return out

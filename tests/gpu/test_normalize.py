@@ -1,0 +1,203 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fastdata.errors import ShardFormatError
+from fastdata.gpu import MaskToLong, Normalize
+from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
+
+MEAN = [120.0, 110.0, 100.0]
+STD = [60.0, 55.0, 50.0]
+
+
+def _reference(bchw: torch.Tensor, mean: list[float], std: list[float]) -> np.ndarray:
+    array = bchw.numpy().astype(np.float64)
+    return (array - np.array(mean).reshape(1, -1, 1, 1)) / np.array(std).reshape(1, -1, 1, 1)
+
+
+@pytest.fixture
+def bchw() -> torch.Tensor:
+    return torch.randint(
+        0, 256, (2, 3, 5, 7), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
+    )
+
+
+@pytest.mark.parametrize("layout", ["auto", "BCHW", "BHWC"])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_matches_numpy_reference_in_every_layout(
+    bchw: torch.Tensor, layout: str, channels_last: bool
+) -> None:
+    normalize = Normalize(MEAN, STD, layout=layout, channels_last=channels_last)
+    given = bchw.permute(0, 2, 3, 1).contiguous() if layout == "BHWC" else bchw
+    out = normalize(given)
+    assert out.shape == (2, 3, 5, 7)
+    assert out.dtype == torch.float32
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    assert out.is_contiguous(memory_format=memory_format)
+    np.testing.assert_allclose(out.numpy(), _reference(bchw, MEAN, STD), rtol=1e-6, atol=1e-6)
+
+
+def test_auto_layout_reads_channels_last_input(bchw: torch.Tensor) -> None:
+    bhwc = bchw.permute(0, 2, 3, 1).contiguous()
+    out = Normalize(MEAN, STD)(bhwc)
+    np.testing.assert_allclose(out.numpy(), _reference(bchw, MEAN, STD), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_outputs_are_close(bchw: torch.Tensor, dtype: torch.dtype) -> None:
+    out = Normalize(MEAN, STD, dtype=dtype)(bchw)
+    assert out.dtype == dtype
+    # Computed in float32, rounded once: within half a unit in the last place of the output.
+    half_ulp = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-11
+    np.testing.assert_allclose(
+        out.float().numpy(), _reference(bchw, MEAN, STD), rtol=half_ulp * 1.01, atol=1e-5
+    )
+
+
+def test_value_range_one_takes_torchvision_constants(bchw: torch.Tensor) -> None:
+    unit = Normalize([m / 255 for m in MEAN], [s / 255 for s in STD], value_range=1.0)
+    torch.testing.assert_close(unit(bchw), Normalize(MEAN, STD)(bchw))
+    torch.testing.assert_close(unit.mean, torch.tensor(MEAN))
+
+
+def test_grayscale_single_channel() -> None:
+    images = torch.arange(12, dtype=torch.uint8).view(1, 1, 3, 4)
+    out = Normalize([6.0], [2.0])(images)
+    torch.testing.assert_close(out, (images.float() - 6) / 2)
+
+
+def test_buffers_move_and_save_with_the_module() -> None:
+    normalize = Normalize(MEAN, STD)
+    state = normalize.state_dict()
+    assert set(state) == {"mean", "std"}
+    restored = Normalize([0.0, 0.0, 0.0], [1.0, 1.0, 1.0])
+    restored.load_state_dict(state)
+    torch.testing.assert_close(restored.std, torch.tensor(STD))
+    moved = normalize.to("meta")
+    assert moved.mean.device.type == "meta"
+
+
+def test_module_cast_keeps_output_dtype_and_wrong_device_is_explained(bchw: torch.Tensor) -> None:
+    normalize = Normalize(MEAN, STD).double()
+    assert normalize.mean.dtype == torch.float64
+    assert normalize(bchw).dtype == torch.float32
+    with pytest.raises(ValueError, match=r"images are on meta but mean/std on cpu.*\.to\('meta'\)"):
+        normalize(bchw.to("meta"))
+
+
+def test_autocast_keeps_the_requested_dtype(bchw: torch.Tensor) -> None:
+    normalize = Normalize(MEAN, STD, dtype=torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = normalize(bchw)
+    assert out.dtype == torch.float32
+    np.testing.assert_allclose(out.numpy(), _reference(bchw, MEAN, STD), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_torch_compile_matches_eager(bchw: torch.Tensor) -> None:
+    normalize = Normalize(MEAN, STD, channels_last=True)
+    compiled = torch.compile(normalize, backend="inductor", fullgraph=True)
+    out = compiled(bchw.permute(0, 2, 3, 1).contiguous())
+    torch.testing.assert_close(out, normalize(bchw))
+
+
+def test_torch_compile_eager_backend_traces_without_graph_breaks(bchw: torch.Tensor) -> None:
+    torch._dynamo.reset()
+    compiled = torch.compile(Normalize(MEAN, STD), backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(bchw), Normalize(MEAN, STD)(bchw))
+
+
+def _write_manifest(root: Path, stats: dict[str, dict[str, object]]) -> Path:
+    fields = [FieldSpec("image", "array", "uint8", (4, 4, 3), "HWC")]
+    with ShardWriter(root / "shard-00000.h5", fields) as writer:
+        writer.append({"image": np.zeros((4, 4, 3), np.uint8)})
+        info = writer.close()
+    save_manifest(root, Manifest(fields=fields, shards=[info], stats=stats))
+    return root
+
+
+def test_from_manifest_reads_pixel_statistics(tmp_path: Path, bchw: torch.Tensor) -> None:
+    root = _write_manifest(tmp_path, {"image": {"mean": MEAN, "std": STD, "count": 1}})
+    normalize = Normalize.from_manifest(root, dtype=torch.float16, channels_last=True)
+    assert normalize.dtype == torch.float16
+    assert normalize.channels_last
+    torch.testing.assert_close(normalize(bchw), Normalize(MEAN, STD, dtype=torch.float16)(bchw))
+    by_file = Normalize.from_manifest(root / "index.json", field="image")
+    torch.testing.assert_close(by_file.mean, torch.tensor(MEAN))
+
+
+def test_from_manifest_errors(tmp_path: Path) -> None:
+    root = _write_manifest(tmp_path, {"image": {"count": 1}})
+    with pytest.raises(ValueError, match=r"field='image' has no mean/std statistics.*\['image'\]"):
+        Normalize.from_manifest(root)
+    with pytest.raises(ValueError, match="field='mask' has no mean/std"):
+        Normalize.from_manifest(root, field="mask")
+    with pytest.raises(ShardFormatError, match="no shard manifest found"):
+        Normalize.from_manifest(tmp_path / "missing")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"mean": "abc", "std": STD}, TypeError, "mean must be a sequence of floats"),
+        ({"mean": MEAN, "std": 3.0}, TypeError, "std must be a sequence of floats"),
+        ({"mean": [], "std": []}, ValueError, "mean must be a non-empty sequence"),
+        ({"mean": [float("nan")] * 3, "std": STD}, ValueError, "finite floats"),
+        ({"mean": MEAN, "std": [1.0, 2.0]}, ValueError, "got 3 means and 2 stds"),
+        ({"mean": MEAN, "std": [1.0, 0.0, 2.0]}, ValueError, r"std must be > 0.*0\.0"),
+        ({"mean": MEAN, "std": STD, "value_range": 0}, ValueError, "value_range must be > 0"),
+        ({"mean": MEAN, "std": STD, "value_range": "1"}, TypeError, "value_range must be"),
+        ({"mean": MEAN, "std": STD, "dtype": torch.int32}, TypeError, "dtype must be one of"),
+        ({"mean": MEAN, "std": STD, "layout": "NCHW"}, ValueError, "layout must be one of"),
+    ],
+)
+def test_constructor_validation(
+    kwargs: dict[str, object], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        Normalize(**kwargs)  # type: ignore[arg-type]
+
+
+def test_forward_validation(bchw: torch.Tensor) -> None:
+    normalize = Normalize(MEAN, STD)
+    with pytest.raises(TypeError, match=r"images must be a uint8 tensor, got torch.float32"):
+        normalize(bchw.float())
+    with pytest.raises(TypeError, match="images must be a uint8 tensor, got ndarray"):
+        normalize(bchw.numpy())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"must be 4-D .* got shape \(3, 5, 7\)"):
+        normalize(bchw[0])
+    with pytest.raises(ValueError, match=r"images have 4 channels in layout BCHW"):
+        Normalize(MEAN, STD, layout="BCHW")(torch.zeros(1, 4, 2, 2, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"cannot tell the channel dim .*\(1, 3, 5, 3\)"):
+        normalize(torch.zeros(1, 3, 5, 3, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"cannot tell the channel dim .*\(1, 4, 5, 4\)"):
+        normalize(torch.zeros(1, 4, 5, 4, dtype=torch.uint8))
+
+
+def test_mask_to_long_squeezes_and_remaps() -> None:
+    masks = torch.tensor([[[0, 1], [255, 2]]], dtype=torch.uint8)
+    out = MaskToLong()(masks.unsqueeze(1))
+    assert out.dtype == torch.int64
+    assert out.tolist() == [[[0, 1], [255, 2]]]
+    assert MaskToLong()(masks.unsqueeze(-1)).shape == (1, 2, 2)
+    kept = MaskToLong(squeeze_channel=False)(masks.unsqueeze(1))
+    assert kept.shape == (1, 1, 2, 2)
+    remapped = MaskToLong(ignore_value=255, ignore_index=-100)(masks)
+    assert remapped.tolist() == [[[0, 1], [-100, 2]]]
+
+
+def test_mask_to_long_validation() -> None:
+    with pytest.raises(ValueError, match="ignore_value and ignore_index go together"):
+        MaskToLong(ignore_value=255)
+    with pytest.raises(ValueError, match="ignore_value must be a uint8 value 0-255, got 300"):
+        MaskToLong(ignore_value=300, ignore_index=-1)
+    with pytest.raises(TypeError, match=r"masks must be a uint8 tensor, got torch\.int64"):
+        MaskToLong()(torch.zeros(1, 2, 2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="no singleton channel dim"):
+        MaskToLong()(torch.zeros(1, 2, 2, 2, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"masks must be \(B, H, W\)"):
+        MaskToLong()(torch.zeros(2, 2, dtype=torch.uint8))

@@ -22,9 +22,10 @@ _REDUCED_GRAY = {1: cv2.IMREAD_GRAYSCALE, 2: cv2.IMREAD_REDUCED_GRAYSCALE_2,
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
 
-def jpeg_size(data: bytes | np.ndarray) -> tuple[int, int] | None:
-    """``(height, width)`` from a JPEG's frame header, or ``None`` if it is not a JPEG
-    (or the header is unreadable). Reads only the markers before the first frame."""
+def jpeg_header(data: bytes | np.ndarray) -> tuple[int, int, int] | None:
+    """``(height, width, components)`` from a JPEG's frame header (components: 1 gray,
+    3 YCbCr/RGB, 4 CMYK/YCCK), or ``None`` if it is not a JPEG or the header is unreadable.
+    Reads only the markers before the first frame."""
     buf = np.ascontiguousarray(data, dtype=np.uint8).data if isinstance(data, np.ndarray) else data
     if len(buf) < 4 or buf[0] != 0xFF or buf[1] != 0xD8:
         return None
@@ -41,9 +42,16 @@ def jpeg_size(data: bytes | np.ndarray) -> tuple[int, int] | None:
         if marker in _SOF_MARKERS:
             height = (buf[pos + 5] << 8) | buf[pos + 6]
             width = (buf[pos + 7] << 8) | buf[pos + 8]
-            return (height, width) if height and width else None
+            return (height, width, buf[pos + 9]) if height and width else None
         pos += 2 + length
     return None
+
+
+def jpeg_size(data: bytes | np.ndarray) -> tuple[int, int] | None:
+    """``(height, width)`` from a JPEG's frame header, or ``None`` if it is not a JPEG
+    (or the header is unreadable). Reads only the markers before the first frame."""
+    header = jpeg_header(data)
+    return None if header is None else (header[0], header[1])
 
 
 def reduction_for(source_hw: tuple[int, int] | None, min_side: int | None) -> int:

@@ -117,17 +117,6 @@ def crop_box(
     return random_box(source_hw, crop, draws)
 
 
-def scale_box(box: Box, source_hw: tuple[int, int], decoded_hw: tuple[int, int]) -> Box:
-    """``box`` (full-resolution pixels) mapped onto an image decoded at ``decoded_hw``."""
-    if decoded_hw == source_hw:
-        return box
-    sy, sx = decoded_hw[0] / source_hw[0], decoded_hw[1] / source_hw[1]
-    top, left = int(box.top * sy), int(box.left * sx)
-    bottom = min(decoded_hw[0], max(top + 1, round((box.top + box.height) * sy)))
-    right = min(decoded_hw[1], max(left + 1, round((box.left + box.width) * sx)))
-    return Box(top, left, bottom - top, right - left)
-
-
 def reduction_min_side(source_hw: tuple[int, int], box: Box, out_hw: tuple[int, int]) -> int | None:
     """The ``min_side`` to ask the reduced-size JPEG decode for, so that ``box`` still
     covers at least ``out_hw`` pixels once decoded (``None``: decode at full size).

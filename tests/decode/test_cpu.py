@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import io
+
 import cv2
 import numpy as np
 import pytest
@@ -7,6 +9,7 @@ import torch
 from PIL import Image
 
 from fastdata.decode import RandomResizedCrop, create_decoder
+from fastdata.decode._geometry import DRAWS_PER_IMAGE, random_box
 from fastdata.decode.cpu import CpuDecoder
 from fastdata.errors import DecodeError
 from tests.decode.conftest import BAD, GOOD, rgb_jpeg, smooth_rgb
@@ -19,7 +22,7 @@ MEAN_TOLERANCE = 3.0
 
 def _reference(data: bytes, size: tuple[int, int]) -> np.ndarray:
     """Full PIL decode, centre crop of the output's aspect, area resize: ``(H, W, 3)``."""
-    rgb = np.asarray(Image.open(__import__("io").BytesIO(data)).convert("RGB"))
+    rgb = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
     height, width = rgb.shape[:2]
     out_h, out_w = size
     if height * out_w > width * out_h:
@@ -117,3 +120,27 @@ def test_rejects_bad_inputs() -> None:
     with pytest.raises(ValueError, match="num_threads must be a positive int or None"):
         CpuDecoder(32, num_threads=0)
     decoder.close()
+
+
+def test_rejects_bad_options() -> None:
+    with pytest.raises(TypeError, match="random_crop must be a RandomResizedCrop"):
+        create_decoder("cpu", size=32, random_crop="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="on_error must be one of"):
+        create_decoder("cpu", size=32, on_error="ignore")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        create_decoder("pil", size=32)
+
+
+def test_reduced_random_crops_stay_on_their_box() -> None:
+    """A 1/2..1/8-scale decode must not shift the crop box (sub-pixel resampling)."""
+    data = rgb_jpeg(480, 640, seed=6)
+    crop = RandomResizedCrop()
+    got = create_decoder("cpu", size=(48, 64), random_crop=crop, seed=11)([data] * 6)
+    draws = np.random.default_rng(11).random((6, DRAWS_PER_IMAGE))
+    full = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    for row in range(6):
+        box = random_box((480, 640), crop, draws[row])
+        region = full[box.top : box.top + box.height, box.left : box.left + box.width]
+        want = cv2.resize(region, (64, 48), interpolation=cv2.INTER_AREA)
+        diff = np.abs(got[row].permute(1, 2, 0).numpy().astype(np.int16) - want)
+        assert diff.mean() <= 1.5

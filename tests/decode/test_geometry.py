@@ -11,7 +11,6 @@ from fastdata.decode._geometry import (
     parse_size,
     random_box,
     reduction_min_side,
-    scale_box,
 )
 
 
@@ -56,11 +55,6 @@ def test_random_box_falls_back_to_clamped_center() -> None:
     # a 1000:10 strip cannot hold any sampled box: fall back to the widest allowed ratio
     box = random_box((10, 1000), RandomResizedCrop(scale=(0.9, 1.0)), np.zeros(DRAWS_PER_IMAGE))
     assert box.height == 10 and box.width == round(10 * 4 / 3)
-
-
-def test_scale_box_maps_to_reduced_image() -> None:
-    assert scale_box(Box(100, 40, 200, 300), (400, 600), (100, 150)) == Box(25, 10, 50, 75)
-    assert scale_box(Box(1, 2, 3, 4), (10, 10), (10, 10)) == Box(1, 2, 3, 4)
 
 
 def test_reduction_only_when_box_is_twice_the_output() -> None:

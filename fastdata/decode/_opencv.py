@@ -73,6 +73,7 @@ def decode_image(
     *,
     min_side: int | None = None,
     grayscale: bool = False,
+    bgr: bool = False,
     source: str = "<bytes>",
 ) -> np.ndarray:
     """Decode an encoded image (JPEG, PNG, BMP, WebP, TIFF…) to uint8 pixels.
@@ -83,10 +84,12 @@ def decode_image(
             whose shorter side is still at least this many pixels (other formats decode
             at full size). The caller resizes to the exact target afterwards.
         grayscale: Decode to one channel.
+        bgr: Keep OpenCV's BGR channel order (for callers that convert a smaller image
+            later, after cropping and resizing).
         source: Where the bytes came from, for the error message.
 
     Returns:
-        ``(H, W, 3)`` uint8 RGB, or ``(H, W)`` uint8 when ``grayscale``.
+        ``(H, W, 3)`` uint8 RGB (BGR when ``bgr``), or ``(H, W)`` uint8 when ``grayscale``.
 
     Raises:
         DecodeError: The bytes are not a decodable image (corrupt, truncated, empty).
@@ -99,6 +102,6 @@ def decode_image(
     image = cv2.imdecode(buf, flag)
     if image is None:
         raise DecodeError("not a decodable image (corrupt, truncated or unknown format)", source)
-    if not grayscale:
+    if not grayscale and not bgr:
         cv2.cvtColor(image, cv2.COLOR_BGR2RGB, dst=image)
     return image

@@ -33,14 +33,21 @@ from fastdata.decode._opencv import decode_image, jpeg_size
 from fastdata.errors import DecodeError
 
 
+def _interpolation(region_hw: tuple[float, float], out_hw: tuple[int, int]) -> int:
+    """Area averaging when shrinking by 2x or more (it antialiases, at a cost), bilinear
+    otherwise: after reduced-size decoding less than 2x is left, where bilinear is close."""
+    if region_hw[0] >= 2 * out_hw[0] and region_hw[1] >= 2 * out_hw[1]:
+        return cv2.INTER_AREA
+    return cv2.INTER_LINEAR
+
+
 def resize_crop(image: np.ndarray, box: Box, out_hw: tuple[int, int]) -> np.ndarray:
     """Cut ``box`` out of ``image`` (``(H, W)`` or ``(H, W, C)`` uint8) and resize it to
-    ``out_hw``: area averaging when shrinking, bilinear when enlarging."""
+    ``out_hw``."""
     region = image[box.top : box.top + box.height, box.left : box.left + box.width]
     if region.shape[:2] == out_hw:
         return region
-    shrinking = region.shape[0] >= out_hw[0] and region.shape[1] >= out_hw[1]
-    interpolation = cv2.INTER_AREA if shrinking else cv2.INTER_LINEAR
+    interpolation = _interpolation((box.height, box.width), out_hw)
     return cv2.resize(region, (out_hw[1], out_hw[0]), interpolation=interpolation)
 
 
@@ -51,11 +58,12 @@ def resize_scaled_crop(
     ``scale_yx`` of full resolution, to ``out_hw`` with sub-pixel accuracy.
 
     Rounding the box to whole pixels of a 1/2-1/8 scale image would shift it by up to 8
-    source pixels; an affine warp keeps it exact. Reduction leaves less than 2x to shrink,
-    which bilinear sampling handles without visible aliasing.
+    source pixels; an affine warp keeps it exact.
     """
     step_y = box.height * scale_yx[0] / out_hw[0]
     step_x = box.width * scale_yx[1] / out_hw[1]
+    if step_y >= 2 and step_x >= 2:  # still far larger (1/8 was not enough): average first
+        return resize_crop(image, _whole_pixels(box, scale_yx, image.shape[:2]), out_hw)
     # output pixel centre j + 0.5 samples the decoded image at left + (j + 0.5) * step - 0.5
     matrix = np.array(
         [
@@ -72,6 +80,14 @@ def resize_scaled_crop(
     )
 
 
+def _whole_pixels(box: Box, scale_yx: tuple[float, float], image_hw: tuple[int, ...]) -> Box:
+    """``box`` scaled by ``scale_yx`` and rounded to whole pixels inside ``image_hw``."""
+    top, left = round(box.top * scale_yx[0]), round(box.left * scale_yx[1])
+    height = max(1, min(round(box.height * scale_yx[0]), image_hw[0] - top))
+    width = max(1, min(round(box.width * scale_yx[1]), image_hw[1] - left))
+    return Box(top, left, height, width)
+
+
 def decode_crop(
     data: np.ndarray,
     out_hw: tuple[int, int],
@@ -80,31 +96,44 @@ def decode_crop(
     *,
     grayscale: bool = False,
     source: str = "<bytes>",
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Decode one image, cut its crop box and resize it to ``out_hw``.
 
+    Colour images are decoded in OpenCV's BGR order and converted to RGB only once
+    resized, which is cheaper when the output is smaller than the image.
+
+    Args:
+        out: Optional ``(H, W, C)`` uint8 destination (C-contiguous) written in place.
+
     Returns:
-        ``(H, W, C)`` uint8 (C = 1 when ``grayscale``).
+        ``(H, W, C)`` uint8 RGB (C = 1 when ``grayscale``): ``out`` when given.
 
     Raises:
         DecodeError: The bytes are not a decodable image.
     """
     source_hw = jpeg_size(data)
     if source_hw is None:  # not a JPEG: decode first, then place the box on real pixels
-        image = decode_image(data, grayscale=grayscale, source=source)
+        image = decode_image(data, grayscale=grayscale, bgr=True, source=source)
         source_hw = (image.shape[0], image.shape[1])
         box = crop_box(source_hw, out_hw, crop, draws)
     else:
         box = crop_box(source_hw, out_hw, crop, draws)
         min_side = reduction_min_side(source_hw, box, out_hw)
-        image = decode_image(data, min_side=min_side, grayscale=grayscale, source=source)
+        image = decode_image(data, min_side=min_side, grayscale=grayscale, bgr=True, source=source)
     decoded_hw = (image.shape[0], image.shape[1])
     if decoded_hw == source_hw:
-        out = resize_crop(image, box, out_hw)
+        resized = resize_crop(image, box, out_hw)
     else:
         scale_yx = (decoded_hw[0] / source_hw[0], decoded_hw[1] / source_hw[1])
-        out = resize_scaled_crop(image, box, scale_yx, out_hw)
-    return out.reshape(out_hw[0], out_hw[1], -1)
+        resized = resize_scaled_crop(image, box, scale_yx, out_hw)
+    if out is None:
+        out = np.empty((*out_hw, 1 if grayscale else 3), dtype=np.uint8)
+    if grayscale:
+        out[..., 0] = resized
+    else:
+        cv2.cvtColor(resized, cv2.COLOR_BGR2RGB, dst=out)
+    return out
 
 
 class CpuDecoder(Decoder):
@@ -152,13 +181,14 @@ class CpuDecoder(Decoder):
 
         def work(index: int) -> DecodeError | None:
             try:
-                out[index] = decode_crop(
+                decode_crop(
                     buffers[index],
                     self.size,
                     self.random_crop,
                     draws[index],
                     grayscale=self.grayscale,
                     source=f"batch item {index}",
+                    out=out[index],
                 )
             except DecodeError as error:
                 return error

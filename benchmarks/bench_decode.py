@@ -118,7 +118,7 @@ class PilSamples(Dataset[torch.Tensor]):
             box = center_box(hw, (self.size, self.size))
         region = (box.left, box.top, box.left + box.width, box.top + box.height)
         resized = image.resize((self.size, self.size), Image.Resampling.BILINEAR, box=region)
-        return torch.from_numpy(np.asarray(resized)).permute(2, 0, 1)
+        return torch.from_numpy(np.array(resized)).permute(2, 0, 1)
 
 
 def time_pil(root: Path, size: int, train: bool, batch: int) -> float:

@@ -133,20 +133,20 @@ class DaliDecoder(Decoder):
             )
         return self._pipeline
 
-    def _run(self, items: list[tuple[np.ndarray, Box]]) -> list[torch.Tensor]:
-        """Run the pipeline on ``(bytes, box)`` pairs: one ``(H, W, C)`` uint8 per item."""
+    def _run(self, items: list[tuple[np.ndarray, Box]]) -> torch.Tensor:
+        """Run the pipeline on ``(bytes, box)`` pairs: ``(K, H, W, C)`` uint8 on the device."""
         pipeline = self._pipeline_for(len(items))
         pipeline.feed_input("jpegs", [data for data, _ in items])
         pipeline.feed_input("anchor", [np.array([b.left, b.top], np.float32) for _, b in items])
         pipeline.feed_input("shape", [np.array([b.width, b.height], np.float32) for _, b in items])
         (output,) = pipeline.run()
         if self.device.type == "cpu":
-            return list(torch.from_numpy(output.as_array().copy()).unbind(0))
+            return torch.from_numpy(output.as_array())
         plugin = import_optional("nvidia.dali.plugin.pytorch", _PURPOSE)
         dense = output.as_tensor()
         target = torch.empty(dense.shape(), dtype=torch.uint8, device=self.device)
         plugin.feed_ndarray(dense, target, cuda_stream=torch.cuda.current_stream(self.device))
-        return list(target.unbind(0))
+        return target
 
     def decode(self, encoded: Sequence[EncodedImage]) -> DecodedBatch:
         buffers = check_batch(encoded)
@@ -159,7 +159,16 @@ class DaliDecoder(Decoder):
             (buffers[i], crop_box(headers[i][:2], self.size, self.random_crop, draws[i]))  # type: ignore[index]
             for i in accelerated
         ]
-        results = decode_batch_or_each(items, self._run, lambda item: self._run([item])[0])
+        dense: list[torch.Tensor] = []
+
+        def run_batch(batch: list[tuple[np.ndarray, Box]]) -> list[torch.Tensor]:
+            dense.append(self._run(batch))
+            return list(dense[0].unbind(0))
+
+        results = decode_batch_or_each(items, run_batch, lambda item: self._run([item])[0])
+        if dense and len(accelerated) == len(buffers):  # the common case: no copy at all
+            kept_all = torch.arange(len(buffers), dtype=torch.int64)
+            return DecodedBatch(channels_last(dense[0]), kept_all)
         decoded = dict(zip(accelerated, results, strict=True))
         images: list[torch.Tensor] = []
         kept: list[int] = []

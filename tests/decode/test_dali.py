@@ -71,3 +71,12 @@ def test_mixed_dali_agrees_with_cpu_backend(images: dict[str, bytes]) -> None:
     want = create_decoder("cpu", size=64, random_crop=True, seed=2)(batch)
     assert got.device.type == "cuda" and got.shape == want.shape
     assert (got.cpu().float() - want.float()).abs().mean() <= MEAN_TOLERANCE
+
+
+def test_batches_own_their_memory() -> None:
+    """DALI reuses its output buffers: a returned batch must survive the next run."""
+    decoder = create_decoder("dali", size=32, device="cpu")
+    first = decoder([rgb_jpeg(64, 64, seed=1)] * 2)
+    kept = first.clone()
+    second = decoder([rgb_jpeg(64, 64, seed=2)] * 2)
+    assert torch.equal(first, kept) and not torch.equal(first, second)

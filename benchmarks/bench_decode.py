@@ -138,6 +138,8 @@ def time_pass(reader: ShardReader, decode: Callable[[Any], Any], batch: int) -> 
     start = time.perf_counter()
     for first in range(0, count, batch):
         decode(reader.read_batch("image", list(range(first, min(first + batch, count)))))
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     return count / (time.perf_counter() - start)
 
 
@@ -159,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         "--workdir", type=Path, default=Path(tempfile.gettempdir()) / "fastdata-bench"
     )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/decode.json")
+    parser.add_argument("--repeats", type=int, default=3, help="passes per backend (best kept)")
     parser.add_argument("--quick", action="store_true", help="skip the slow PIL baseline")
     args = parser.parse_args(argv)
 
@@ -169,32 +172,42 @@ def main(argv: list[str] | None = None) -> int:
         reader = ShardReader(path)
         for mode in ("train", "eval"):
             train = mode == "train"
-            pil_rate = None
-            if not args.quick:
-                pil_rate = time_pil(path, args.size, train, args.batch_size)
-                rows.append({"set": set_name, "mode": mode, "backend": "pil_per_sample",
-                             "device": "cpu", "images_per_s": round(pil_rate, 1)})  # fmt: skip
-            for backend in available_backends():
-                target = "cpu" if backend == "cpu" else device
-                decoder = create_decoder(backend, size=args.size, random_crop=train,
-                                         device=target, seed=0)  # fmt: skip
-                rate = time_pass(reader, decoder, args.batch_size)
-                if target != "cpu":
-                    torch.cuda.synchronize()
-                decoder.close()
-                row = {"set": set_name, "mode": mode, "backend": backend, "device": target,
-                       "images_per_s": round(rate, 1)}  # fmt: skip
-                if pil_rate:
-                    row["x_pil"] = round(rate / pil_rate, 2)
-                row["x_ffcv_reference"] = round(rate / REFERENCES["ffcv_jpeg"], 2)
+            decoders = {
+                backend: create_decoder(backend, size=args.size, random_crop=train,
+                                        device="cpu" if backend == "cpu" else device, seed=0)
+                for backend in available_backends()
+            }  # fmt: skip
+            best: dict[str, float] = {}
+            # round-robin repeats, best of each: the machine is shared, so runs are noisy
+            for _ in range(args.repeats):
+                if not args.quick:
+                    rate = time_pil(path, args.size, train, args.batch_size)
+                    best["pil_per_sample"] = max(best.get("pil_per_sample", 0.0), rate)
+                for backend, decoder in decoders.items():
+                    rate = time_pass(reader, decoder, args.batch_size)
+                    best[backend] = max(best.get(backend, 0.0), rate)
+            for backend, rate in best.items():
+                used = decoders.get(backend)
+                row: dict[str, Any] = {
+                    "set": set_name,
+                    "mode": mode,
+                    "backend": backend,
+                    "device": str(used.device) if used else "cpu",
+                    "images_per_s": round(rate, 1),
+                    "x_ffcv_reference": round(rate / REFERENCES["ffcv_jpeg"], 2),
+                }
+                if "pil_per_sample" in best:
+                    row["x_pil"] = round(rate / best["pil_per_sample"], 2)
                 rows.append(row)
-                print(json.dumps(row))
+            for decoder in decoders.values():
+                decoder.close()
         reader.close()
 
     result = {
         "benchmark": "decode",
         "num_images": args.num_images,
         "batch_size": args.batch_size,
+        "repeats_best_of": args.repeats,
         "output": [args.size, args.size],
         "rows": rows,
         "references_not_measured": REFERENCES,
@@ -211,7 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     for row in rows:
-        print(f"{row['set']:>9} {row['mode']:>5} {row['backend']:>15} {row['images_per_s']:>9.1f}")
+        ratio = f"{row['x_pil']:>6.2f}x PIL" if "x_pil" in row else ""
+        label = f"{row['set']:>9} {row['mode']:>5} {row['backend']:>15}"
+        print(f"{label} {row['images_per_s']:>9.1f} images/s {ratio}")
     return 0
 
 

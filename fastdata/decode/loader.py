@@ -42,7 +42,8 @@ class DecodingLoader:
     ``RAMDataset`` of file bytes give through a pass-through collate; ``fields`` anything
     with one entry per sample (``(B,)`` int64 labels, ``(B, H, W)`` masks, lists), which
     follow the images: samples dropped by ``on_error`` are dropped from them too, and
-    tensors are moved to the decoder's device.
+    tensors are moved to the decoder's device. Fields are not cropped or resized: masks
+    must already match the decoded images' geometry.
 
     Args:
         batches: Any iterable of such batches, typically a ``torch.utils.data.DataLoader``.

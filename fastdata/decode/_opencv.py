@@ -16,6 +16,12 @@ from fastdata.errors import DecodeError
 
 _REDUCED_COLOR = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2,
                   4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}  # fmt: skip
+# OpenCV >= 4.10 can have libjpeg write RGB directly, which saves a colour-conversion pass.
+_COLOR_RGB: int | None = getattr(cv2, "IMREAD_COLOR_RGB", None)
+if _COLOR_RGB is not None:
+    _REDUCED_COLOR = {
+        f: (flag & ~cv2.IMREAD_COLOR) | _COLOR_RGB for f, flag in _REDUCED_COLOR.items()
+    }
 _REDUCED_GRAY = {1: cv2.IMREAD_GRAYSCALE, 2: cv2.IMREAD_REDUCED_GRAYSCALE_2,
                  4: cv2.IMREAD_REDUCED_GRAYSCALE_4, 8: cv2.IMREAD_REDUCED_GRAYSCALE_8}  # fmt: skip
 # Start-of-frame markers (baseline, extended, progressive, lossless...) carry the size.
@@ -73,7 +79,7 @@ def decode_image(
     *,
     min_side: int | None = None,
     grayscale: bool = False,
-    bgr: bool = False,
+    exif_orientation: bool = True,
     source: str = "<bytes>",
 ) -> np.ndarray:
     """Decode an encoded image (JPEG, PNG, BMP, WebP, TIFF…) to uint8 pixels.
@@ -84,12 +90,13 @@ def decode_image(
             whose shorter side is still at least this many pixels (other formats decode
             at full size). The caller resizes to the exact target afterwards.
         grayscale: Decode to one channel.
-        bgr: Keep OpenCV's BGR channel order (for callers that convert a smaller image
-            later, after cropping and resizing).
+        exif_orientation: Rotate/flip as the EXIF orientation tag says (OpenCV's default).
+            ``False`` keeps the stored orientation, like PIL, torchvision and DALI do by
+            default, and keeps the pixels aligned with the frame header's size.
         source: Where the bytes came from, for the error message.
 
     Returns:
-        ``(H, W, 3)`` uint8 RGB (BGR when ``bgr``), or ``(H, W)`` uint8 when ``grayscale``.
+        ``(H, W, 3)`` uint8 RGB, or ``(H, W)`` uint8 when ``grayscale``.
 
     Raises:
         DecodeError: The bytes are not a decodable image (corrupt, truncated, empty).
@@ -99,9 +106,11 @@ def decode_image(
         raise DecodeError("empty image data", source)
     factor = reduction_for(jpeg_size(buf), min_side)
     flag = (_REDUCED_GRAY if grayscale else _REDUCED_COLOR)[factor]
+    if not exif_orientation:
+        flag |= cv2.IMREAD_IGNORE_ORIENTATION
     image = cv2.imdecode(buf, flag)
     if image is None:
         raise DecodeError("not a decodable image (corrupt, truncated or unknown format)", source)
-    if not grayscale and not bgr:
+    if not grayscale and _COLOR_RGB is None:
         cv2.cvtColor(image, cv2.COLOR_BGR2RGB, dst=image)
     return image

@@ -100,8 +100,8 @@ def decode_crop(
 ) -> np.ndarray:
     """Decode one image, cut its crop box and resize it to ``out_hw``.
 
-    Colour images are decoded in OpenCV's BGR order and converted to RGB only once
-    resized, which is cheaper when the output is smaller than the image.
+    The EXIF orientation tag is ignored, as PIL, torchvision and DALI do by default, so all
+    backends give the same pixels and the crop box matches the frame header's size.
 
     Args:
         out: Optional ``(H, W, C)`` uint8 destination (C-contiguous) written in place.
@@ -114,13 +114,15 @@ def decode_crop(
     """
     source_hw = jpeg_size(data)
     if source_hw is None:  # not a JPEG: decode first, then place the box on real pixels
-        image = decode_image(data, grayscale=grayscale, bgr=True, source=source)
+        image = decode_image(data, grayscale=grayscale, exif_orientation=False, source=source)
         source_hw = (image.shape[0], image.shape[1])
         box = crop_box(source_hw, out_hw, crop, draws)
     else:
         box = crop_box(source_hw, out_hw, crop, draws)
         min_side = reduction_min_side(source_hw, box, out_hw)
-        image = decode_image(data, min_side=min_side, grayscale=grayscale, bgr=True, source=source)
+        image = decode_image(
+            data, min_side=min_side, grayscale=grayscale, exif_orientation=False, source=source
+        )
     decoded_hw = (image.shape[0], image.shape[1])
     if decoded_hw == source_hw:
         resized = resize_crop(image, box, out_hw)
@@ -128,11 +130,8 @@ def decode_crop(
         scale_yx = (decoded_hw[0] / source_hw[0], decoded_hw[1] / source_hw[1])
         resized = resize_scaled_crop(image, box, scale_yx, out_hw)
     if out is None:
-        out = np.empty((*out_hw, 1 if grayscale else 3), dtype=np.uint8)
-    if grayscale:
-        out[..., 0] = resized
-    else:
-        cv2.cvtColor(resized, cv2.COLOR_BGR2RGB, dst=out)
+        return resized.reshape(*out_hw, -1)
+    out[...] = resized.reshape(out.shape)
     return out
 
 

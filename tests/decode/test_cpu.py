@@ -144,3 +144,19 @@ def test_reduced_random_crops_stay_on_their_box() -> None:
         want = cv2.resize(region, (64, 48), interpolation=cv2.INTER_AREA)
         diff = np.abs(got[row].permute(1, 2, 0).numpy().astype(np.int16) - want)
         assert diff.mean() <= 1.5
+
+
+def test_exif_orientation_is_ignored_like_pil() -> None:
+    """A JPEG tagged 'rotate 90' decodes as stored (as PIL, torchvision and DALI do)."""
+    rgb = smooth_rgb(120, 200, seed=8)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: rotate 90 CW to display
+    buffer = io.BytesIO()
+    Image.fromarray(rgb).save(buffer, format="JPEG", quality=95, exif=exif)
+    data = buffer.getvalue()
+    for random_crop in (False, True):
+        got = create_decoder("cpu", size=(30, 50), random_crop=random_crop, seed=1)([data])
+        plain = create_decoder("cpu", size=(30, 50), random_crop=random_crop, seed=1)(
+            [rgb_jpeg(120, 200, seed=8)]
+        )
+        assert (got.float() - plain.float()).abs().mean() <= MEAN_TOLERANCE

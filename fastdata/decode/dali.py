@@ -67,6 +67,7 @@ def _build_pipeline(
             output_type=types.GRAY if grayscale else types.RGB,
             normalized_anchor=False,
             normalized_shape=False,
+            adjust_orientation=False,  # stored orientation, like the other backends
         )
         images = fn.resize(images, resize_x=out_hw[1], resize_y=out_hw[0], antialias=True)
         pipeline.set_outputs(images)

@@ -32,6 +32,13 @@ def rgb_jpeg(height: int, width: int, seed: int = 0, quality: int = 95) -> bytes
     return encode(Image.fromarray(smooth_rgb(height, width, seed)), quality=quality)
 
 
+def exif_rotated_jpeg(height: int, width: int, seed: int = 0) -> bytes:
+    """A JPEG stored ``height x width`` whose EXIF tag says 'rotate 90 to display'."""
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    return encode(Image.fromarray(smooth_rgb(height, width, seed)), quality=95, exif=exif)
+
+
 @pytest.fixture(scope="session")
 def images() -> dict[str, bytes]:
     """Named encoded images; ``good`` ones decode, ``bad`` ones do not."""

@@ -12,7 +12,7 @@ from fastdata.decode import RandomResizedCrop, create_decoder
 from fastdata.decode._geometry import DRAWS_PER_IMAGE, random_box
 from fastdata.decode.cpu import CpuDecoder
 from fastdata.errors import DecodeError
-from tests.decode.conftest import BAD, GOOD, rgb_jpeg, smooth_rgb
+from tests.decode.conftest import BAD, GOOD, exif_rotated_jpeg, rgb_jpeg, smooth_rgb
 
 # A JPEG decode differs from the source pixels by its compression error; against a
 # reference (PIL full decode + OpenCV area resize), the reduced-size DCT decode adds at most
@@ -148,12 +148,7 @@ def test_reduced_random_crops_stay_on_their_box() -> None:
 
 def test_exif_orientation_is_ignored_like_pil() -> None:
     """A JPEG tagged 'rotate 90' decodes as stored (as PIL, torchvision and DALI do)."""
-    rgb = smooth_rgb(120, 200, seed=8)
-    exif = Image.Exif()
-    exif[0x0112] = 6  # orientation: rotate 90 CW to display
-    buffer = io.BytesIO()
-    Image.fromarray(rgb).save(buffer, format="JPEG", quality=95, exif=exif)
-    data = buffer.getvalue()
+    data = exif_rotated_jpeg(120, 200, seed=8)
     for random_crop in (False, True):
         got = create_decoder("cpu", size=(30, 50), random_crop=random_crop, seed=1)([data])
         plain = create_decoder("cpu", size=(30, 50), random_crop=random_crop, seed=1)(

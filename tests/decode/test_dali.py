@@ -8,7 +8,7 @@ import torch
 from fastdata.decode import create_decoder
 from fastdata.decode import dali as dali_module
 from fastdata.errors import DecodeError
-from tests.decode.conftest import BAD, GOOD, rgb_jpeg
+from tests.decode.conftest import BAD, GOOD, exif_rotated_jpeg, rgb_jpeg
 
 # DALI's libjpeg-turbo / nvJPEG decode and its antialiased resize against OpenCV's area
 # resize: mean absolute difference within 3 levels of 255.
@@ -62,6 +62,16 @@ def test_rejects_bad_device_and_threads() -> None:
         create_decoder("dali", size=24, device="meta")
     with pytest.raises(ValueError, match="num_threads must be a positive int"):
         create_decoder("dali", size=24, device="cpu", num_threads=0)
+
+
+def test_exif_rotated_jpeg_decodes_in_dali_as_stored(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_fallback(*args: object, **kwargs: object) -> None:
+        raise AssertionError("DALI failed and fell back to the CPU decoder")
+
+    monkeypatch.setattr(dali_module, "decode_crop", no_fallback)
+    got = create_decoder("dali", size=(30, 50), device="cpu")([exif_rotated_jpeg(120, 200, 8)])
+    want = create_decoder("cpu", size=(30, 50))([rgb_jpeg(120, 200, seed=8)])
+    assert (got.float() - want.float()).abs().mean() <= MEAN_TOLERANCE
 
 
 @pytest.mark.gpu

@@ -8,7 +8,9 @@ from types import ModuleType
 # module name -> (pip requirement, extra that provides it)
 _PROVIDERS: dict[str, tuple[str, str]] = {
     "torchvision": ("torchvision", "gpu"),
+    "torchvision.io": ("torchvision", "gpu"),
     "nvidia.dali": ("nvidia-dali-cuda130", "dali"),
+    "nvidia.dali.plugin.pytorch": ("nvidia-dali-cuda130", "dali"),
     "ray": ("ray", "ray"),
     "matplotlib": ("matplotlib", "plot"),
     "psutil": ("psutil", "bench"),

@@ -16,15 +16,22 @@ from fastdata.errors import DecodeError
 
 _REDUCED_COLOR = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2,
                   4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}  # fmt: skip
+# OpenCV >= 4.10 can have libjpeg write RGB directly, which saves a colour-conversion pass.
+_COLOR_RGB: int | None = getattr(cv2, "IMREAD_COLOR_RGB", None)
+if _COLOR_RGB is not None:
+    _REDUCED_COLOR = {
+        f: (flag & ~cv2.IMREAD_COLOR) | _COLOR_RGB for f, flag in _REDUCED_COLOR.items()
+    }
 _REDUCED_GRAY = {1: cv2.IMREAD_GRAYSCALE, 2: cv2.IMREAD_REDUCED_GRAYSCALE_2,
                  4: cv2.IMREAD_REDUCED_GRAYSCALE_4, 8: cv2.IMREAD_REDUCED_GRAYSCALE_8}  # fmt: skip
 # Start-of-frame markers (baseline, extended, progressive, lossless...) carry the size.
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
 
-def jpeg_size(data: bytes | np.ndarray) -> tuple[int, int] | None:
-    """``(height, width)`` from a JPEG's frame header, or ``None`` if it is not a JPEG
-    (or the header is unreadable). Reads only the markers before the first frame."""
+def jpeg_header(data: bytes | np.ndarray) -> tuple[int, int, int] | None:
+    """``(height, width, components)`` from a JPEG's frame header (components: 1 gray,
+    3 YCbCr/RGB, 4 CMYK/YCCK), or ``None`` if it is not a JPEG or the header is unreadable.
+    Reads only the markers before the first frame."""
     buf = np.ascontiguousarray(data, dtype=np.uint8).data if isinstance(data, np.ndarray) else data
     if len(buf) < 4 or buf[0] != 0xFF or buf[1] != 0xD8:
         return None
@@ -41,9 +48,16 @@ def jpeg_size(data: bytes | np.ndarray) -> tuple[int, int] | None:
         if marker in _SOF_MARKERS:
             height = (buf[pos + 5] << 8) | buf[pos + 6]
             width = (buf[pos + 7] << 8) | buf[pos + 8]
-            return (height, width) if height and width else None
+            return (height, width, buf[pos + 9]) if height and width else None
         pos += 2 + length
     return None
+
+
+def jpeg_size(data: bytes | np.ndarray) -> tuple[int, int] | None:
+    """``(height, width)`` from a JPEG's frame header, or ``None`` if it is not a JPEG
+    (or the header is unreadable). Reads only the markers before the first frame."""
+    header = jpeg_header(data)
+    return None if header is None else (header[0], header[1])
 
 
 def reduction_for(source_hw: tuple[int, int] | None, min_side: int | None) -> int:
@@ -65,6 +79,7 @@ def decode_image(
     *,
     min_side: int | None = None,
     grayscale: bool = False,
+    exif_orientation: bool = True,
     source: str = "<bytes>",
 ) -> np.ndarray:
     """Decode an encoded image (JPEG, PNG, BMP, WebP, TIFF…) to uint8 pixels.
@@ -75,6 +90,9 @@ def decode_image(
             whose shorter side is still at least this many pixels (other formats decode
             at full size). The caller resizes to the exact target afterwards.
         grayscale: Decode to one channel.
+        exif_orientation: Rotate/flip as the EXIF orientation tag says (OpenCV's default).
+            ``False`` keeps the stored orientation, like PIL, torchvision and DALI do by
+            default, and keeps the pixels aligned with the frame header's size.
         source: Where the bytes came from, for the error message.
 
     Returns:
@@ -88,9 +106,11 @@ def decode_image(
         raise DecodeError("empty image data", source)
     factor = reduction_for(jpeg_size(buf), min_side)
     flag = (_REDUCED_GRAY if grayscale else _REDUCED_COLOR)[factor]
+    if not exif_orientation:
+        flag |= cv2.IMREAD_IGNORE_ORIENTATION
     image = cv2.imdecode(buf, flag)
     if image is None:
         raise DecodeError("not a decodable image (corrupt, truncated or unknown format)", source)
-    if not grayscale:
+    if not grayscale and _COLOR_RGB is None:
         cv2.cvtColor(image, cv2.COLOR_BGR2RGB, dst=image)
     return image

@@ -1,0 +1,234 @@
+"""Decode throughput (images/s) of each decoder backend on JPEG shards of the sample dataset.
+
+Builds (once, under ``--workdir``, default ``$TMPDIR/fastdata-bench``) the sample
+ImageFolder with ``tools/make_sample_dataset.py`` and two JPEG-mode shard sets from it: the
+original files, and the images re-encoded at max side 256. Then, for every backend available
+here and for a plain per-sample PIL pipeline (the usual torchvision recipe, in a DataLoader
+with one worker per CPU), it decodes one pass over each set to the same output (random
+resized crop or centre crop to ``--size``) and reports images/s and the ratio to the PIL
+pipeline. Results go to a JSON file with machine and version metadata.
+
+    python benchmarks/bench_decode.py                      # 2000 images, batch 256, 224x224
+    python benchmarks/bench_decode.py --num-images 200 --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import io
+import json
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+import fastdata
+from fastdata._system import usable_cpus
+from fastdata.decode import RandomResizedCrop, create_decoder
+from fastdata.decode._geometry import DRAWS_PER_IMAGE, center_box, random_box
+from fastdata.shards import FieldSpec, Manifest, ShardReader, ShardWriter, save_manifest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIELDS = [
+    FieldSpec("image", "encoded", "uint8", encoding="jpeg"),
+    FieldSpec("label", "array", "int64"),
+]
+# Reference figures for this machine kind (2 CPU cores), from issue 5: not measured here.
+REFERENCES = {"pil_per_sample": 550, "dali_cpu": 840, "ffcv_jpeg": 2100}
+
+
+def _sample_tool() -> Any:
+    path = ROOT / "tools" / "make_sample_dataset.py"
+    spec = importlib.util.spec_from_file_location("make_sample_dataset", path)
+    if spec is None or spec.loader is None:
+        raise FileNotFoundError(path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _write_shards(root: Path, blobs: Sequence[bytes], labels: Sequence[int]) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    with ShardWriter(root / "shard-00000.h5", FIELDS) as writer:
+        for blob, label in zip(blobs, labels, strict=True):
+            writer.append({"image": blob, "label": label})
+        info = writer.close()
+    save_manifest(root, Manifest(fields=FIELDS, shards=[info]))
+
+
+def _max_side(blob: bytes, side: int) -> bytes:
+    image = cv2.imdecode(np.frombuffer(blob, np.uint8), cv2.IMREAD_COLOR)
+    if image is None:
+        raise ValueError("the sample dataset holds an undecodable JPEG")
+    scale = side / max(image.shape[:2])
+    if scale < 1:
+        size = (round(image.shape[1] * scale), round(image.shape[0] * scale))
+        image = cv2.resize(image, size, interpolation=cv2.INTER_AREA)
+    ok, encoded = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, 90])
+    if not ok:
+        raise RuntimeError("JPEG encoding failed")
+    return encoded.tobytes()
+
+
+def build_datasets(workdir: Path, num_images: int) -> dict[str, Path]:
+    """The two JPEG shard sets (``original``, ``max256``), built once per image count."""
+    sets = {"original": workdir / f"shards-{num_images}-original",
+            "max256": workdir / f"shards-{num_images}-max256"}  # fmt: skip
+    if all((path / "index.json").exists() for path in sets.values()):
+        return sets
+    folder = workdir / f"images-{num_images}"
+    paths = _sample_tool().make_sample_dataset(folder, num_images, num_classes=10, seed=0)
+    blobs = [path.read_bytes() for path in paths]
+    labels = [i % 10 for i in range(num_images)]
+    _write_shards(sets["original"], blobs, labels)
+    _write_shards(sets["max256"], [_max_side(b, 256) for b in blobs], labels)
+    return sets
+
+
+class PilSamples(Dataset[torch.Tensor]):
+    """The plain per-sample pipeline: PIL decode, crop, bilinear resize, one image at a time
+    in DataLoader workers (what a torchvision ImageFolder recipe does)."""
+
+    def __init__(self, root: Path, size: int, train: bool) -> None:
+        self.reader = ShardReader(root)
+        self.size, self.train = size, train
+        self.crop = RandomResizedCrop()
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        blob = self.reader.read("image", index)
+        image = Image.open(io.BytesIO(blob.tobytes())).convert("RGB")
+        hw = (image.height, image.width)
+        if self.train:
+            box = random_box(hw, self.crop, np.random.default_rng(index).random(DRAWS_PER_IMAGE))
+        else:
+            box = center_box(hw, (self.size, self.size))
+        region = (box.left, box.top, box.left + box.width, box.top + box.height)
+        resized = image.resize((self.size, self.size), Image.Resampling.BILINEAR, box=region)
+        return torch.from_numpy(np.array(resized)).permute(2, 0, 1)
+
+
+def time_pil(root: Path, size: int, train: bool, batch: int) -> float:
+    """Images/s of one pass of the per-sample PIL pipeline with one worker per CPU."""
+    dataset = PilSamples(root, size, train)
+    loader = DataLoader(dataset, batch_size=batch, num_workers=usable_cpus())
+    start = time.perf_counter()
+    for _ in loader:
+        pass
+    return len(dataset) / (time.perf_counter() - start)
+
+
+def time_pass(reader: ShardReader, decode: Callable[[Any], Any], batch: int) -> float:
+    """Images/s of one pass: read each batch of encoded bytes from the shards, decode it."""
+    count = len(reader)
+    decode(reader.read_batch("image", list(range(min(batch, count)))))  # warm-up
+    start = time.perf_counter()
+    for first in range(0, count, batch):
+        decode(reader.read_batch("image", list(range(first, min(first + batch, count)))))
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return count / (time.perf_counter() - start)
+
+
+def available_backends() -> list[str]:
+    backends = ["cpu"]
+    if importlib.util.find_spec("nvidia") and importlib.util.find_spec("nvidia.dali"):
+        backends.append("dali")
+    if torch.cuda.is_available() and importlib.util.find_spec("torchvision"):
+        backends.append("nvjpeg")
+    return backends
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--num-images", type=int, default=2000)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--size", type=int, default=224, help="output side (square)")
+    parser.add_argument(
+        "--workdir", type=Path, default=Path(tempfile.gettempdir()) / "fastdata-bench"
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/decode.json")
+    parser.add_argument("--repeats", type=int, default=3, help="passes per backend (best kept)")
+    parser.add_argument("--quick", action="store_true", help="skip the slow PIL baseline")
+    args = parser.parse_args(argv)
+
+    sets = build_datasets(args.workdir, args.num_images)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rows: list[dict[str, Any]] = []
+    for set_name, path in sets.items():
+        reader = ShardReader(path)
+        for mode in ("train", "eval"):
+            train = mode == "train"
+            decoders = {
+                backend: create_decoder(backend, size=args.size, random_crop=train,
+                                        device="cpu" if backend == "cpu" else device, seed=0)
+                for backend in available_backends()
+            }  # fmt: skip
+            best: dict[str, float] = {}
+            # round-robin repeats, best of each: the machine is shared, so runs are noisy
+            for _ in range(args.repeats):
+                if not args.quick:
+                    rate = time_pil(path, args.size, train, args.batch_size)
+                    best["pil_per_sample"] = max(best.get("pil_per_sample", 0.0), rate)
+                for backend, decoder in decoders.items():
+                    rate = time_pass(reader, decoder, args.batch_size)
+                    best[backend] = max(best.get(backend, 0.0), rate)
+            for backend, rate in best.items():
+                used = decoders.get(backend)
+                row: dict[str, Any] = {
+                    "set": set_name,
+                    "mode": mode,
+                    "backend": backend,
+                    "device": str(used.device) if used else "cpu",
+                    "images_per_s": round(rate, 1),
+                    "x_ffcv_reference": round(rate / REFERENCES["ffcv_jpeg"], 2),
+                }
+                if "pil_per_sample" in best:
+                    row["x_pil"] = round(rate / best["pil_per_sample"], 2)
+                rows.append(row)
+            for decoder in decoders.values():
+                decoder.close()
+        reader.close()
+
+    result = {
+        "benchmark": "decode",
+        "num_images": args.num_images,
+        "batch_size": args.batch_size,
+        "repeats_best_of": args.repeats,
+        "output": [args.size, args.size],
+        "rows": rows,
+        "references_not_measured": REFERENCES,
+        "machine": {
+            "cpus": usable_cpus(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "opencv": cv2.__version__,
+            "fastdata": fastdata.__version__,
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        },
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    for row in rows:
+        ratio = f"{row['x_pil']:>6.2f}x PIL" if "x_pil" in row else ""
+        label = f"{row['set']:>9} {row['mode']:>5} {row['backend']:>15}"
+        print(f"{label} {row['images_per_s']:>9.1f} images/s {ratio}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

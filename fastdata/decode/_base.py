@@ -1,0 +1,184 @@
+"""The one small interface every decoder backend implements, and what they share:
+input checking, the ``on_error`` policy and the per-batch random draws."""
+
+from __future__ import annotations
+
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from fastdata._system import usable_cpus
+from fastdata.decode._geometry import DRAWS_PER_IMAGE, RandomResizedCrop, parse_size
+from fastdata.errors import DecodeError
+
+ON_ERROR = ("raise", "skip", "warn")
+
+EncodedImage = bytes | bytearray | memoryview | np.ndarray | torch.Tensor
+
+
+class DecodedBatch(NamedTuple):
+    """What :meth:`Decoder.decode` returns.
+
+    Attributes:
+        images: ``(K, C, H, W)`` uint8 on the decoder's device, channels_last memory format
+            (C is 3 for RGB, 1 for grayscale). K is the number of samples that decoded.
+        kept: ``(K,)`` int64 CPU tensor: the index in the input batch of each image, so
+            labels and masks can follow (``labels[kept]``).
+    """
+
+    images: torch.Tensor
+    kept: torch.Tensor
+
+
+def check_on_error(on_error: str) -> str:
+    """Validate an ``on_error`` policy name."""
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    return on_error
+
+
+def apply_on_error(on_error: str, error: DecodeError) -> None:
+    """Raise ``error`` (``"raise"``), warn about it (``"warn"``) or ignore it (``"skip"``);
+    under ``"warn"`` and ``"skip"`` the sample is left out of the batch."""
+    if on_error == "raise":
+        raise error
+    if on_error == "warn":
+        warnings.warn(f"skipping a sample that cannot be decoded: {error}", stacklevel=3)
+
+
+def as_byte_array(data: EncodedImage, index: int) -> np.ndarray:
+    """One encoded image as a 1-D uint8 NumPy view (no copy for CPU tensors and arrays)."""
+    if isinstance(data, torch.Tensor):
+        if data.dtype != torch.uint8 or data.dim() != 1 or data.device.type != "cpu":
+            raise TypeError(
+                f"encoded image {index} must be a 1-D uint8 CPU tensor, got "
+                f"{data.dim()}-D {data.dtype} on {data.device}"
+            )
+        return data.numpy()
+    if isinstance(data, np.ndarray):
+        if data.dtype != np.uint8 or data.ndim != 1:
+            raise TypeError(
+                f"encoded image {index} must be a 1-D uint8 array, got {data.ndim}-D {data.dtype}"
+            )
+        return data
+    if isinstance(data, bytes | bytearray | memoryview):
+        return np.frombuffer(data, dtype=np.uint8)
+    raise TypeError(
+        f"encoded image {index} must be bytes, a 1-D uint8 array or tensor, "
+        f"got {type(data).__name__}"
+    )
+
+
+def check_batch(encoded: Sequence[EncodedImage]) -> list[np.ndarray]:
+    """The batch as a list of 1-D uint8 arrays; raises ``TypeError`` naming a bad element."""
+    if isinstance(encoded, torch.Tensor | np.ndarray | bytes) or not isinstance(encoded, Sequence):
+        raise TypeError(
+            "encoded must be a list of encoded images (bytes or 1-D uint8 arrays/tensors), "
+            f"got {type(encoded).__name__}"
+        )
+    return [as_byte_array(item, i) for i, item in enumerate(encoded)]
+
+
+def resolve_num_threads(num_threads: int | None) -> int:
+    """``num_threads``, or the CPUs this process may use when ``None``; must be positive."""
+    if num_threads is None:
+        return usable_cpus()
+    if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
+        raise ValueError(f"num_threads must be a positive int or None, got {num_threads!r}")
+    return num_threads
+
+
+def channels_last(images_nhwc: torch.Tensor) -> torch.Tensor:
+    """``(B, H, W, C)`` contiguous → ``(B, C, H, W)`` view in channels_last memory format."""
+    return images_nhwc.permute(0, 3, 1, 2)
+
+
+class Decoder(ABC):
+    """Decodes a batch of encoded images to a fixed-size uint8 batch on one device.
+
+    Call it with a list of encoded images to get the ``(B, C, H, W)`` uint8 batch, or use
+    :meth:`decode` to also learn which samples survived ``on_error="skip"|"warn"``.
+
+    Attributes:
+        backend: ``"cpu"``, ``"nvjpeg"`` or ``"dali"``.
+        size: Output ``(height, width)``.
+        random_crop: Random resized crop parameters, or ``None`` for a centred crop of the
+            output's aspect ratio (the largest that fits) resized to ``size``. ``True`` is
+            accepted for the default :class:`RandomResizedCrop`.
+        device: Where the output batch lives.
+        on_error: ``"raise"`` (raise :class:`~fastdata.DecodeError`), ``"skip"`` (leave the
+            sample out) or ``"warn"`` (leave it out with a warning).
+        grayscale: One output channel instead of three (RGB).
+    """
+
+    backend: str = ""
+
+    def __init__(
+        self,
+        size: int | tuple[int, int],
+        *,
+        random_crop: RandomResizedCrop | bool | None = None,
+        device: torch.device,
+        on_error: str = "raise",
+        grayscale: bool = False,
+        seed: int | None = None,
+    ) -> None:
+        if random_crop is True:
+            random_crop = RandomResizedCrop()
+        elif random_crop is False:
+            random_crop = None
+        if random_crop is not None and not isinstance(random_crop, RandomResizedCrop):
+            raise TypeError(
+                "random_crop must be a RandomResizedCrop, a bool or None, "
+                f"got {type(random_crop).__name__}"
+            )
+        self.size = parse_size(size)
+        self.random_crop = random_crop
+        self.device = device
+        self.on_error = check_on_error(on_error)
+        self.grayscale = bool(grayscale)
+        self._rng = np.random.default_rng(seed)
+
+    @property
+    def channels(self) -> int:
+        """Channels of the output: 1 for grayscale, else 3."""
+        return 1 if self.grayscale else 3
+
+    def _draws(self, count: int) -> np.ndarray:
+        """``(count, DRAWS_PER_IMAGE)`` uniforms for the random crops (zeros, unused, if none)."""
+        if self.random_crop is None:
+            return np.zeros((count, DRAWS_PER_IMAGE))
+        return self._rng.random((count, DRAWS_PER_IMAGE))
+
+    def __call__(self, encoded: Sequence[EncodedImage]) -> torch.Tensor:
+        """Decode ``encoded`` and return ``(K, C, H, W)`` uint8 images (see :meth:`decode`)."""
+        return self.decode(encoded).images
+
+    @abstractmethod
+    def decode(self, encoded: Sequence[EncodedImage]) -> DecodedBatch:
+        """Decode a batch of encoded images.
+
+        Args:
+            encoded: B encoded images: ``bytes`` or 1-D uint8 NumPy arrays / CPU tensors.
+
+        Returns:
+            The images that decoded, ``(K, C, H, W)`` uint8 on ``device`` in channels_last
+            memory format, and their indices in ``encoded``.
+
+        Raises:
+            DecodeError: A sample cannot be decoded and ``on_error="raise"``.
+            TypeError: ``encoded`` is not a list of encoded images.
+        """
+
+    def close(self) -> None:  # noqa: B027 - backends without resources keep the default
+        """Release threads, pipelines or device buffers the backend holds."""
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(size={self.size}, random_crop={self.random_crop}, "
+            f"device={self.device}, on_error={self.on_error!r}, grayscale={self.grayscale})"
+        )

@@ -1,0 +1,205 @@
+"""The ``dali`` backend: an NVIDIA DALI pipeline fed batch by batch.
+
+``fn.external_source`` receives the encoded bytes and each image's crop box (computed by
+the same geometry as the other backends, so a seed gives the same crops everywhere);
+``fn.decoders.image_slice`` decodes only that region (``device="mixed"`` on a GPU: nvJPEG;
+CPU-only with ``device_id=None``) and ``fn.resize`` brings it to the output size.
+
+A DALI batch fails whole when one image is bad, so a failed batch is retried image by image
+(the pipeline survives the error). Images that are not 1- or 3-component JPEGs (PNG, CMYK)
+and images DALI cannot decode go through the CPU decoder; what neither can decode is
+handled by ``on_error``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastdata._optional import import_optional
+from fastdata.decode._base import (
+    DecodedBatch,
+    Decoder,
+    EncodedImage,
+    apply_on_error,
+    channels_last,
+    check_batch,
+    resolve_num_threads,
+)
+from fastdata.decode._batching import decode_batch_or_each
+from fastdata.decode._geometry import Box, RandomResizedCrop, crop_box
+from fastdata.decode._opencv import jpeg_header
+from fastdata.decode.cpu import decode_crop
+from fastdata.errors import DecodeError
+
+_ACCELERATED_COMPONENTS = (1, 3)
+_PURPOSE = "The dali decoder backend"
+
+
+def _build_pipeline(
+    max_batch_size: int,
+    num_threads: int,
+    device_id: int | None,
+    out_hw: tuple[int, int],
+    grayscale: bool,
+) -> Any:
+    """A built DALI pipeline with inputs ``jpegs``, ``anchor`` (x, y) and ``shape`` (w, h)."""
+    dali = import_optional("nvidia.dali", _PURPOSE)
+    fn, types = dali.fn, dali.types
+    pipeline = dali.Pipeline(
+        batch_size=max_batch_size,
+        num_threads=num_threads,
+        device_id=device_id,
+        prefetch_queue_depth=1,
+    )
+    with pipeline:
+        jpegs = fn.external_source(name="jpegs", dtype=types.UINT8, ndim=1)
+        anchor = fn.external_source(name="anchor", dtype=types.FLOAT, ndim=1)
+        shape = fn.external_source(name="shape", dtype=types.FLOAT, ndim=1)
+        images = fn.decoders.image_slice(
+            jpegs,
+            anchor,
+            shape,
+            device="cpu" if device_id is None else "mixed",
+            output_type=types.GRAY if grayscale else types.RGB,
+            normalized_anchor=False,
+            normalized_shape=False,
+            adjust_orientation=False,  # stored orientation, like the other backends
+        )
+        images = fn.resize(images, resize_x=out_hw[1], resize_y=out_hw[0], antialias=True)
+        pipeline.set_outputs(images)
+    pipeline.build()
+    return pipeline
+
+
+class DaliDecoder(Decoder):
+    """Decode with an NVIDIA DALI pipeline; see :func:`fastdata.decode.create_decoder`.
+
+    Args:
+        size: Output ``(height, width)``, or an int for a square.
+        random_crop: Random resized crop parameters (training), or ``None`` for a centred crop.
+        device: ``"cpu"`` runs DALI's CPU operators only (``device_id=None``); a CUDA
+            device decodes with DALI's mixed (nvJPEG) decoder on it.
+        on_error: ``"raise"``, ``"skip"`` or ``"warn"``.
+        grayscale: Decode to one channel.
+        num_threads: DALI CPU threads (default: the CPUs this process may use).
+        seed: Seed of the random crops.
+        max_batch_size: Initial pipeline batch size; it grows if a larger batch comes.
+    """
+
+    backend = "dali"
+
+    def __init__(
+        self,
+        size: int | tuple[int, int],
+        *,
+        random_crop: RandomResizedCrop | bool | None = None,
+        device: torch.device | str = "cpu",
+        on_error: str = "raise",
+        grayscale: bool = False,
+        num_threads: int | None = None,
+        seed: int | None = None,
+        max_batch_size: int = 256,
+    ) -> None:
+        target = torch.device(device)
+        if target.type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be the CPU or a CUDA device, got {str(target)!r}")
+        if target.type == "cuda" and target.index is None:
+            target = torch.device("cuda", torch.cuda.current_device())
+        super().__init__(
+            size,
+            random_crop=random_crop,
+            device=target,
+            on_error=on_error,
+            grayscale=grayscale,
+            seed=seed,
+        )
+        self.num_threads = resolve_num_threads(num_threads)
+        import_optional("nvidia.dali", _PURPOSE)  # fail now, with the pip command
+        self._max_batch_size = max_batch_size
+        self._pipeline: Any = None
+
+    def _pipeline_for(self, count: int) -> Any:
+        if self._pipeline is None or count > self._max_batch_size:
+            self._max_batch_size = max(count, self._max_batch_size)
+            self._pipeline = _build_pipeline(
+                self._max_batch_size,
+                self.num_threads,
+                self.device.index if self.device.type == "cuda" else None,
+                self.size,
+                self.grayscale,
+            )
+        return self._pipeline
+
+    def _run(self, items: list[tuple[np.ndarray, Box]]) -> torch.Tensor:
+        """Run the pipeline on ``(bytes, box)`` pairs: ``(K, H, W, C)`` uint8 on the device."""
+        pipeline = self._pipeline_for(len(items))
+        pipeline.feed_input("jpegs", [data for data, _ in items])
+        pipeline.feed_input("anchor", [np.array([b.left, b.top], np.float32) for _, b in items])
+        pipeline.feed_input("shape", [np.array([b.width, b.height], np.float32) for _, b in items])
+        (output,) = pipeline.run()
+        if self.device.type == "cpu":
+            return torch.from_numpy(output.as_array())
+        plugin = import_optional("nvidia.dali.plugin.pytorch", _PURPOSE)
+        dense = output.as_tensor()
+        target = torch.empty(dense.shape(), dtype=torch.uint8, device=self.device)
+        plugin.feed_ndarray(dense, target, cuda_stream=torch.cuda.current_stream(self.device))
+        return target
+
+    def decode(self, encoded: Sequence[EncodedImage]) -> DecodedBatch:
+        buffers = check_batch(encoded)
+        draws = self._draws(len(buffers))
+        headers = [jpeg_header(buf) for buf in buffers]
+        accelerated = [
+            i for i, h in enumerate(headers) if h is not None and h[2] in _ACCELERATED_COMPONENTS
+        ]
+        items = [
+            (buffers[i], crop_box(headers[i][:2], self.size, self.random_crop, draws[i]))  # type: ignore[index]
+            for i in accelerated
+        ]
+        dense: list[torch.Tensor] = []
+
+        def run_batch(batch: list[tuple[np.ndarray, Box]]) -> list[torch.Tensor]:
+            dense.append(self._run(batch))
+            return list(dense[0].unbind(0))
+
+        results = decode_batch_or_each(items, run_batch, lambda item: self._run([item])[0])
+        if dense and len(accelerated) == len(buffers):  # the common case: no copy at all
+            kept_all = torch.arange(len(buffers), dtype=torch.int64)
+            return DecodedBatch(channels_last(dense[0]), kept_all)
+        decoded = dict(zip(accelerated, results, strict=True))
+        images: list[torch.Tensor] = []
+        kept: list[int] = []
+        for index, data in enumerate(buffers):
+            result = decoded.get(index)
+            try:
+                if isinstance(result, torch.Tensor):
+                    images.append(result)
+                else:
+                    pixels = decode_crop(
+                        data,
+                        self.size,
+                        self.random_crop,
+                        draws[index],
+                        grayscale=self.grayscale,
+                        source=f"batch item {index}",
+                    )
+                    images.append(torch.from_numpy(pixels).to(self.device))
+            except DecodeError as error:
+                apply_on_error(self.on_error, error)
+                continue
+            kept.append(index)
+        if images:
+            batch = torch.stack(images)
+        else:
+            batch = torch.empty(
+                (0, *self.size, self.channels), dtype=torch.uint8, device=self.device
+            )
+        return DecodedBatch(channels_last(batch), torch.tensor(kept, dtype=torch.int64))
+
+    def close(self) -> None:
+        """Release the DALI pipeline."""
+        self._pipeline = None

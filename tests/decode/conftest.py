@@ -1,0 +1,60 @@
+"""Tiny encoded images for the decoder tests: colour, gray and CMYK JPEGs, a PNG, and bad
+bytes (corrupt, truncated, empty)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+
+def smooth_rgb(height: int, width: int, seed: int = 0) -> np.ndarray:
+    """``(H, W, 3)`` uint8: smooth gradients plus low-frequency blobs (JPEG-friendly)."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+    channels = []
+    for _ in range(3):
+        fy, fx, phase = rng.uniform(0.5, 3.0), rng.uniform(0.5, 3.0), rng.uniform(0, 6.28)
+        wave = np.sin(2 * np.pi * (fy * yy / height + fx * xx / width) + phase)
+        channels.append(127.5 + 100 * wave)
+    return np.clip(np.stack(channels, axis=-1), 0, 255).astype(np.uint8)
+
+
+def encode(image: Image.Image, fmt: str = "JPEG", **options: object) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, **options)
+    return buffer.getvalue()
+
+
+def rgb_jpeg(height: int, width: int, seed: int = 0, quality: int = 95) -> bytes:
+    return encode(Image.fromarray(smooth_rgb(height, width, seed)), quality=quality)
+
+
+def exif_rotated_jpeg(height: int, width: int, seed: int = 0) -> bytes:
+    """A JPEG stored ``height x width`` whose EXIF tag says 'rotate 90 to display'."""
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    return encode(Image.fromarray(smooth_rgb(height, width, seed)), quality=95, exif=exif)
+
+
+@pytest.fixture(scope="session")
+def images() -> dict[str, bytes]:
+    """Named encoded images; ``good`` ones decode, ``bad`` ones do not."""
+    rgb = smooth_rgb(120, 160, seed=1)
+    color = rgb_jpeg(120, 160, seed=1)
+    return {
+        "color": color,
+        "large": rgb_jpeg(480, 640, seed=2),
+        "gray": encode(Image.fromarray(rgb[..., 0]), quality=95),
+        "cmyk": encode(Image.fromarray(rgb).convert("CMYK"), quality=95),
+        "png": encode(Image.fromarray(rgb), fmt="PNG"),
+        "corrupt": b"\xff\xd8\xff\xe0" + bytes(range(256)) * 4,
+        "truncated": color[: len(color) // 4],
+        "empty": b"",
+    }
+
+
+GOOD = ("color", "large", "gray", "cmyk", "png")
+BAD = ("corrupt", "truncated", "empty")

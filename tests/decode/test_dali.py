@@ -1,0 +1,92 @@
+"""The dali backend: CPU-only DALI (``device_id=None``) in CI, mixed (nvJPEG) on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastdata.decode import create_decoder
+from fastdata.decode import dali as dali_module
+from fastdata.errors import DecodeError
+from tests.decode.conftest import BAD, GOOD, exif_rotated_jpeg, rgb_jpeg
+
+# DALI's libjpeg-turbo / nvJPEG decode and its antialiased resize against OpenCV's area
+# resize: mean absolute difference within 3 levels of 255.
+MEAN_TOLERANCE = 3.0
+
+pytestmark = pytest.mark.dali
+
+
+@pytest.mark.parametrize("random_crop", [False, True])
+def test_cpu_only_dali_agrees_with_cpu_backend(random_crop: bool) -> None:
+    batch = [rgb_jpeg(240, 320, seed=s) for s in range(3)]
+    dali = create_decoder("dali", size=(48, 64), device="cpu", random_crop=random_crop, seed=5)
+    cpu = create_decoder("cpu", size=(48, 64), random_crop=random_crop, seed=5)
+    got, want = dali(batch), cpu(batch)
+    assert got.shape == want.shape == (3, 3, 48, 64) and got.dtype == torch.uint8
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    assert (got.float() - want.float()).abs().mean() <= MEAN_TOLERANCE
+    dali.close()
+
+
+def test_variable_and_growing_batch_sizes(images: dict[str, bytes]) -> None:
+    decoder = dali_module.DaliDecoder(32, device="cpu", max_batch_size=2)
+    assert decoder([images["color"]]).shape == (1, 3, 32, 32)
+    assert decoder([images["color"]] * 5).shape == (5, 3, 32, 32)
+    assert decoder([images["large"]] * 2).shape == (2, 3, 32, 32)
+
+
+def test_bad_images_per_on_error(images: dict[str, bytes]) -> None:
+    batch = [images[name] for name in (*GOOD, *BAD)]
+    decoded = create_decoder("dali", size=40, device="cpu", on_error="skip").decode(batch)
+    assert decoded.kept.tolist() == list(range(len(GOOD)))
+    cpu = create_decoder("cpu", size=40)([images[name] for name in GOOD])
+    assert (decoded.images.float() - cpu.float()).abs().mean() <= MEAN_TOLERANCE
+    with pytest.raises(DecodeError, match="batch item 1"):
+        create_decoder("dali", size=40, device="cpu")([images["color"], images["truncated"]])
+    with pytest.warns(UserWarning, match="cannot be decoded"):
+        warned = create_decoder("dali", size=40, device="cpu", on_error="warn")
+        assert warned.decode([images["corrupt"]]).images.shape == (0, 3, 40, 40)
+
+
+def test_grayscale(images: dict[str, bytes]) -> None:
+    decoder = create_decoder("dali", size=24, device="cpu", grayscale=True)
+    out = decoder([images["color"], images["gray"], images["png"]])
+    assert out.shape == (3, 1, 24, 24)
+    cpu = create_decoder("cpu", size=24, grayscale=True)([images["color"]])
+    assert (out[:1].float() - cpu.float()).abs().mean() <= MEAN_TOLERANCE
+
+
+def test_rejects_bad_device_and_threads() -> None:
+    with pytest.raises(ValueError, match="device must be the CPU or a CUDA device"):
+        create_decoder("dali", size=24, device="meta")
+    with pytest.raises(ValueError, match="num_threads must be a positive int"):
+        create_decoder("dali", size=24, device="cpu", num_threads=0)
+
+
+def test_exif_rotated_jpeg_decodes_in_dali_as_stored(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_fallback(*args: object, **kwargs: object) -> None:
+        raise AssertionError("DALI failed and fell back to the CPU decoder")
+
+    monkeypatch.setattr(dali_module, "decode_crop", no_fallback)
+    got = create_decoder("dali", size=(30, 50), device="cpu")([exif_rotated_jpeg(120, 200, 8)])
+    want = create_decoder("cpu", size=(30, 50))([rgb_jpeg(120, 200, seed=8)])
+    assert (got.float() - want.float()).abs().mean() <= MEAN_TOLERANCE
+
+
+@pytest.mark.gpu
+def test_mixed_dali_agrees_with_cpu_backend(images: dict[str, bytes]) -> None:
+    batch = [rgb_jpeg(240, 320, seed=s) for s in range(3)] + [images[g] for g in GOOD]
+    got = create_decoder("dali", size=64, device="cuda", random_crop=True, seed=2)(batch)
+    want = create_decoder("cpu", size=64, random_crop=True, seed=2)(batch)
+    assert got.device.type == "cuda" and got.shape == want.shape
+    assert (got.cpu().float() - want.float()).abs().mean() <= MEAN_TOLERANCE
+
+
+def test_batches_own_their_memory() -> None:
+    """DALI reuses its output buffers: a returned batch must survive the next run."""
+    decoder = create_decoder("dali", size=32, device="cpu")
+    first = decoder([rgb_jpeg(64, 64, seed=1)] * 2)
+    kept = first.clone()
+    second = decoder([rgb_jpeg(64, 64, seed=2)] * 2)
+    assert torch.equal(first, kept) and not torch.equal(first, second)

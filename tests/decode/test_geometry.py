@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fastdata.decode._geometry import (
+    DRAWS_PER_IMAGE,
+    Box,
+    RandomResizedCrop,
+    center_box,
+    parse_size,
+    random_box,
+    reduction_min_side,
+)
+
+
+def test_parse_size() -> None:
+    assert parse_size(224) == (224, 224)
+    assert parse_size((200, 300)) == (200, 300)
+    with pytest.raises(TypeError, match="size must be an int"):
+        parse_size(2.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="size must be an int"):
+        parse_size(True)
+    with pytest.raises(ValueError, match="one or two positive ints"):
+        parse_size((0, 10))
+    with pytest.raises(ValueError, match="one or two positive ints"):
+        parse_size((1, 2, 3))  # type: ignore[arg-type]
+
+
+def test_random_resized_crop_validates() -> None:
+    with pytest.raises(ValueError, match="scale must satisfy"):
+        RandomResizedCrop(scale=(0.5, 0.2))
+    with pytest.raises(ValueError, match="ratio must satisfy"):
+        RandomResizedCrop(ratio=(0.0, 1.0))
+
+
+def test_center_box_keeps_output_aspect() -> None:
+    assert center_box((300, 400), (224, 224)) == Box(0, 50, 300, 300)
+    assert center_box((400, 300), (100, 100)) == Box(50, 0, 300, 300)
+    assert center_box((100, 400), (100, 200)) == Box(0, 100, 100, 200)
+
+
+def test_random_box_is_inside_and_within_ranges() -> None:
+    crop = RandomResizedCrop(scale=(0.25, 0.5), ratio=(0.75, 1.333))
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        box = random_box((300, 500), crop, rng.random(DRAWS_PER_IMAGE))
+        assert box.top >= 0 and box.left >= 0
+        assert box.top + box.height <= 300 and box.left + box.width <= 500
+        assert 0.2 <= box.height * box.width / (300 * 500) <= 0.55
+        assert 0.7 <= box.width / box.height <= 1.4
+
+
+def test_random_box_falls_back_to_clamped_center() -> None:
+    # a 1000:10 strip cannot hold any sampled box: fall back to the widest allowed ratio
+    box = random_box((10, 1000), RandomResizedCrop(scale=(0.9, 1.0)), np.zeros(DRAWS_PER_IMAGE))
+    assert box.height == 10 and box.width == round(10 * 4 / 3)
+
+
+def test_reduction_only_when_box_is_twice_the_output() -> None:
+    assert reduction_min_side((1000, 1500), Box(0, 0, 1000, 1000), (224, 224)) == 250
+    assert reduction_min_side((400, 600), Box(0, 0, 400, 400), (224, 224)) is None
+    assert reduction_min_side((2000, 3000), Box(0, 0, 2000, 2000), (224, 224)) == 250

@@ -1,0 +1,110 @@
+"""DecodingLoader on DataLoader batches shaped like ShardDataset(decode=False) gives them:
+``(list of 1-D uint8 tensors, int64 labels)`` through a pass-through collate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from fastdata.decode import DecodingLoader, create_decoder
+from fastdata.shards import FieldSpec, Manifest, ShardReader, ShardWriter, save_manifest
+from tests.decode.conftest import rgb_jpeg
+
+FIELDS = [
+    FieldSpec("image", "encoded", "uint8", encoding="jpeg"),
+    FieldSpec("label", "array", "int64"),
+]
+
+
+class EncodedShards(Dataset[Any]):
+    """Batched reads of a JPEG-mode shard set, as ``ShardDataset(decode=False)`` returns."""
+
+    def __init__(self, root: Path) -> None:
+        self.reader = ShardReader(root)
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def __getitems__(self, indices: list[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        blobs = self.reader.read_batch("image", indices)
+        labels = torch.from_numpy(np.asarray(self.reader.read_batch("label", indices)))
+        return [torch.from_numpy(np.array(b)) for b in blobs], labels
+
+    def __getitem__(self, index: int) -> Any:
+        return self.__getitems__([index])
+
+
+def _pass_through(batch: Any) -> Any:
+    return batch
+
+
+@pytest.fixture
+def shard_root(tmp_path: Path) -> Path:
+    blobs = [rgb_jpeg(60 + 4 * i, 80, seed=i) for i in range(10)]
+    blobs[3] = blobs[3][:40]  # truncated: does not decode
+    with ShardWriter(tmp_path / "shard-00000.h5", FIELDS) as writer:
+        for i, blob in enumerate(blobs):
+            writer.append({"image": blob, "label": 100 + i})
+        info = writer.close()
+    save_manifest(tmp_path, Manifest(fields=FIELDS, shards=[info]))
+    return tmp_path
+
+
+def _loader(root: Path, num_workers: int = 0) -> DataLoader[Any]:
+    return DataLoader(
+        EncodedShards(root), batch_size=4, collate_fn=_pass_through, num_workers=num_workers
+    )
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_labels_follow_images_through_skips(shard_root: Path, num_workers: int) -> None:
+    decoder = create_decoder("cpu", size=32, on_error="skip")
+    batches = list(DecodingLoader(_loader(shard_root, num_workers), decoder))
+    assert [tuple(images.shape) for images, _ in batches] == [(3, 3, 32, 32), (4, 3, 32, 32),
+                                                               (2, 3, 32, 32)]  # fmt: skip
+    labels = torch.cat([labels for _, labels in batches]).tolist()
+    assert labels == [100, 101, 102, 104, 105, 106, 107, 108, 109]
+    single = decoder([rgb_jpeg(60 + 4 * 5, 80, seed=5)])
+    assert torch.equal(batches[1][0][1], single[0])  # sample 5 is second in batch two
+
+
+def test_last_batch_policies(shard_root: Path) -> None:
+    decoder = create_decoder("cpu", size=16, on_error="skip")
+    dropped = list(DecodingLoader(_loader(shard_root), decoder, last_batch="drop"))
+    assert [len(labels) for _, labels in dropped] == [4]
+    padded = list(DecodingLoader(_loader(shard_root), decoder, last_batch="pad", batch_size=4))
+    assert [len(labels) for _, labels in padded] == [4, 4, 4]
+    assert padded[0][1].tolist() == [100, 101, 102, 100]
+    assert padded[2][1].tolist() == [108, 109, 108, 109]
+    assert torch.equal(padded[2][0][0], padded[2][0][2])
+    assert padded[2][0].is_contiguous(memory_format=torch.channels_last)
+    assert len(DecodingLoader(_loader(shard_root), decoder)) == 3
+
+
+def test_masks_and_lists_travel_alongside(images: dict[str, bytes]) -> None:
+    encoded = [images["color"], images["corrupt"], images["gray"]]
+    masks = torch.arange(3 * 2 * 2).reshape(3, 2, 2)
+    names = ["a", "b", "c"]
+    decoder = create_decoder("cpu", size=8, on_error="skip")
+    ((out, out_masks, out_names),) = list(DecodingLoader([(encoded, masks, names)], decoder))
+    assert out.shape[0] == 2 and out_names == ["a", "c"]
+    assert torch.equal(out_masks, masks[[0, 2]])
+
+
+def test_rejects_bad_arguments(images: dict[str, bytes]) -> None:
+    decoder = create_decoder("cpu", size=8)
+    with pytest.raises(ValueError, match="last_batch must be one of"):
+        DecodingLoader([], decoder, last_batch="fill")
+    with pytest.raises(ValueError, match="batch_size must be a positive int"):
+        DecodingLoader([], decoder, batch_size=0)
+    with pytest.raises(TypeError, match="decoder must come from create_decoder"):
+        DecodingLoader([], lambda x: x)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="batch 0 must be a tuple"):
+        list(DecodingLoader([images["color"]], decoder))  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="batch element 1 must be a tensor or a list"):
+        list(DecodingLoader([([images["color"]], 7)], decoder))

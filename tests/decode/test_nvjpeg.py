@@ -1,0 +1,142 @@
+"""The nvjpeg backend. Its logic runs on CPU in CI with torchvision's ``decode_jpeg``
+replaced by an OpenCV stand-in that, like the real one, fails a whole batch on one bad
+image; the ``gpu`` tests run the real thing on a CUDA device."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cv2
+import pytest
+import torch
+
+from fastdata.decode import create_decoder
+from fastdata.decode import nvjpeg as nvjpeg_module
+from fastdata.decode.nvjpeg import NvJpegDecoder
+from fastdata.errors import DecodeError
+from tests.decode.conftest import BAD, GOOD, rgb_jpeg
+
+# nvJPEG and libjpeg-turbo differ by at most a couple of levels per pixel (IDCT and chroma
+# upsampling), and torch's antialiased bilinear differs from OpenCV's area resize by about
+# one level: the bound is a mean absolute difference of 3 levels of 255.
+MEAN_TOLERANCE = 3.0
+
+
+class FakeDecodeJpeg:
+    """OpenCV stand-in for torchvision's decode_jpeg (full-size, CHW, all-or-nothing)."""
+
+    def __init__(self, grayscale: bool) -> None:
+        self.grayscale = grayscale
+        self.calls: list[int] = []
+
+    def _one(self, data: torch.Tensor, device: torch.device) -> torch.Tensor:
+        flag = cv2.IMREAD_GRAYSCALE if self.grayscale else cv2.IMREAD_COLOR
+        image = cv2.imdecode(data.numpy(), flag)
+        if image is None:
+            raise RuntimeError("nvjpeg: bad image")
+        if not self.grayscale:
+            image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+        return torch.from_numpy(image.reshape(*image.shape[:2], -1)).permute(2, 0, 1).to(device)
+
+    def __call__(self, data: Any, device: torch.device) -> Any:
+        if isinstance(data, list):
+            self.calls.append(len(data))
+            return [self._one(item, device) for item in data]
+        self.calls.append(1)
+        return self._one(data, device)
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> dict[str, FakeDecodeJpeg]:
+    made: dict[str, FakeDecodeJpeg] = {}
+
+    def load(grayscale: bool) -> FakeDecodeJpeg:
+        made["decoder"] = FakeDecodeJpeg(grayscale)
+        return made["decoder"]
+
+    monkeypatch.setattr(nvjpeg_module, "load_decode_jpeg", load)
+    return made
+
+
+def test_agrees_with_cpu_backend(fake: dict[str, FakeDecodeJpeg]) -> None:
+    batch = [rgb_jpeg(300, 400, seed=s) for s in range(3)]
+    for random_crop in (False, True):
+        gpu_path = NvJpegDecoder(96, device="cpu", random_crop=random_crop or None, seed=3)
+        cpu = create_decoder("cpu", size=96, random_crop=random_crop, seed=3)
+        got, want = gpu_path(batch), cpu(batch)
+        assert got.shape == want.shape == (3, 3, 96, 96)
+        assert got.is_contiguous(memory_format=torch.channels_last)
+        assert (got.float() - want.float()).abs().mean() <= MEAN_TOLERANCE
+    assert fake["decoder"].calls == [3]  # one batched call
+
+
+def test_bad_image_does_not_sink_the_batch(
+    fake: dict[str, FakeDecodeJpeg], images: dict[str, bytes]
+) -> None:
+    batch = [images[name] for name in (*GOOD, *BAD)]
+    decoded = NvJpegDecoder(40, device="cpu", on_error="skip").decode(batch)
+    assert decoded.kept.tolist() == list(range(len(GOOD)))
+    # batch of JPEGs nvJPEG takes (color, large, gray, truncated) failed, retried one by one;
+    # PNG, CMYK, corrupt and empty never reach it
+    assert fake["decoder"].calls == [4, 1, 1, 1, 1]
+    cpu = create_decoder("cpu", size=40)([images[name] for name in GOOD])
+    assert (decoded.images.float() - cpu.float()).abs().mean() <= MEAN_TOLERANCE
+
+
+@pytest.mark.parametrize("bad", BAD)
+def test_on_error_raise_and_warn(
+    fake: dict[str, FakeDecodeJpeg], images: dict[str, bytes], bad: str
+) -> None:
+    with pytest.raises(DecodeError, match="batch item 1"):
+        NvJpegDecoder(16, device="cpu")([images["color"], images[bad]])
+    with pytest.warns(UserWarning, match="cannot be decoded"):
+        kept = NvJpegDecoder(16, device="cpu", on_error="warn").decode([images[bad]]).kept
+    assert kept.numel() == 0
+
+
+def test_grayscale(fake: dict[str, FakeDecodeJpeg], images: dict[str, bytes]) -> None:
+    out = NvJpegDecoder((20, 30), device="cpu", grayscale=True)([images["color"], images["gray"]])
+    assert out.shape == (2, 1, 20, 30)
+
+
+def test_needs_cuda() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is present")
+    with pytest.raises(ValueError, match="backend='nvjpeg' decodes on a CUDA device"):
+        create_decoder("nvjpeg", size=32)
+
+
+def test_missing_torchvision_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_import = nvjpeg_module.import_optional
+
+    def no_torchvision(module: str, purpose: str) -> Any:
+        return real_import("torchvision_is_not_here" if module == "torchvision.io" else module,
+                           purpose)  # fmt: skip
+
+    monkeypatch.setattr(nvjpeg_module, "import_optional", no_torchvision)
+    with pytest.raises(ModuleNotFoundError, match="pip install"):
+        NvJpegDecoder(32, device="cpu")
+
+
+@pytest.mark.gpu
+def test_real_nvjpeg_matches_cpu(images: dict[str, bytes]) -> None:
+    batch = [rgb_jpeg(300, 400, seed=s) for s in range(4)] + [images[g] for g in GOOD]
+    got = create_decoder("nvjpeg", size=(64, 80), seed=1, random_crop=True)(batch)
+    want = create_decoder("cpu", size=(64, 80), seed=1, random_crop=True)(batch)
+    assert got.device.type == "cuda" and got.shape == want.shape
+    assert (got.cpu().float() - want.float()).abs().mean() <= MEAN_TOLERANCE
+
+
+@pytest.mark.gpu
+def test_real_nvjpeg_on_error_and_streams(images: dict[str, bytes]) -> None:
+    decoder = create_decoder("nvjpeg", size=32, on_error="skip")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        decoded = decoder.decode([images["color"], images["truncated"], images["corrupt"]])
+        total = decoded.images.float().sum()  # used on the caller's (side) stream at once
+    torch.cuda.synchronize()
+    kept = decoded.kept.tolist()
+    assert kept[0] == 0 and 2 not in kept  # truncated JPEGs may decode partially on nvJPEG
+    assert float(total) == float(decoded.images.float().sum())
+    want = create_decoder("cpu", size=32)([images["color"]])
+    assert (decoded.images[:1].cpu().float() - want.float()).abs().mean() <= MEAN_TOLERANCE

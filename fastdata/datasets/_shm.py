@@ -24,13 +24,13 @@ class SharedBuffer:
 
     Args:
         nbytes: Size of the buffer in bytes (0 is allowed).
-        name: A label shown in ``/proc/<pid>/maps`` (``memfd:fastdata-<name>``).
+        name: A label shown in ``/proc/<pid>/maps`` (``memfd:fastdata-<name>-<creator pid>``).
     """
 
     def __init__(self, nbytes: int, name: str = "buffer") -> None:
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
-        fd = os.memfd_create(f"fastdata-{name}", os.MFD_CLOEXEC)
+        fd = os.memfd_create(f"fastdata-{name}-{os.getpid()}", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, nbytes)
         except OSError:

@@ -19,6 +19,7 @@ from fastdata.datasets._memory import MemoryReport
 from fastdata.datasets._store import RAMStore, Store
 from fastdata.decode._opencv import decode_image
 from fastdata.errors import DecodeError
+from fastdata.shards import FieldSpec
 from fastdata.transforms._base import stack_images
 
 logger = logging.getLogger(__name__)
@@ -144,11 +145,13 @@ class BatchedDataset(Dataset):
                 values[name] = self._read_encoded(
                     name, indices, keep, single=single, pool=(executor, tasks)
                 )
+            elif name == self.fields[0] and self._transform_copies() and not single:
+                # The transform writes a new batch: let it read the stored rows in place.
+                values[name] = self.store.rows(name, indices)
+                if values[name] is None:
+                    values[name] = self._gather(name, spec, indices, executor, tasks)
             else:
-                scalar_int = not spec.shape and np.issubdtype(np.dtype(spec.dtype), np.integer)
-                out = _empty((len(indices), *spec.shape), "int64" if scalar_int else spec.dtype)
-                self.store.gather(name, indices, out.numpy(), executor, tasks)
-                values[name] = out
+                values[name] = self._gather(name, spec, indices, executor, tasks)
         if not keep.all():
             for name, value in values.items():
                 if isinstance(value, list):
@@ -158,6 +161,20 @@ class BatchedDataset(Dataset):
         first = self.fields[0]
         values[first] = self._transform(values[first], first, executor, tasks)
         return tuple(self._to_torch(name, values[name]) for name in self.fields)
+
+    def _gather(
+        self, name: str, spec: FieldSpec, indices: np.ndarray, executor: Executor | None, tasks: int
+    ) -> torch.Tensor:
+        scalar_int = not spec.shape and np.issubdtype(np.dtype(spec.dtype), np.integer)
+        out = _empty((len(indices), *spec.shape), "int64" if scalar_int else spec.dtype)
+        self.store.gather(name, indices, out.numpy(), executor, tasks)
+        return out
+
+    def _transform_copies(self) -> bool:
+        """A batch transform that reads its input and writes a new batch (never in place)."""
+        return getattr(self.transform, "batched", False) and not getattr(
+            self.transform, "in_place", True
+        )
 
     def _read_encoded(
         self,

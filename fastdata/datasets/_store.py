@@ -86,6 +86,15 @@ class Store:
 
         parallel_for(executor, len(copies), body, tasks=tasks)
 
+    def rows(self, field: str, indices: np.ndarray) -> list[np.ndarray] | None:
+        """Read-only views of samples ``indices`` of an array field, without copying
+        (``None`` when a segment is not memory-mapped, e.g. compressed shards)."""
+        segments, local = self.locate(indices)
+        views = {s: self.array_view(field, s) for s in np.unique(segments).tolist()}
+        if not all(isinstance(view, np.ndarray) for view in views.values()):
+            return None
+        return [views[s][i] for s, i in zip(segments.tolist(), local.tolist(), strict=True)]
+
     def encoded(self, field: str, indices: np.ndarray) -> list[np.ndarray]:
         """Encoded samples as 1-D ``uint8`` arrays (views where the storage allows)."""
         segments, local = self.locate(indices)

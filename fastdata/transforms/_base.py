@@ -36,6 +36,7 @@ class BatchTransform:
 
     batched = True
     min_input_side: int | None = None  # decoders may decode JPEGs reduced down to this
+    in_place = True  # False: never writes to its input (datasets may pass stored rows)
 
     def __init__(self, seed: int | None = None) -> None:
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
@@ -146,6 +147,7 @@ class Compose(BatchTransform):
             raise TypeError(f"Compose takes batch transforms (batched = True), got {bad[0]!r}")
         self.transforms = list(transforms)
         self.min_input_side = self.transforms[0].min_input_side if self.transforms else None
+        self.in_place = self.transforms[0].in_place if self.transforms else True
 
     def apply(self, images: Images, executor: Executor | None, tasks: int) -> Images:
         for transform in self.transforms:

@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 
 ON_ERROR = ("raise", "skip", "warn")
 LAYOUTS = ("CHW", "HWC")
+_SHARED_MIN_BYTES = 1 << 16  # smaller batches: a plain allocation is cheaper
 IMAGE_ENCODINGS = ("jpeg", "png", "image")  # "image": any format OpenCV reads
 
 
@@ -275,7 +276,7 @@ def _empty(shape: tuple[int, ...], dtype: str) -> torch.Tensor:
     so that sending it to the main process does not copy it once more."""
     torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
     nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    if get_worker_info() is None or nbytes < 1 << 16:
+    if get_worker_info() is None or nbytes < _SHARED_MIN_BYTES:
         return torch.empty(shape, dtype=torch_dtype)
     storage = torch.UntypedStorage._new_shared(nbytes)
     return torch.empty(0, dtype=torch_dtype).set_(storage).view(shape)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from fastdata.datasets import ShardDataset, passthrough_collate
+from fastdata.datasets import ShardDataset, _base, passthrough_collate
 from fastdata.errors import DecodeError
 from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
 from fastdata.transforms import CenterCrop
@@ -133,3 +133,26 @@ def test_compressed_shards_read_through_hdf5(raw_shards: Reference) -> None:
     images, labels = ShardDataset(root).__getitems__([7, 2, 7])
     np.testing.assert_array_equal(_hwc(images), raw_shards.images[[7, 2, 7]])
     np.testing.assert_array_equal(labels.numpy(), raw_shards.labels[[7, 2, 7]])
+
+
+def test_worker_batches_are_allocated_in_shared_memory(
+    raw_shards: Reference, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_base, "_SHARED_MIN_BYTES", 0)  # forked workers inherit the patch
+    dataset = ShardDataset(raw_shards.path, fields=("image", "label", "mask"))
+    loader = DataLoader(
+        dataset, batch_size=4, num_workers=2, collate_fn=passthrough_collate, drop_last=True
+    )
+    for step, (images, labels, masks) in enumerate(loader):
+        rows = slice(4 * step, 4 * step + 4)
+        np.testing.assert_array_equal(_hwc(images), raw_shards.images[rows])
+        np.testing.assert_array_equal(masks.numpy(), raw_shards.masks[rows])
+        np.testing.assert_array_equal(labels.numpy(), raw_shards.labels[rows])
+
+
+def test_worker_batch_buffers_start_in_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_base, "get_worker_info", lambda: object())  # as inside a worker
+    labels = _base._empty((4, 20000), "int64")
+    assert labels.shape == (4, 20000) and labels.dtype == torch.int64
+    assert labels.untyped_storage().is_shared()
+    assert not _base._empty((4,), "int64").untyped_storage().is_shared()  # small: plain

@@ -151,7 +151,7 @@ def test_worker_batches_are_allocated_in_shared_memory(
 
 
 def test_worker_batch_buffers_start_in_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_base, "get_worker_info", lambda: object())  # as inside a worker
+    monkeypatch.setattr(_base, "get_worker_info", object)  # non-None: as inside a worker
     labels = _base._empty((4, 20000), "int64")
     assert labels.shape == (4, 20000) and labels.dtype == torch.int64
     assert labels.untyped_storage().is_shared()

@@ -139,8 +139,7 @@ def test_distributed_sampler_partitions(case: tuple[Dataset, Reference]) -> None
     assert sorted(seen) == list(range(NUM_SAMPLES))
 
 
-@pytest.mark.parametrize("name", ["shard", "ram-files"])
-@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+@pytest.mark.parametrize(("name", "context"), [("shard", "spawn"), ("ram-files", "forkserver")])
 def test_spawned_persistent_workers(
     name: str, context: str, request: pytest.FixtureRequest
 ) -> None:

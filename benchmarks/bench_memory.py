@@ -17,6 +17,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -54,9 +55,12 @@ class BytesListDataset(Dataset):
         return torch.from_numpy(image), self.labels[index]
 
 
-def measure(cache: str, paths: list[str], workers: int) -> dict[str, Any]:
-    """Load ``paths`` into ``cache``, run one epoch on ``workers`` workers, sum the PSS."""
+def measure(cache: str, paths_file: Path, count: int, workers: int) -> dict[str, Any]:
+    """Load ``count`` paths of ``paths_file`` into ``cache``, run one epoch on ``workers``
+    workers, sum the PSS. The path and label lists are dropped once the cache is built:
+    what remains is what the cache itself holds."""
     psutil = import_optional("psutil", "bench_memory (PSS of the processes)")
+    paths = paths_file.read_text().splitlines()[:count]
     labels = [int(Path(p).parent.name.split("_")[1]) for p in paths]
     if cache == "RAMDataset":
         dataset: Dataset = RAMDataset(paths, labels, show_progress=False)
@@ -64,6 +68,8 @@ def measure(cache: str, paths: list[str], workers: int) -> dict[str, Any]:
     else:
         dataset = BytesListDataset(paths, labels)
         collate = None
+    del paths, labels
+    gc.collect()
     loader = DataLoader(
         dataset,
         batch_size=64,
@@ -102,8 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.case:  # the child: one measurement, printed as JSON
-        paths = args.paths_file.read_text().splitlines()[: args.count]
-        print(json.dumps(measure(args.case, paths, args.workers)))
+        print(json.dumps(measure(args.case, args.paths_file, args.count, args.workers)))
         return 0
     folder = args.data / f"small-{args.num_images}"
     paths_file = folder / "paths.txt"

@@ -34,6 +34,10 @@ FACTORIES: dict[str, tuple[str, Factory]] = {
     ),
     "shard-encoded": ("encoded_shards", lambda ref: ShardDataset(ref.path)),
     "ram-shards": ("raw_shards", lambda ref: RAMDataset.from_shards(ref.path, show_progress=False)),
+    "ram-shards-encoded": (
+        "encoded_shards",
+        lambda ref: RAMDataset.from_shards(ref.path, show_progress=False),
+    ),
     "ram-arrays": ("raw_shards", lambda ref: RAMDataset.from_arrays(ref.images, ref.labels)),
     "ram-files": ("raw_shards", _files),
 }

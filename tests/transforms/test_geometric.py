@@ -1,0 +1,109 @@
+"""Per-batch uint8 transforms, pixel-exact against NumPy (and OpenCV for resizes)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from fastdata.transforms import (
+    CenterCrop,
+    Compose,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    Resize,
+)
+from fastdata.transforms._base import stack_images
+
+
+@pytest.fixture
+def batch() -> np.ndarray:
+    return np.random.default_rng(1).integers(0, 256, (6, 20, 16, 3), dtype=np.uint8)
+
+
+def test_center_crop_matches_numpy(batch: np.ndarray) -> None:
+    out = CenterCrop((10, 8))(batch.copy())
+    np.testing.assert_array_equal(out, batch[:, 5:15, 4:12])
+    listed = CenterCrop(4)([batch[0], batch[1][:18]])
+    np.testing.assert_array_equal(listed, np.stack([batch[0][8:12, 6:10], batch[1][7:11, 6:10]]))
+
+
+def test_flip_matches_numpy(batch: np.ndarray) -> None:
+    np.testing.assert_array_equal(RandomHorizontalFlip(p=1.0)(batch.copy()), batch[:, :, ::-1])
+    np.testing.assert_array_equal(RandomHorizontalFlip(p=0.0)(batch.copy()), batch)
+    flipped = RandomHorizontalFlip(seed=0)(batch.copy())
+    mirrored = [np.array_equal(f, b[:, ::-1]) for f, b in zip(flipped, batch, strict=True)]
+    kept = [np.array_equal(f, b) for f, b in zip(flipped, batch, strict=True)]
+    assert all(m or k for m, k in zip(mirrored, kept, strict=True)) and any(mirrored) and any(kept)
+
+
+def test_full_area_crop_is_a_plain_resize(batch: np.ndarray) -> None:
+    square = batch[:, :16, :16]
+    out = RandomResizedCrop(8, scale=(1.0, 1.0), ratio=(1.0, 1.0))(square)
+    expected = np.stack(
+        [cv2.resize(image, (8, 8), interpolation=cv2.INTER_LINEAR) for image in square]
+    )
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_random_resized_crop_boxes_fit_and_are_seeded(batch: np.ndarray) -> None:
+    crop = RandomResizedCrop(8, seed=3)
+    heights = np.array([20, 5, 300, 7])
+    widths = np.array([16, 90, 30, 7])
+    boxes = crop.boxes(heights, widths)
+    top, left, h, w = boxes.T
+    assert (top >= 0).all() and (left >= 0).all() and (h > 0).all() and (w > 0).all()
+    assert (top + h <= heights).all() and (left + w <= widths).all()
+    again = RandomResizedCrop(8, seed=3).boxes(heights, widths)
+    np.testing.assert_array_equal(boxes, again)
+    pool = ThreadPoolExecutor(2)
+    out = RandomResizedCrop(8, seed=3)(batch, pool, 3)
+    np.testing.assert_array_equal(out, RandomResizedCrop(8, seed=3)(batch))
+    assert out.shape == (6, 8, 8, 3)
+
+
+def test_tensor_batches_stay_tensors(batch: np.ndarray) -> None:
+    tensor = torch.from_numpy(batch).permute(0, 3, 1, 2).contiguous()
+    out = Compose([Resize((10, 8)), CenterCrop(6), RandomHorizontalFlip(p=1.0)])(tensor)
+    assert isinstance(out, torch.Tensor) and out.shape == (6, 3, 6, 6)
+    resized = np.stack([cv2.resize(b, (8, 10), interpolation=cv2.INTER_AREA) for b in batch])
+    np.testing.assert_array_equal(out.permute(0, 2, 3, 1).numpy(), resized[:, 2:8, 1:7][:, :, ::-1])
+
+
+def test_resize_shorter_side(batch: np.ndarray) -> None:
+    out = Resize(8)([batch[0], batch[1][:16]])
+    assert isinstance(out, list) and [o.shape for o in out] == [(10, 8, 3), (8, 8, 3)]
+    assert Resize(8).min_input_side == 8
+    assert Compose([Resize(8), CenterCrop(8)]).min_input_side == 8
+
+
+def test_errors(batch: np.ndarray) -> None:
+    with pytest.raises(
+        ValueError, match=r"size must be a positive int or \(height, width\), got 0"
+    ):
+        CenterCrop(0)
+    with pytest.raises(ValueError, match="scale must satisfy 0 < low <= high <= 1"):
+        RandomResizedCrop(8, scale=(0.5, 2.0))
+    with pytest.raises(ValueError, match="ratio must satisfy"):
+        RandomResizedCrop(8, ratio=(2.0, 1.0))
+    with pytest.raises(ValueError, match=r"p must be in \[0, 1\], got 2"):
+        RandomHorizontalFlip(p=2)
+    with pytest.raises(TypeError, match="seed must be an int or None"):
+        RandomHorizontalFlip(seed="1")  # type: ignore[arg-type]
+    with pytest.raises(
+        ValueError, match=r"CenterCrop size \(30, 30\) is larger than an image of 20x16"
+    ):
+        CenterCrop(30)(batch)
+    with pytest.raises(TypeError, match="Compose takes batch transforms"):
+        Compose([lambda x: x])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="cannot batch images of different sizes"):
+        stack_images([np.zeros((2, 2, 3), np.uint8), np.zeros((3, 2, 3), np.uint8)])
+    with pytest.raises(ValueError, match=r"images must be a \(B, C, H, W\) uint8 tensor"):
+        CenterCrop(2)(torch.zeros(2, 3, 4, 4))
+    with pytest.raises(ValueError, match=r"images must be a .* uint8 array"):
+        CenterCrop(2)(batch.astype(np.float32))
+    with pytest.raises(TypeError, match="images must be a uint8 tensor, array or list"):
+        CenterCrop(2)("image")  # type: ignore[arg-type]

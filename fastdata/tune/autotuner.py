@@ -81,7 +81,7 @@ def autotune(
     worker count is then tried with ``prefetch_factor=4``. Among configurations within
     ``min_gain`` of the fastest, the one with the fewest worker processes and least memory
     is recommended, so in-process reading wins when it is as fast. The dataset's
-    ``num_threads`` is restored afterwards.
+    attributes (``num_threads``) are restored afterwards.
 
     Args:
         dataset: A map-style or iterable dataset.
@@ -152,7 +152,9 @@ def autotune(
 
     started = time.perf_counter()
     has_threads = hasattr(dataset, "num_threads")
-    original_threads = getattr(dataset, "num_threads", None)
+    # Setting num_threads may go through a property (None meaning "automatic"): restoring
+    # the instance attributes themselves puts back exactly what was there.
+    attributes = dict(vars(dataset)) if hasattr(dataset, "__dict__") else None
     pin = torch.cuda.is_available()
     estimated_trials = 1 + (4 if max_workers else 0) + (2 if has_threads and max_workers > 1 else 0)
     bar = progress_bar(total=estimated_trials, desc="autotune", unit="config", enabled=progress)
@@ -168,13 +170,14 @@ def autotune(
     )
     try:
         base = search.run(max_workers=max_workers, min_gain=min_gain, threads=has_threads, pin=pin)
+        chosen = search.choose(min_gain) or base
     finally:
-        if has_threads:
-            dataset.num_threads = original_threads
+        if attributes is not None:
+            vars(dataset).clear()
+            vars(dataset).update(attributes)
         bar.total = bar.n
         bar.close()
 
-    chosen = search.choose(min_gain) or base
     limited_by, reason = _explain.limit(search, chosen, base, max_workers, step is not None)
     result = TuneResult(
         recommended=chosen.config,

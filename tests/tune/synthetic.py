@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
+
+from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
 
 
 def burn_cpu(seconds: float) -> None:
@@ -104,3 +108,19 @@ def sleep_step(seconds: float) -> Any:
         time.sleep(seconds)
 
     return step
+
+
+def write_tiny_shards(root: Path, num_samples: int = 64) -> Path:
+    """A one-shard set of ``(16, 16, 3)`` uint8 images and int64 labels under ``root``."""
+    fields = [
+        FieldSpec("image", "array", "uint8", (16, 16, 3), "HWC"),
+        FieldSpec("label", "array", "int64"),
+    ]
+    rng = np.random.default_rng(0)
+    with ShardWriter(root / "shard-00000.h5", fields) as writer:
+        for index in range(num_samples):
+            image = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
+            writer.append({"image": image, "label": index})
+        info = writer.close()
+    save_manifest(root, Manifest(fields=fields, shards=[info]))
+    return root

@@ -7,6 +7,8 @@ import time
 import pytest
 import torch
 
+from fastdata._system import usable_cpus
+from fastdata.datasets import ShardDataset, passthrough_collate
 from fastdata.errors import InsufficientMemoryError
 from fastdata.tune import TuneResult, autotune, autotuner
 from fastdata.tune._measure import LoaderConfig, run_window
@@ -16,6 +18,7 @@ from tests.tune.synthetic import (
     ThreadedSleepDataset,
     passthrough,
     sleep_step,
+    write_tiny_shards,
 )
 
 WINDOW_S = 0.3
@@ -179,3 +182,15 @@ def test_result_round_trips_through_a_dict() -> None:
     result = autotune(SleepDataset(50, 0.0), 4, max_workers=1, window_s=0.05, progress=False)
     again = TuneResult.from_dict(result.to_dict())
     assert again.to_dict() == result.to_dict()
+
+
+def test_restores_a_shard_datasets_automatic_thread_count(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    dataset = ShardDataset(write_tiny_shards(tmp_path))
+    automatic = dataset.num_threads  # unset: usable CPUs in the main process, 1 in workers
+    result = autotune(
+        dataset, 8, max_workers=2, window_s=0.05, collate_fn=passthrough_collate, progress=False
+    )
+    assert {m.config.num_threads for m in result.measurements} >= {1}
+    assert dataset.num_threads == automatic == usable_cpus()
+    images, labels = next(iter(result.make_loader(dataset)))
+    assert images.shape == (8, 3, 16, 16) and labels.shape == (8,)

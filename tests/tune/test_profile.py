@@ -7,6 +7,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastdata.tune import ProfileReport, profile
+from fastdata.tune.profiler import INPUT_BOUND_SHARE
 from tests.tune.synthetic import BusyDataset, SleepDataset, SleepStream, sleep_step
 
 
@@ -30,10 +31,10 @@ def test_calls_a_loop_waiting_on_cpu_bound_reads_input_bound_cpu() -> None:
 
 def test_calls_a_loop_with_a_slow_step_compute_bound() -> None:
     loader = DataLoader(SleepDataset(200, cost_s=0.0), batch_size=4)
-    report = profile(loader, sleep_step(0.015), steps=10, device="cpu", progress=False)
+    report = profile(loader, sleep_step(0.025), steps=10, device="cpu", progress=False)
     assert report.verdict == "compute-bound"
     assert report.bound == "compute" and report.input_kind is None
-    assert report.wait_fraction < 0.1
+    assert report.wait_fraction < INPUT_BOUND_SHARE
     assert report.stages is not None and report.stages.to_device_s is not None
     assert "step itself" in report.advice
 

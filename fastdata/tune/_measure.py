@@ -16,6 +16,8 @@ import psutil
 import torch
 from torch.utils.data import DataLoader
 
+# Share of the window spent warming up (untimed) before the timed window starts.
+_WARMUP_SHARE = 0.2
 # A window keeps going until it holds at least this many timed batches (or the deadline).
 _MIN_BATCHES = 6
 
@@ -177,8 +179,10 @@ def run_window(
 ) -> Window:
     """Iterate one DataLoader configuration and time a window after a warm-up.
 
-    The first ``num_workers + 1`` batches (worker start-up, first file opens) are not timed,
-    nor the same number after each epoch boundary. The window ends once ``window_s`` has
+    The first ``num_workers + 1`` batches (worker start-up, first file opens) and the first
+    fifth of ``window_s`` (lazy initialisation, caches) are not timed. Epoch boundaries are:
+    workers persist, as recommended, and refilling their pipeline is part of the cost of an
+    epoch (it matters for datasets of few batches). The window ends once ``window_s`` has
     passed with at least a few batches timed, or at ``deadline`` (a ``perf_counter`` value).
 
     Raises:
@@ -213,7 +217,7 @@ def _time_loader(
     deadline: float,
     worker_bytes_prior: int,
 ) -> Window:
-    warmup = config.num_workers + 1
+    to_skip = config.num_workers + 1
     waits: list[float] = []
     steps: list[float] = []
     batch_bytes = 0
@@ -223,10 +227,10 @@ def _time_loader(
     startup_s = math.nan
     iterator = iter(loader)
     try:
-        to_skip = warmup
-        window_start = math.inf
+        window_start = warm_until = math.inf
+        boundary_since: float | None = None
         while True:
-            t0 = time.perf_counter()
+            t0 = time.perf_counter() if boundary_since is None else boundary_since
             try:
                 batch = next(iterator)
             except StopIteration:
@@ -234,22 +238,25 @@ def _time_loader(
                     raise ValueError(
                         f"the loader yields no batch (batch_size={batch_size}): nothing to tune"
                     ) from None
+                # A new epoch: its refill time (workers persist) is charged to its first batch.
+                boundary_since = t0
                 iterator = iter(loader)
-                to_skip = warmup
                 continue
+            boundary_since = None
             t1 = time.perf_counter()
             if math.isnan(startup_s):
                 startup_s = t1 - started
                 batch_bytes = batch_nbytes(batch)
+                warm_until = t1 + _WARMUP_SHARE * window_s
             if step is not None:
                 step(batch)
             t2 = time.perf_counter()
             del batch
-            if to_skip > 0:
-                to_skip -= 1
-                if to_skip == 0 and math.isinf(window_start):
-                    window_start = t2
+            if to_skip > 0 or t2 < warm_until:
+                to_skip = max(0, to_skip - 1)
                 continue
+            if math.isinf(window_start):
+                window_start = t1
             waits.append(t1 - t0)
             steps.append(t2 - t1)
             enough = len(waits) >= _MIN_BATCHES and t2 - window_start >= window_s

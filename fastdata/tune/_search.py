@@ -173,8 +173,8 @@ class Search:
 
     def choose(self, min_gain: float) -> Measurement | None:
         """Among measurements within budget and within ``min_gain`` of the fastest, the one
-        with the fewest worker processes, then unpinned, then least memory, then fewest
-        threads; ``None`` if none is within budget.
+        with the fewest worker processes, then unpinned, then least memory, then the
+        fastest; ``None`` if none is within budget.
 
         When that is not the fastest itself, both are measured once more (time allowing)
         and the choice is made again on the pooled windows: one noisy window must not
@@ -202,7 +202,7 @@ class Search:
                 m.config.num_workers,
                 m.config.pin_memory,
                 m.predicted_bytes,
-                m.config.num_threads or 0,
+                -m.batches_per_s,  # threads cost neither processes nor memory: fastest
             ),
         )
         return chosen, fastest

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,7 +171,8 @@ class TuneResult:
         Returns:
             The ``Axes`` drawn on.
         """
-        plt = import_optional("matplotlib.pyplot", "TuneResult.plot()")
+        import_optional("matplotlib", "TuneResult.plot()")
+        plt = importlib.import_module("matplotlib.pyplot")
         if ax is None:
             _, ax = plt.subplots(figsize=(6, 4))
         series: dict[str, list[Measurement]] = {}

@@ -53,8 +53,9 @@ def test_lands_within_10_percent_of_an_exhaustive_sweep() -> None:
 def test_respects_the_ram_budget_and_says_memory_is_the_limit() -> None:
     # 16 MiB batches: one worker fits in 140 MiB even with the prior guess of its memory
     # (3 batches + 48 MiB), four cannot even with none (9 batches = 144 MiB); the reads
-    # sleep, so only memory stops the search from adding workers.
-    dataset = SleepDataset(1_000, cost_s=0.005, sample_bytes=4 << 20)
+    # sleep 80 ms a batch, much more than copying it, so only memory stops the search from
+    # adding workers.
+    dataset = SleepDataset(1_000, cost_s=0.020, sample_bytes=4 << 20)
     budget = 140 << 20
     result = autotune(
         dataset, 4, ram_budget=budget, max_workers=4, window_s=WINDOW_S, progress=False
@@ -158,6 +159,8 @@ def test_ram_budget_is_a_fraction_or_bytes(monkeypatch: pytest.MonkeyPatch) -> N
     ("kwargs", "error", "match"),
     [
         ({"batch_size": 0}, ValueError, "batch_size must be a positive integer, got 0"),
+        ({"batch_size": 2.0}, TypeError, "batch_size must be an int, got float"),
+        ({"max_workers": True}, TypeError, "max_workers must be an int, got bool"),
         ({"num_workers": 2}, ValueError, "loader_kwargs must not set num_workers"),
         ({"ram_budget": 0}, ValueError, "ram_budget must be a fraction .* got 0"),
         ({"ram_budget": "half"}, TypeError, "ram_budget must be a number, got str"),

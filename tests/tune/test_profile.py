@@ -31,7 +31,7 @@ def test_calls_a_loop_waiting_on_cpu_bound_reads_input_bound_cpu() -> None:
 
 def test_calls_a_loop_with_a_slow_step_compute_bound() -> None:
     loader = DataLoader(SleepDataset(200, cost_s=0.0), batch_size=4)
-    report = profile(loader, sleep_step(0.025), steps=10, device="cpu", progress=False)
+    report = profile(loader, sleep_step(0.05), steps=8, device="cpu", progress=False)
     assert report.verdict == "compute-bound"
     assert report.bound == "compute" and report.input_kind is None
     assert report.wait_fraction < INPUT_BOUND_SHARE
@@ -40,9 +40,9 @@ def test_calls_a_loop_with_a_slow_step_compute_bound() -> None:
 
 
 def test_workers_that_keep_up_make_the_loop_compute_bound() -> None:
-    # 8 ms per batch to read, 3 workers: they supply a batch every ~3 ms; the step takes 12.
+    # 8 ms per batch to read, 3 workers: they supply a batch every ~3 ms; the step takes 20.
     loader = DataLoader(SleepDataset(400, 0.002), batch_size=4, num_workers=3)
-    report = profile(loader, sleep_step(0.012), steps=12, warmup=4, progress=False)
+    report = profile(loader, sleep_step(0.020), steps=12, warmup=4, progress=False)
     assert report.verdict == "compute-bound"
     assert report.num_workers == 3
 

@@ -161,7 +161,10 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
     ax.set_xscale("log")
     ax.invert_yaxis()
     ax.set_xlabel("images / s (224x224 uint8 batches of 64; log scale)")
-    ax.set_title("DataLoader throughput, 2-core machine (hatched: issue's reference, not measured)")
+    ax.set_title(
+        "DataLoader throughput, 2-core machine\n"
+        "(hatched: the issue's reference figures, not measured here)"
+    )
     for bar, value in zip(bars, values, strict=True):
         ax.text(
             value, bar.get_y() + bar.get_height() / 2, f" {value:,.0f}", va="center", fontsize=8

@@ -56,6 +56,11 @@ class BatchTransform:
             self._generator_pid = os.getpid()
         return self._generator
 
+    def __getstate__(self) -> dict[str, object]:
+        state = self.__dict__.copy()
+        state["_generator"], state["_generator_pid"] = None, -1  # re-seeded where it lands
+        return state
+
     def uniform(self, count: int, columns: int = 1) -> np.ndarray:
         """``(count, columns)`` float64 uniform draws in [0, 1)."""
         draws = torch.rand((count, columns), generator=self.generator(), dtype=torch.float64)

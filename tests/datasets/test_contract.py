@@ -34,6 +34,10 @@ FACTORIES: dict[str, tuple[str, Factory]] = {
     ),
     "shard-encoded": ("encoded_shards", lambda ref: ShardDataset(ref.path)),
     "ram-shards": ("raw_shards", lambda ref: RAMDataset.from_shards(ref.path, show_progress=False)),
+    "ram-shards-encoded": (
+        "encoded_shards",
+        lambda ref: RAMDataset.from_shards(ref.path, show_progress=False),
+    ),
     "ram-arrays": ("raw_shards", lambda ref: RAMDataset.from_arrays(ref.images, ref.labels)),
     "ram-files": ("raw_shards", _files),
 }
@@ -139,8 +143,7 @@ def test_distributed_sampler_partitions(case: tuple[Dataset, Reference]) -> None
     assert sorted(seen) == list(range(NUM_SAMPLES))
 
 
-@pytest.mark.parametrize("name", ["shard", "ram-files"])
-@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+@pytest.mark.parametrize(("name", "context"), [("shard", "spawn"), ("ram-files", "forkserver")])
 def test_spawned_persistent_workers(
     name: str, context: str, request: pytest.FixtureRequest
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from concurrent.futures import ThreadPoolExecutor
 
 import cv2
@@ -107,3 +108,10 @@ def test_errors(batch: np.ndarray) -> None:
         CenterCrop(2)(batch.astype(np.float32))
     with pytest.raises(TypeError, match="images must be a uint8 tensor, array or list"):
         CenterCrop(2)("image")  # type: ignore[arg-type]
+
+
+def test_seeded_transform_pickles_and_reseeds(batch: np.ndarray) -> None:
+    crop = RandomResizedCrop(8, seed=11)
+    first = crop(batch)
+    clone = pickle.loads(pickle.dumps(crop))  # as into a spawned worker
+    np.testing.assert_array_equal(clone(batch), first)

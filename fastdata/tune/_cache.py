@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -13,7 +14,7 @@ from typing import Any
 
 import fastdata
 from fastdata._system import usable_cpus
-from fastdata.shards import write_json_atomic
+from fastdata.shards import Manifest, write_json_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -25,21 +26,29 @@ def default_cache_dir() -> Path:
 
 
 def dataset_fingerprint(dataset: Any) -> str:
-    """What identifies a dataset's content for the cache.
+    """What identifies a dataset's content (and cost) for the cache.
 
-    A dataset may define ``fingerprint`` (a string, or a method returning one); otherwise
-    its class and length stand in for it.
+    A dataset may define ``fingerprint`` (a string, or a method returning one). Otherwise
+    its class and length stand in for it, plus, where the dataset has them, the checksums
+    of its shards (a ``manifest``), the ``fields`` it returns and the kind of ``transform``.
     """
     custom = getattr(dataset, "fingerprint", None)
     if callable(custom):
         custom = custom()
     if isinstance(custom, str):
         return custom
-    kind = f"{type(dataset).__module__}.{type(dataset).__qualname__}"
-    try:
-        return f"{kind}:{len(dataset)}"
-    except TypeError:
-        return kind
+    parts = [f"{type(dataset).__module__}.{type(dataset).__qualname__}"]
+    with contextlib.suppress(TypeError):  # iterable datasets may have no length
+        parts.append(str(len(dataset)))
+    manifest = getattr(dataset, "manifest", None)
+    if isinstance(manifest, Manifest):
+        parts.extend(shard.sha256 for shard in manifest.shards)
+    fields = getattr(dataset, "fields", None)
+    if isinstance(fields, (tuple, list)):
+        parts.append(",".join(map(str, fields)))
+    if getattr(dataset, "transform", None) is not None:
+        parts.append(describe(dataset.transform))
+    return ":".join(parts)
 
 
 def describe(value: Any) -> str:

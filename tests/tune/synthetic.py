@@ -110,13 +110,13 @@ def sleep_step(seconds: float) -> Any:
     return step
 
 
-def write_tiny_shards(root: Path, num_samples: int = 64) -> Path:
+def write_tiny_shards(root: Path, num_samples: int = 64, seed: int = 0) -> Path:
     """A one-shard set of ``(16, 16, 3)`` uint8 images and int64 labels under ``root``."""
     fields = [
         FieldSpec("image", "array", "uint8", (16, 16, 3), "HWC"),
         FieldSpec("label", "array", "int64"),
     ]
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     with ShardWriter(root / "shard-00000.h5", fields) as writer:
         for index in range(num_samples):
             image = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)

@@ -11,6 +11,7 @@ from fastdata._system import usable_cpus
 from fastdata.datasets import ShardDataset, passthrough_collate
 from fastdata.errors import InsufficientMemoryError
 from fastdata.tune import TuneResult, autotune, autotuner
+from fastdata.tune._cache import dataset_fingerprint
 from fastdata.tune._measure import LoaderConfig, run_window
 from tests.tune.synthetic import (
     BusyDataset,
@@ -197,3 +198,12 @@ def test_restores_a_shard_datasets_automatic_thread_count(tmp_path) -> None:  # 
     assert dataset.num_threads == automatic == usable_cpus()
     images, labels = next(iter(result.make_loader(dataset)))
     assert images.shape == (8, 3, 16, 16) and labels.shape == (8,)
+
+
+def test_shard_sets_of_equal_length_do_not_share_a_cache_entry(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = ShardDataset(write_tiny_shards(tmp_path / "a", num_samples=32))
+    second = ShardDataset(write_tiny_shards(tmp_path / "b", num_samples=32, seed=1))
+    assert dataset_fingerprint(first) != dataset_fingerprint(second)
+    assert dataset_fingerprint(first) == dataset_fingerprint(ShardDataset(tmp_path / "a"))

@@ -11,6 +11,7 @@ from fastdata.errors import (
     ShardFormatError,
 )
 from fastdata.shards import FieldSpec, Manifest, ShardReader, ShardWriter, load_manifest
+from fastdata.tune import ProfileReport, TuneResult, autotune, profile
 
 __version__ = "0.1.0"
 
@@ -21,9 +22,13 @@ __all__ = [
     "InsufficientMemoryError",
     "Manifest",
     "PreprocessError",
+    "ProfileReport",
     "ShardFormatError",
     "ShardReader",
     "ShardWriter",
+    "TuneResult",
     "__version__",
+    "autotune",
     "load_manifest",
+    "profile",
 ]

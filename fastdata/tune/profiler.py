@@ -1,0 +1,240 @@
+"""``profile``: where a training loop's time goes, and what to try next."""
+
+from __future__ import annotations
+
+import html
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from fastdata._progress import progress_bar
+from fastdata._system import usable_cpus
+from fastdata.tune._stages import StageTimes, synchronize, time_stages
+
+# The loop is input-bound when it waits for data at least this share of the time.
+INPUT_BOUND_SHARE = 0.2
+# Inside the input pipeline, a CPU share below this means the reads wait on storage.
+IO_CPU_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class ProfileReport:
+    """What :func:`fastdata.profile` measured.
+
+    Attributes:
+        steps: Loop iterations timed (warm-up excluded).
+        wait_s: Total time waiting for the next batch, seconds.
+        step_s: Total time in ``step`` (device synchronized when on CUDA), seconds.
+        num_workers: The loader's worker processes.
+        stages: Per-batch fetch / collate / host-to-device times replayed in this process,
+            or ``None`` for an iterable dataset.
+        bound: ``"input"`` or ``"compute"``.
+        input_kind: For an input-bound loop, ``"cpu"`` or ``"io"`` (``None`` if unknown or
+            compute-bound).
+        advice: The next thing to try.
+    """
+
+    steps: int
+    wait_s: float
+    step_s: float
+    num_workers: int
+    stages: StageTimes | None
+    bound: str
+    input_kind: str | None
+    advice: str
+
+    @property
+    def wait_fraction(self) -> float:
+        """Share of the loop spent waiting for data."""
+        total = self.wait_s + self.step_s
+        return self.wait_s / total if total > 0 else 0.0
+
+    @property
+    def verdict(self) -> str:
+        """``"input-bound (CPU)"``, ``"input-bound (I/O)"``, ``"input-bound"`` (kind unknown)
+        or ``"compute-bound"``."""
+        if self.bound == "compute":
+            return "compute-bound"
+        kind = {"cpu": " (CPU)", "io": " (I/O)"}.get(self.input_kind or "", "")
+        return f"input-bound{kind}"
+
+    def _lines(self) -> list[str]:
+        per_batch = 1e3 / max(1, self.steps)
+        lines = [
+            f"verdict: {self.verdict}",
+            f"waiting for data {self.wait_fraction:.0%} of the loop: "
+            f"{self.wait_s * per_batch:.1f} ms/batch waiting, "
+            f"{self.step_s * per_batch:.1f} ms/batch in step "
+            f"({self.steps} steps, {self.num_workers} workers)",
+        ]
+        if self.stages is not None:
+            stage = self.stages
+            copy = (
+                "" if stage.to_device_s is None else f", to device {stage.to_device_s * 1e3:.1f} ms"
+            )
+            lines.append(
+                f"per batch in one process: fetch {stage.fetch_s * 1e3:.1f} ms, collate "
+                f"{stage.collate_s * 1e3:.1f} ms{copy}; CPU share of fetch+collate "
+                f"{stage.cpu_share:.0%}"
+            )
+        lines.append(f"next: {self.advice}")
+        return lines
+
+    def __str__(self) -> str:
+        return "\n".join(self._lines())
+
+    def _repr_html_(self) -> str:
+        head, *rest = self._lines()
+        items = "".join(f"<li>{html.escape(line)}</li>" for line in rest)
+        return f"<div><p><b>fastdata.profile</b>: {html.escape(head)}</p><ul>{items}</ul></div>"
+
+
+def _advice(
+    bound: str,
+    kind: str | None,
+    loader: DataLoader,
+    stages: StageTimes | None,
+    step_per_batch_s: float,
+) -> str:
+    workers = loader.num_workers
+    cpus = usable_cpus()
+    if bound == "compute":
+        tip = (
+            "the input pipeline keeps up: speed up the step itself (mixed precision, "
+            "channels_last, torch.compile, a larger batch)"
+        )
+        if torch.cuda.is_available() and not loader.pin_memory:
+            tip += "; pin_memory=True with non_blocking copies overlaps the host-to-device copy"
+        return tip
+    if stages is not None:
+        work_s = stages.fetch_s + stages.collate_s
+        needed = max(1, math.ceil(work_s / max(step_per_batch_s, 1e-6)))
+        sizing = (
+            f"each batch costs {work_s * 1e3:.1f} ms to read and collate, so ~{needed} "
+            f"workers keep the step fed"
+        )
+    else:
+        needed, sizing = workers + 1, "the dataset is iterable, so stages were not replayed"
+    if stages is not None and workers >= needed:
+        return (
+            f"the {workers} workers can supply enough ({sizing}): the wait is in the training "
+            f"process receiving batches (one shared-memory copy each); read in-process with "
+            f"threads (num_workers=0 and dataset.num_threads) or use larger batches"
+        )
+    if kind == "io":
+        return (
+            f"the reads wait on storage ({sizing}): more workers or in-process threads than "
+            f"CPUs (dataset.num_threads), a larger prefetch_factor, or cache the data in RAM "
+            f"(RAMDataset)"
+        )
+    if workers < min(needed, cpus):
+        return (
+            f"raise num_workers from {workers} ({sizing}; {cpus} usable CPUs), "
+            f"or run fastdata.autotune"
+        )
+    return (
+        f"the workers are CPU-bound and the {cpus} usable CPUs are used ({sizing}): move work "
+        f"offline (decode and resize once with fastdata preprocess), keep batches uint8 and "
+        f"normalize or decode on the GPU"
+    )
+
+
+def profile(
+    loader: DataLoader,
+    step: Callable[[Any], Any],
+    *,
+    steps: int = 50,
+    warmup: int = 3,
+    device: str | torch.device | None = None,
+    probe_batches: int = 3,
+    progress: bool = True,
+) -> ProfileReport:
+    """Run ``step`` over ``loader`` and report what the loop waits on.
+
+    The loop is timed as the user runs it: time in ``next(iterator)`` is waiting for data,
+    time in ``step`` (followed by a CUDA synchronize when ``device`` is a CUDA device) is
+    compute. Then ``probe_batches`` batches of the loader's own sampler are replayed in this
+    process to time each stage (fetch, collate, copy to ``device``) and to tell whether the
+    reads spend their time on a CPU or waiting on storage.
+
+    Args:
+        loader: The DataLoader to profile (iterated once from the start).
+        step: Called on every batch, e.g. a training step.
+        steps: Iterations to time after the warm-up.
+        warmup: Iterations run first and not timed (worker start-up, first file opens).
+        device: Where batches go; enables the host-to-device stage and synchronizing.
+        probe_batches: Batches replayed for the per-stage times.
+        progress: Show a progress bar (tqdm.auto).
+
+    Returns:
+        The times, the verdict (``report.verdict``) and the next thing to try.
+
+    Raises:
+        TypeError: ``loader`` is not a DataLoader or ``step`` is not callable.
+        ValueError: ``steps``/``warmup``/``probe_batches`` out of range, or the loader ends
+            before a single step could be timed.
+    """
+    if not isinstance(loader, DataLoader):
+        raise TypeError(
+            f"loader must be a torch.utils.data.DataLoader, got {type(loader).__name__}"
+        )
+    if not callable(step):
+        raise TypeError(f"step must be callable, got {type(step).__name__}")
+    for name, value, low in (
+        ("steps", steps, 1),
+        ("warmup", warmup, 0),
+        ("probe_batches", probe_batches, 1),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    target = torch.device(device) if device is not None else None
+
+    wait_s = step_s = 0.0
+    timed = 0
+    bar = progress_bar(total=warmup + steps, desc="profile", unit="step", enabled=progress)
+    iterator = iter(loader)
+    try:
+        for index in range(warmup + steps):
+            t0 = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            t1 = time.perf_counter()
+            step(batch)
+            synchronize(target)
+            t2 = time.perf_counter()
+            del batch
+            bar.update(1)
+            if index >= warmup:
+                wait_s += t1 - t0
+                step_s += t2 - t1
+                timed += 1
+    finally:
+        del iterator
+        bar.close()
+    if timed == 0:
+        raise ValueError(
+            f"the loader ended before a step could be timed: it needs more than "
+            f"warmup={warmup} batches"
+        )
+    stages = time_stages(loader, probe_batches, target)
+    bound = "input" if wait_s >= INPUT_BOUND_SHARE * (wait_s + step_s) else "compute"
+    kind = None
+    if bound == "input" and stages is not None:
+        kind = "cpu" if stages.cpu_share >= IO_CPU_SHARE else "io"
+    return ProfileReport(
+        steps=timed,
+        wait_s=wait_s,
+        step_s=step_s,
+        num_workers=loader.num_workers,
+        stages=stages,
+        bound=bound,
+        input_kind=kind,
+        advice=_advice(bound, kind, loader, stages, step_s / timed),
+    )

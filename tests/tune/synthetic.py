@@ -1,0 +1,126 @@
+"""Datasets and consumers of known cost for the tuner and profiler tests."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset
+
+from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
+
+
+def burn_cpu(seconds: float) -> None:
+    """Spin until this thread has used ``seconds`` of CPU time, however loaded the machine."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+class SleepDataset(Dataset):
+    """I/O-like samples: each sleeps ``cost_s`` (parallelizes regardless of CPU load)."""
+
+    def __init__(self, length: int, cost_s: float, sample_bytes: int = 16) -> None:
+        self.length, self.cost_s, self.sample_bytes = length, cost_s, sample_bytes
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        time.sleep(self.cost_s)
+        return torch.empty(self.sample_bytes, dtype=torch.uint8)
+
+
+class BusyDataset(Dataset):
+    """CPU-bound samples: each burns ``cost_s`` of CPU time."""
+
+    def __init__(self, length: int, cost_s: float) -> None:
+        self.length, self.cost_s = length, cost_s
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        burn_cpu(self.cost_s)
+        return torch.full((4,), index)
+
+
+class ThreadedSleepDataset(Dataset):
+    """Reads whole batches with an in-process thread pool (the ShardDataset contract):
+    ``num_threads`` is settable and ``__getitems__`` returns an already-collated batch."""
+
+    def __init__(self, length: int, cost_s: float, sample_bytes: int) -> None:
+        self.length, self.cost_s, self.sample_bytes = length, cost_s, sample_bytes
+        self.num_threads = 1
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pool": None}
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None or self._pool._max_workers != self.num_threads:
+            self._pool = ThreadPoolExecutor(self.num_threads)
+        return self._pool
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        time.sleep(self.cost_s)
+        return torch.empty(self.sample_bytes, dtype=torch.uint8)
+
+    def __getitems__(self, indices: list[int]) -> torch.Tensor:
+        out = torch.empty((len(indices), self.sample_bytes), dtype=torch.uint8)
+
+        def read(position: int) -> None:
+            time.sleep(self.cost_s)
+            out[position].fill_(position % 256)
+
+        list(self._executor().map(read, range(len(indices))))
+        return out
+
+
+class SleepStream(IterableDataset):
+    """An iterable dataset whose items each sleep ``cost_s``."""
+
+    def __init__(self, length: int, cost_s: float) -> None:
+        self.length, self.cost_s = length, cost_s
+
+    def __iter__(self) -> Any:
+        for index in range(self.length):
+            time.sleep(self.cost_s)
+            yield torch.tensor([index])
+
+
+def passthrough(batch: Any) -> Any:
+    """Collate for datasets whose ``__getitems__`` already returns a batch."""
+    return batch
+
+
+def sleep_step(seconds: float) -> Any:
+    """A consumer of known cost."""
+
+    def step(batch: Any) -> None:
+        time.sleep(seconds)
+
+    return step
+
+
+def write_tiny_shards(root: Path, num_samples: int = 64, seed: int = 0) -> Path:
+    """A one-shard set of ``(16, 16, 3)`` uint8 images and int64 labels under ``root``."""
+    fields = [
+        FieldSpec("image", "array", "uint8", (16, 16, 3), "HWC"),
+        FieldSpec("label", "array", "int64"),
+    ]
+    rng = np.random.default_rng(seed)
+    with ShardWriter(root / "shard-00000.h5", fields) as writer:
+        for index in range(num_samples):
+            image = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
+            writer.append({"image": image, "label": index})
+        info = writer.close()
+    save_manifest(root, Manifest(fields=fields, shards=[info]))
+    return root

@@ -46,7 +46,8 @@ def test_lands_within_10_percent_of_an_exhaustive_sweep() -> None:
         ).measurement.batches_per_s
         for workers in range(5)
     }
-    assert result.num_workers >= 3, result.table()
+    # The criterion. (Which worker count wins is not asserted: on a loaded machine
+    # two and three workers can measure within the tuner's 5% tie band.)
     assert sweep[result.num_workers] >= 0.9 * max(sweep.values()), (result.table(), sweep)
     assert result.limited_by == "consumer"
 

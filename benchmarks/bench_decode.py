@@ -33,9 +33,10 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 import fastdata
+from fastdata._crop import DRAWS_PER_BOX
 from fastdata._system import usable_cpus
 from fastdata.decode import RandomResizedCrop, create_decoder
-from fastdata.decode._geometry import DRAWS_PER_IMAGE, center_box, random_box
+from fastdata.decode._geometry import center_box, random_box
 from fastdata.shards import FieldSpec, Manifest, ShardReader, ShardWriter, save_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,7 +114,7 @@ class PilSamples(Dataset[torch.Tensor]):
         image = Image.open(io.BytesIO(blob.tobytes())).convert("RGB")
         hw = (image.height, image.width)
         if self.train:
-            box = random_box(hw, self.crop, np.random.default_rng(index).random(DRAWS_PER_IMAGE))
+            box = random_box(hw, self.crop, np.random.default_rng(index).random(DRAWS_PER_BOX))
         else:
             box = center_box(hw, (self.size, self.size))
         region = (box.left, box.top, box.left + box.width, box.top + box.height)

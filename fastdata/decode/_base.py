@@ -11,8 +11,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from fastdata._crop import DRAWS_PER_BOX
 from fastdata._system import usable_cpus
-from fastdata.decode._geometry import DRAWS_PER_IMAGE, RandomResizedCrop, parse_size
+from fastdata.decode._geometry import RandomResizedCrop, parse_size
 from fastdata.errors import DecodeError
 
 ON_ERROR = ("raise", "skip", "warn")
@@ -149,10 +150,10 @@ class Decoder(ABC):
         return 1 if self.grayscale else 3
 
     def _draws(self, count: int) -> np.ndarray:
-        """``(count, DRAWS_PER_IMAGE)`` uniforms for the random crops (zeros, unused, if none)."""
+        """``(count, DRAWS_PER_BOX)`` uniforms for the random crops (zeros, unused, if none)."""
         if self.random_crop is None:
-            return np.zeros((count, DRAWS_PER_IMAGE))
-        return self._rng.random((count, DRAWS_PER_IMAGE))
+            return np.zeros((count, DRAWS_PER_BOX))
+        return self._rng.random((count, DRAWS_PER_BOX))
 
     def __call__(self, encoded: Sequence[EncodedImage]) -> torch.Tensor:
         """Decode ``encoded`` and return ``(K, C, H, W)`` uint8 images (see :meth:`decode`)."""

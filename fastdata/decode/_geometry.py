@@ -1,21 +1,18 @@
 """Where to crop and how far to shrink: the pure geometry every decoder backend shares.
 
 Boxes are computed in full-resolution pixel coordinates from uniform random draws made up
-front (``DRAWS_PER_IMAGE`` per image), so every backend, thread and device picks the same
-crop for the same seed and image.
+front (``DRAWS_PER_BOX`` per image), so every backend, thread and device picks the same
+crop for the same seed and image. The sampling itself lives in :mod:`fastdata._crop`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
-_ATTEMPTS = 10
-# Two draws (area, log-ratio) per attempt, then two for the position of the box.
-DRAWS_PER_IMAGE = 2 * _ATTEMPTS + 2
+from fastdata._crop import check_ranges, largest_centered_boxes, random_boxes
 
 
 class Box(NamedTuple):
@@ -40,12 +37,7 @@ class RandomResizedCrop:
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
 
     def __post_init__(self) -> None:
-        low, high = self.scale
-        if not 0 < low <= high <= 1:
-            raise ValueError(f"scale must satisfy 0 < low <= high <= 1, got {self.scale!r}")
-        low, high = self.ratio
-        if not 0 < low <= high:
-            raise ValueError(f"ratio must satisfy 0 < low <= high, got {self.ratio!r}")
+        check_ranges(self.scale, self.ratio)
 
 
 def parse_size(size: int | tuple[int, int] | list[int]) -> tuple[int, int]:
@@ -65,44 +57,24 @@ def parse_size(size: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     return pair[0], pair[1]
 
 
+def _one(boxes: np.ndarray) -> Box:
+    top, left, height, width = boxes[0].tolist()
+    return Box(top, left, height, width)
+
+
 def center_box(source_hw: tuple[int, int], out_hw: tuple[int, int]) -> Box:
     """The largest centred box of the output's aspect ratio (resize-then-centre-crop)."""
-    height, width = source_hw
-    out_h, out_w = out_hw
-    if height * out_w > width * out_h:  # source is taller than the output: trim rows
-        box_h, box_w = max(1, round(width * out_h / out_w)), width
-    else:
-        box_h, box_w = height, max(1, round(height * out_w / out_h))
-    return Box((height - box_h) // 2, (width - box_w) // 2, box_h, box_w)
+    aspect = out_hw[1] / out_hw[0]
+    return _one(
+        largest_centered_boxes(np.array([source_hw[0]]), np.array([source_hw[1]]), (aspect, aspect))
+    )
 
 
 def random_box(source_hw: tuple[int, int], crop: RandomResizedCrop, draws: np.ndarray) -> Box:
-    """A random resized crop box of ``source_hw`` from ``DRAWS_PER_IMAGE`` uniforms in [0, 1).
-
-    Tries up to ten (area, aspect ratio) samples; if none fits, falls back to the largest
-    centred box with the aspect ratio clamped into ``crop.ratio``.
-    """
-    height, width = source_hw
-    area = height * width
-    log_low, log_high = math.log(crop.ratio[0]), math.log(crop.ratio[1])
-    for attempt in range(_ATTEMPTS):
-        u_area, u_ratio = draws[2 * attempt], draws[2 * attempt + 1]
-        target_area = area * (crop.scale[0] + u_area * (crop.scale[1] - crop.scale[0]))
-        aspect = math.exp(log_low + u_ratio * (log_high - log_low))
-        box_w = round(math.sqrt(target_area * aspect))
-        box_h = round(math.sqrt(target_area / aspect))
-        if 0 < box_w <= width and 0 < box_h <= height:
-            top = min(int(draws[-2] * (height - box_h + 1)), height - box_h)
-            left = min(int(draws[-1] * (width - box_w + 1)), width - box_w)
-            return Box(top, left, box_h, box_w)
-    aspect = width / height
-    if aspect < crop.ratio[0]:
-        box_w, box_h = width, max(1, round(width / crop.ratio[0]))
-    elif aspect > crop.ratio[1]:
-        box_h, box_w = height, max(1, round(height * crop.ratio[1]))
-    else:
-        box_h, box_w = height, width
-    return Box((height - box_h) // 2, (width - box_w) // 2, box_h, box_w)
+    """A random resized crop box of ``source_hw`` from ``DRAWS_PER_BOX`` uniforms in [0, 1)
+    (see :func:`fastdata._crop.random_boxes`)."""
+    heights, widths = np.array([source_hw[0]]), np.array([source_hw[1]])
+    return _one(random_boxes(heights, widths, crop.scale, crop.ratio, draws[None, :]))
 
 
 def crop_box(

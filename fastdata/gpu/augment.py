@@ -8,15 +8,16 @@ with the images get the same flips and crops (nearest-neighbour).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
+from fastdata._crop import DRAWS_PER_BOX, check_ranges, random_boxes
+
 _LAYOUTS = ("BCHW", "BHWC")
-_TRIES = 10
 
 
 def _check_layout(layout: str) -> str:
@@ -115,10 +116,11 @@ class DeviceRandomResizedCrop(_SeededModule):
     """Crop a random box of each sample and resize it to ``size``, the whole batch at once.
 
     Boxes are drawn like torchvision's ``RandomResizedCrop`` (area fraction in ``scale``,
-    aspect ratio log-uniform in ``ratio``, ten tries then a centre crop); the resize is
-    bilinear without antialiasing (``grid_sample``, ``align_corners=False``), nearest for
-    masks. Images keep their dtype: float16/bfloat16 are resampled in float32 and cast back,
-    uint8 likewise and rounded.
+    aspect ratio log-uniform in ``ratio``, ten tries then a centre crop: one sampler,
+    :func:`fastdata._crop.random_boxes`, shared with the decoders and CPU transforms); the
+    resize is bilinear without antialiasing (``grid_sample``, ``align_corners=False``),
+    nearest for masks. Images keep their dtype: float16/bfloat16 are resampled in float32
+    and cast back, uint8 likewise and rounded.
 
     Args:
         size: Output ``(height, width)``, or one int for a square.
@@ -128,6 +130,7 @@ class DeviceRandomResizedCrop(_SeededModule):
         seed: Seed of the module's generator (``None``: nondeterministic).
 
     Raises:
+        TypeError: ``scale`` or ``ratio`` is not a (low, high) pair of numbers.
         ValueError: A size is not positive, a range is empty or out of bounds, or an
             unknown ``layout``.
     """
@@ -144,14 +147,10 @@ class DeviceRandomResizedCrop(_SeededModule):
         dims = (size, size) if isinstance(size, int) else tuple(size)
         if len(dims) != 2 or not all(isinstance(d, int) and d > 0 for d in dims):
             raise ValueError(f"size must be a positive int or (height, width), got {size!r}")
-        if not 0.0 < scale[0] <= scale[1] <= 1.0:
-            raise ValueError(f"scale must satisfy 0 < low <= high <= 1, got {scale!r}")
-        if not 0.0 < ratio[0] <= ratio[1]:
-            raise ValueError(f"ratio must satisfy 0 < low <= high, got {ratio!r}")
+        ranges = check_ranges(scale, ratio)
         super().__init__(layout, seed)
         self.size = (int(dims[0]), int(dims[1]))
-        self.scale = (float(scale[0]), float(scale[1]))
-        self.ratio = (float(ratio[0]), float(ratio[1]))
+        self.scale, self.ratio = ranges
 
     def sample_boxes(self, batch_size: int, height: int, width: int) -> torch.Tensor:
         """Draw one crop box per sample (advances the generator).
@@ -159,35 +158,10 @@ class DeviceRandomResizedCrop(_SeededModule):
         Returns:
             ``(batch_size, 4)`` int64 on the host: ``x0, y0, w, h`` in pixels.
         """
-        gen = self.generator
-        area = torch.empty(batch_size, _TRIES, dtype=torch.float64)
-        area.uniform_(*self.scale, generator=gen).mul_(height * width)
-        log_ratio = torch.empty(batch_size, _TRIES, dtype=torch.float64)
-        log_ratio.uniform_(math.log(self.ratio[0]), math.log(self.ratio[1]), generator=gen)
-        aspect = log_ratio.exp()
-        box_w = (area * aspect).sqrt().round().long()
-        box_h = (area / aspect).sqrt().round().long()
-        fits = (box_w > 0) & (box_h > 0) & (box_w <= width) & (box_h <= height)
-        first = fits.to(torch.uint8).argmax(dim=1, keepdim=True)
-        box_w = box_w.gather(1, first).squeeze(1)
-        box_h = box_h.gather(1, first).squeeze(1)
-        # Fallback when no try fits: the largest centred box within the ratio range.
-        in_ratio = width / height
-        if in_ratio < self.ratio[0]:
-            fb_w, fb_h = width, max(1, min(height, round(width / self.ratio[0])))
-        elif in_ratio > self.ratio[1]:
-            fb_w, fb_h = max(1, min(width, round(height * self.ratio[1]))), height
-        else:
-            fb_w, fb_h = width, height
-        ok = fits.any(dim=1)
-        box_w = torch.where(ok, box_w, torch.full_like(box_w, fb_w))
-        box_h = torch.where(ok, box_h, torch.full_like(box_h, fb_h))
-        jitter = torch.rand(batch_size, 2, generator=gen, dtype=torch.float64)
-        x0 = (jitter[:, 0] * (width - box_w + 1)).floor().long()
-        y0 = (jitter[:, 1] * (height - box_h + 1)).floor().long()
-        x0 = torch.where(ok, x0, (width - box_w) // 2)
-        y0 = torch.where(ok, y0, (height - box_h) // 2)
-        return torch.stack([x0, y0, box_w, box_h], dim=1)
+        draws = torch.rand(batch_size, DRAWS_PER_BOX, generator=self.generator, dtype=torch.float64)
+        sizes = np.full(batch_size, height), np.full(batch_size, width)
+        top, left, box_h, box_w = random_boxes(*sizes, self.scale, self.ratio, draws.numpy()).T
+        return torch.from_numpy(np.stack([left, top, box_w, box_h], axis=1))
 
     def forward(
         self, images: torch.Tensor, masks: torch.Tensor | None = None

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from concurrent.futures import Executor
 
 import cv2
 import numpy as np
 
+from fastdata._crop import DRAWS_PER_BOX, centered_boxes, check_ranges, random_boxes
 from fastdata._threads import parallel_for
 from fastdata.transforms._base import BatchTransform, Images, to_size
 
@@ -50,8 +50,6 @@ class RandomResizedCrop(BatchTransform):
 
     in_place = False
 
-    attempts = 10
-
     def __init__(
         self,
         size: int | Sequence[int],
@@ -62,48 +60,14 @@ class RandomResizedCrop(BatchTransform):
     ) -> None:
         super().__init__(seed)
         self.size = to_size(size)
-        if not 0 < scale[0] <= scale[1] <= 1:
-            raise ValueError(f"scale must satisfy 0 < low <= high <= 1, got {scale!r}")
-        if not 0 < ratio[0] <= ratio[1]:
-            raise ValueError(f"ratio must satisfy 0 < low <= high, got {ratio!r}")
-        self.scale = scale
-        self.ratio = ratio
+        self.scale, self.ratio = check_ranges(scale, ratio)
         self.interpolation = interpolation
 
     def boxes(self, heights: np.ndarray, widths: np.ndarray) -> np.ndarray:
-        """Crop boxes ``(B, 4)`` int64 as ``(top, left, height, width)``, torchvision's
-        sampling vectorised: the first of ten attempts that fits, else a central crop."""
-        count, tries = len(heights), self.attempts
-        draws = self.uniform(count, 2 * tries + 2)
-        area = (heights * widths)[:, None].astype(np.float64)
-        target = area * (self.scale[0] + (self.scale[1] - self.scale[0]) * draws[:, :tries])
-        low, high = math.log(self.ratio[0]), math.log(self.ratio[1])
-        aspect = np.exp(low + (high - low) * draws[:, tries : 2 * tries])
-        crop_w = np.round(np.sqrt(target * aspect)).astype(np.int64)
-        crop_h = np.round(np.sqrt(target / aspect)).astype(np.int64)
-        fits = (
-            (crop_w > 0) & (crop_h > 0) & (crop_w <= widths[:, None]) & (crop_h <= heights[:, None])
-        )
-        first = np.argmax(fits, axis=1)
-        rows = np.arange(count)
-        h, w = crop_h[rows, first], crop_w[rows, first]
-        # Fallback (no attempt fits): the largest central crop within the ratio range.
-        none = ~fits.any(axis=1)
-        image_ratio = widths / heights
-        fb_w = np.where(image_ratio < self.ratio[0], widths, 0)
-        fb_h = np.where(image_ratio < self.ratio[0], np.round(widths / self.ratio[0]), 0)
-        wide = image_ratio > self.ratio[1]
-        fb_h = np.where(wide, heights, fb_h)
-        fb_w = np.where(wide, np.round(heights * self.ratio[1]), fb_w)
-        inside = ~wide & (image_ratio >= self.ratio[0])
-        fb_w = np.where(inside, widths, fb_w).astype(np.int64)
-        fb_h = np.where(inside, heights, fb_h).astype(np.int64)
-        h, w = np.where(none, fb_h, h), np.where(none, fb_w, w)
-        top = np.floor(draws[:, -2] * (heights - h + 1)).astype(np.int64)
-        left = np.floor(draws[:, -1] * (widths - w + 1)).astype(np.int64)
-        top = np.where(none, (heights - h) // 2, top)
-        left = np.where(none, (widths - w) // 2, left)
-        return np.stack([top, left, h, w], axis=1)
+        """Crop boxes ``(B, 4)`` int64 as ``(top, left, height, width)`` for images of
+        ``(B,)`` heights and widths (:func:`fastdata._crop.random_boxes`)."""
+        draws = self.uniform(len(heights), DRAWS_PER_BOX)
+        return random_boxes(heights, widths, self.scale, self.ratio, draws)
 
     def apply(self, images: Images, executor: Executor | None, tasks: int) -> Images:
         heights, widths = _sizes(images)
@@ -145,12 +109,13 @@ class CenterCrop(BatchTransform):
                 f"CenterCrop size {self.size} is larger than an image of "
                 f"{int(heights.min())}x{int(widths.min())}; resize first"
             )
-        tops, lefts = ((heights - out_h) // 2).tolist(), ((widths - out_w) // 2).tolist()
+        boxes = centered_boxes(heights, widths, out_h, out_w).tolist()
         out = _output(images, out_h, out_w)
 
         def body(start: int, stop: int) -> None:
             for k in range(start, stop):
-                out[k] = images[k][tops[k] : tops[k] + out_h, lefts[k] : lefts[k] + out_w]
+                top, left = boxes[k][:2]
+                out[k] = images[k][top : top + out_h, left : left + out_w]
 
         parallel_for(executor, len(images), body, tasks=tasks)
         return out

@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fastdata._crop import DRAWS_PER_BOX
 from fastdata.decode._geometry import (
-    DRAWS_PER_IMAGE,
     Box,
     RandomResizedCrop,
     center_box,
@@ -44,7 +44,7 @@ def test_random_box_is_inside_and_within_ranges() -> None:
     crop = RandomResizedCrop(scale=(0.25, 0.5), ratio=(0.75, 1.333))
     rng = np.random.default_rng(0)
     for _ in range(200):
-        box = random_box((300, 500), crop, rng.random(DRAWS_PER_IMAGE))
+        box = random_box((300, 500), crop, rng.random(DRAWS_PER_BOX))
         assert box.top >= 0 and box.left >= 0
         assert box.top + box.height <= 300 and box.left + box.width <= 500
         assert 0.2 <= box.height * box.width / (300 * 500) <= 0.55
@@ -53,7 +53,7 @@ def test_random_box_is_inside_and_within_ranges() -> None:
 
 def test_random_box_falls_back_to_clamped_center() -> None:
     # a 1000:10 strip cannot hold any sampled box: fall back to the widest allowed ratio
-    box = random_box((10, 1000), RandomResizedCrop(scale=(0.9, 1.0)), np.zeros(DRAWS_PER_IMAGE))
+    box = random_box((10, 1000), RandomResizedCrop(scale=(0.9, 1.0)), np.zeros(DRAWS_PER_BOX))
     assert box.height == 10 and box.width == round(10 * 4 / 3)
 
 

@@ -1,0 +1,131 @@
+"""Crop-box geometry shared by the decoders, the CPU transforms and the GPU augmentations.
+
+One implementation of torchvision's random-resized-crop sampling, vectorised over a batch
+and driven by uniform draws made by the caller (a NumPy or torch generator), so that every
+backend that is given the same draws cuts the same boxes. Boxes are ``(B, 4)`` int64 rows
+``(top, left, height, width)`` in pixels.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+ATTEMPTS = 10
+# Per box: ATTEMPTS area draws, ATTEMPTS log-ratio draws, then top and left of the box.
+DRAWS_PER_BOX = 2 * ATTEMPTS + 2
+
+
+def check_ranges(
+    scale: Sequence[float], ratio: Sequence[float]
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Validate random-resized-crop ranges and return them as float pairs.
+
+    Args:
+        scale: ``(low, high)`` area fraction, ``0 < low <= high <= 1``.
+        ratio: ``(low, high)`` aspect ratio (width / height), ``0 < low <= high``.
+
+    Raises:
+        TypeError: ``scale`` or ``ratio`` is not a pair of real numbers.
+        ValueError: A range is empty or out of bounds.
+    """
+    pairs = []
+    for name, value in (("scale", scale), ("ratio", ratio)):
+        if (
+            not isinstance(value, tuple | list)
+            or len(value) != 2
+            or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+        ):
+            raise TypeError(f"{name} must be a (low, high) pair of numbers, got {value!r}")
+        pairs.append((float(value[0]), float(value[1])))
+    (scale_low, scale_high), (ratio_low, ratio_high) = pairs
+    if not 0 < scale_low <= scale_high <= 1:
+        raise ValueError(f"scale must satisfy 0 < low <= high <= 1, got {scale!r}")
+    if not 0 < ratio_low <= ratio_high:
+        raise ValueError(f"ratio must satisfy 0 < low <= high, got {ratio!r}")
+    return pairs[0], pairs[1]
+
+
+def centered_boxes(
+    heights: np.ndarray,
+    widths: np.ndarray,
+    box_heights: np.ndarray | int,
+    box_widths: np.ndarray | int,
+) -> np.ndarray:
+    """Boxes of the given sizes centred in images of the given sizes (``top = (H - h) // 2``).
+
+    Image sizes are ``(B,)`` integer arrays, box sizes the same or scalars; returns
+    ``(B, 4)`` int64.
+    """
+    heights, widths = np.asarray(heights, np.int64), np.asarray(widths, np.int64)
+    box_heights = np.broadcast_to(np.asarray(box_heights, np.int64), heights.shape)
+    box_widths = np.broadcast_to(np.asarray(box_widths, np.int64), heights.shape)
+    tops, lefts = (heights - box_heights) // 2, (widths - box_widths) // 2
+    return np.stack([tops, lefts, box_heights, box_widths], axis=1)
+
+
+def largest_centered_boxes(
+    heights: np.ndarray, widths: np.ndarray, ratio: tuple[float, float]
+) -> np.ndarray:
+    """The largest centred box of each image whose aspect ratio is the image's clamped into
+    ``ratio`` (a ``(r, r)`` ratio gives resize-then-centre-crop to that aspect).
+
+    Args:
+        heights: ``(B,)`` integer image heights.
+        widths: ``(B,)`` integer image widths.
+        ratio: ``(low, high)`` allowed width / height.
+
+    Returns:
+        ``(B, 4)`` int64 boxes ``(top, left, height, width)``, at least 1x1.
+    """
+    heights, widths = np.asarray(heights, np.int64), np.asarray(widths, np.int64)
+    aspect = widths / heights
+    box_h = np.where(aspect < ratio[0], np.round(widths / ratio[0]), heights)
+    box_w = np.where(aspect > ratio[1], np.round(heights * ratio[1]), widths)
+    box_h = np.clip(box_h, 1, heights).astype(np.int64)
+    box_w = np.clip(box_w, 1, widths).astype(np.int64)
+    return centered_boxes(heights, widths, box_h, box_w)
+
+
+def random_boxes(
+    heights: np.ndarray,
+    widths: np.ndarray,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    draws: np.ndarray,
+) -> np.ndarray:
+    """Random resized crop boxes, torchvision's rule vectorised over a batch.
+
+    Each image tries up to ``ATTEMPTS`` (area fraction uniform in ``scale``, aspect ratio
+    log-uniform in ``ratio``) samples and keeps the first that fits, placed uniformly; when
+    none fits it falls back to :func:`largest_centered_boxes`.
+
+    Args:
+        heights: ``(B,)`` integer image heights.
+        widths: ``(B,)`` integer image widths.
+        scale: ``(low, high)`` area fraction (validated by :func:`check_ranges`).
+        ratio: ``(low, high)`` width / height (validated by :func:`check_ranges`).
+        draws: ``(B, DRAWS_PER_BOX)`` float64 uniforms in [0, 1).
+
+    Returns:
+        ``(B, 4)`` int64 boxes ``(top, left, height, width)`` inside their images.
+    """
+    heights, widths = np.asarray(heights, np.int64), np.asarray(widths, np.int64)
+    area = (heights * widths).astype(np.float64)[:, None]
+    target = area * (scale[0] + (scale[1] - scale[0]) * draws[:, :ATTEMPTS])
+    low, high = math.log(ratio[0]), math.log(ratio[1])
+    aspect = np.exp(low + (high - low) * draws[:, ATTEMPTS : 2 * ATTEMPTS])
+    try_w = np.round(np.sqrt(target * aspect)).astype(np.int64)
+    try_h = np.round(np.sqrt(target / aspect)).astype(np.int64)
+    fits = (try_w > 0) & (try_h > 0) & (try_w <= widths[:, None]) & (try_h <= heights[:, None])
+    rows, first = np.arange(len(heights)), np.argmax(fits, axis=1)
+    box_h, box_w = try_h[rows, first], try_w[rows, first]
+    # min(): a draw just below 1 times (n + 1) can round up to n + 1.
+    top = np.minimum(np.floor(draws[:, -2] * (heights - box_h + 1)), heights - box_h)
+    left = np.minimum(np.floor(draws[:, -1] * (widths - box_w + 1)), widths - box_w)
+    boxes = np.stack([top.astype(np.int64), left.astype(np.int64), box_h, box_w], axis=1)
+    missed = ~fits.any(axis=1)
+    boxes[missed] = largest_centered_boxes(heights[missed], widths[missed], ratio)
+    return boxes

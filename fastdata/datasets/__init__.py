@@ -1,1 +1,17 @@
-"""fastdata.datasets."""
+"""Training-time datasets that feed the standard ``DataLoader`` whole uint8 batches.
+
+- :class:`ShardDataset`: memory-mapped shard sets (``fastdata preprocess`` output).
+- :class:`RAMDataset`: a dataset in shared RAM (encoded files, shards or arrays).
+- :func:`passthrough_collate`: the ``collate_fn`` for their ready-made batches.
+
+Both expose a settable ``num_threads`` (threads used by ``__getitems__`` in the calling
+process): the ``fastdata.tune`` autotuner tries ``num_workers=0`` with several
+``num_threads`` against worker processes.
+"""
+
+from fastdata.datasets._collate import passthrough_collate
+from fastdata.datasets._memory import MemoryReport
+from fastdata.datasets.ram_dataset import RAMDataset
+from fastdata.datasets.shard_dataset import ShardDataset
+
+__all__ = ["MemoryReport", "RAMDataset", "ShardDataset", "passthrough_collate"]

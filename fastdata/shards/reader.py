@@ -172,6 +172,25 @@ class ShardReader:
             result.append(np.asarray(shard.blobs[field][offsets[local] : offsets[local + 1]]))
         return result
 
+    def view(self, field: str, shard_id: int) -> Any:
+        """Direct access to one shard's field, opened in this process on first use.
+
+        Returns:
+            For an array field, the ``(n, *shape)`` samples of shard ``shard_id``: an
+            ``np.memmap`` when the dataset is contiguous and uncompressed (and ``use_mmap``),
+            else the ``h5py.Dataset``. For an encoded field, ``(data, offsets)``: the flat
+            ``uint8`` blob (memmap or dataset) and its ``int64`` offsets, ``n + 1`` entries.
+        """
+        spec = self.manifest.field(field)
+        if not 0 <= shard_id < len(self.manifest.shards):
+            raise IndexError(
+                f"shard {shard_id} out of range for {len(self.manifest.shards)} shards"
+            )
+        shard = self._shard(shard_id)
+        if spec.kind == "array":
+            return shard.arrays[field]
+        return shard.blobs[field], shard.offsets[field]
+
     def _shard(self, shard_id: int) -> _OpenShard:
         if self._pid != os.getpid():  # forked: handles of the parent must not be used here
             self._open = {}

@@ -1,0 +1,264 @@
+"""What ShardDataset and RAMDataset share: batched reads, decoding, transforms, threads."""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, get_worker_info
+
+from fastdata._system import available_memory_bytes, usable_cpus
+from fastdata._threads import parallel_for
+from fastdata.datasets._memory import MemoryReport
+from fastdata.datasets._store import RAMStore, Store
+from fastdata.decode._opencv import decode_image
+from fastdata.errors import DecodeError
+from fastdata.transforms._base import stack_images
+
+logger = logging.getLogger(__name__)
+
+ON_ERROR = ("raise", "skip", "warn")
+LAYOUTS = ("CHW", "HWC")
+IMAGE_ENCODINGS = ("jpeg", "png", "image")  # "image": any format OpenCV reads
+
+
+class BatchedDataset(Dataset):
+    """A map-style dataset over a :class:`Store` whose ``__getitems__`` returns whole batches.
+
+    See :class:`~fastdata.datasets.ShardDataset` for the arguments.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        fields: Sequence[str],
+        transform: Callable[..., Any] | None,
+        layout: str,
+        decode: bool,
+        decode_min_side: int | None,
+        on_error: str,
+        num_threads: int | None,
+    ) -> None:
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be callable or None, got {type(transform).__name__}")
+        if decode_min_side is not None and (
+            not isinstance(decode_min_side, int) or decode_min_side < 1
+        ):
+            raise ValueError(
+                f"decode_min_side must be a positive int or None, got {decode_min_side!r}"
+            )
+        self.store = store
+        self.fields = tuple(fields)
+        self.transform = transform
+        self.layout = layout
+        self.decode = decode
+        self.decode_min_side = decode_min_side or getattr(transform, "min_input_side", None)
+        self.on_error = on_error
+        self._num_threads: int | None = None
+        self.num_threads = num_threads
+        self._executor: ThreadPoolExecutor | None = None
+        self._executor_key: tuple[int, int] = (-1, 0)
+
+    # -- threads ------------------------------------------------------------------------
+    @property
+    def num_threads(self) -> int:
+        """Threads ``__getitems__`` uses in the calling process (settable).
+
+        Unset (``None``), it is :func:`~fastdata._system.usable_cpus` in the main process
+        and 1 inside DataLoader workers. With ``num_workers=0`` the threads do the per-sample
+        copies, decodes and augmentations of each batch in the training process, which for
+        raw uint8 pixels is faster than shipping batches from worker processes.
+        """
+        if self._num_threads is not None:
+            return self._num_threads
+        return 1 if get_worker_info() is not None else usable_cpus()
+
+    @num_threads.setter
+    def num_threads(self, value: int | None) -> None:
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value < 1
+        ):
+            raise ValueError(f"num_threads must be a positive int or None, got {value!r}")
+        self._num_threads = value
+
+    def _pool(self) -> tuple[Executor | None, int]:
+        threads = self.num_threads
+        if threads <= 1:
+            return None, 1
+        if self._executor is None or self._executor_key != (os.getpid(), threads):
+            # The calling thread takes one slice itself.
+            self._executor = ThreadPoolExecutor(threads - 1, thread_name_prefix="fastdata")
+            self._executor_key = (os.getpid(), threads)
+        return self._executor, threads
+
+    # -- Dataset protocol ---------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def __getitem__(self, index: int) -> Any:
+        """One sample: a tuple in ``fields`` order (the bare value for one field).
+
+        Images are ``(C, H, W)`` or ``(H, W, C)`` uint8 tensors (``layout``), masks and other
+        uint8 arrays uint8 tensors, labels int64 scalars, encoded fields with ``decode=False``
+        1-D uint8 tensors. Single reads raise :class:`DecodeError` for bad bytes whatever
+        ``on_error`` says: there is no batch to drop the sample from.
+        """
+        if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
+            raise TypeError(f"index must be an int, got {type(index).__name__}")
+        batch = self._read(np.array([index], np.int64), single=True)
+        values = tuple(value[0] for value in batch)
+        return values if len(values) > 1 else values[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> Any:
+        """A whole collated batch in one call (DataLoader uses this with a batch sampler).
+
+        Returns:
+            A tuple in ``fields`` order (the bare value for one field): images
+            ``(B, C, H, W)`` uint8 (a channels-last view of ``(B, H, W, C)`` memory, no
+            copy) or ``(B, H, W, C)``, masks ``(B, H, W)`` uint8, labels ``(B,)`` int64, and
+            for encoded fields with ``decode=False`` a list of 1-D uint8 tensors. Pass
+            :func:`~fastdata.datasets.passthrough_collate` as the DataLoader's ``collate_fn``.
+        """
+        batch = self._read(np.asarray(indices, dtype=np.int64).reshape(-1), single=False)
+        return batch if len(batch) > 1 else batch[0]
+
+    # -- reading ------------------------------------------------------------------------
+    def _read(self, indices: np.ndarray, single: bool) -> tuple[Any, ...]:
+        executor, tasks = self._pool()
+        values: dict[str, Any] = {}
+        keep = np.ones(len(indices), bool)
+        for name in self.fields:
+            spec = self.store.specs[name]
+            if spec.kind == "encoded":
+                values[name] = self._read_encoded(
+                    name, indices, keep, single=single, pool=(executor, tasks)
+                )
+            else:
+                scalar_int = not spec.shape and np.issubdtype(np.dtype(spec.dtype), np.integer)
+                out = _empty((len(indices), *spec.shape), "int64" if scalar_int else spec.dtype)
+                self.store.gather(name, indices, out.numpy(), executor, tasks)
+                values[name] = out
+        if not keep.all():
+            for name, value in values.items():
+                if isinstance(value, list):
+                    values[name] = [v for v, k in zip(value, keep.tolist(), strict=True) if k]
+                else:
+                    values[name] = value[torch.from_numpy(keep)]
+        first = self.fields[0]
+        values[first] = self._transform(values[first], first, executor, tasks)
+        return tuple(self._to_torch(name, values[name]) for name in self.fields)
+
+    def _read_encoded(
+        self,
+        name: str,
+        indices: np.ndarray,
+        keep: np.ndarray,
+        *,
+        single: bool,
+        pool: tuple[Executor | None, int],
+    ) -> list[Any]:
+        spec = self.store.specs[name]
+        raw = self.store.encoded(name, indices)
+        if spec.encoding == "utf-8":
+            return [bytes(item).decode() for item in raw]
+        if not self.decode or spec.encoding not in IMAGE_ENCODINGS:
+            return [torch.from_numpy(np.array(item, np.uint8)) for item in raw]
+        decoded: list[Any] = [None] * len(raw)
+        failures: list[tuple[int, DecodeError]] = []
+
+        def body(start: int, stop: int) -> None:
+            for k in range(start, stop):
+                try:
+                    decoded[k] = decode_image(raw[k], min_side=self.decode_min_side, source=name)
+                except DecodeError as exc:
+                    failures.append((k, exc))
+
+        parallel_for(pool[0], len(raw), body, tasks=pool[1])
+        for k, exc in sorted(failures, key=lambda item: item[0]):
+            error = DecodeError(str(exc).rsplit(": ", 1)[0], self.store.source(int(indices[k])))
+            if self.on_error == "raise" or single:
+                raise error from exc
+            keep[k] = False
+            if self.on_error == "warn":
+                warnings.warn(f"skipped a sample: {error}", RuntimeWarning, stacklevel=4)
+            else:
+                logger.debug("skipped a sample: %s", error)
+        return decoded
+
+    def _transform(self, images: Any, name: str, executor: Executor | None, tasks: int) -> Any:
+        """Apply ``transform`` to the first field: batch transforms once per batch on the
+        NumPy ``(B, H, W, C)`` batch, any other callable per sample on tensors."""
+        spec = self.store.specs[name]
+        is_image = spec.kind == "array" or (self.decode and spec.encoding in IMAGE_ENCODINGS)
+        if self.transform is None or not is_image:
+            return images
+        if getattr(self.transform, "batched", False):
+            array = images.numpy() if isinstance(images, torch.Tensor) else images
+            return self.transform.apply(array, executor, tasks)  # type: ignore[attr-defined]
+        return [self.transform(self._image_tensor(image)) for image in images]
+
+    def _image_tensor(self, image: np.ndarray | torch.Tensor) -> torch.Tensor:
+        tensor = image if isinstance(image, torch.Tensor) else torch.from_numpy(image)
+        if tensor.dim() == 3 and self.layout == "CHW":
+            return tensor.permute(2, 0, 1)
+        return tensor
+
+    def _to_torch(self, name: str, value: Any) -> Any:
+        if isinstance(value, list):
+            if value and isinstance(value[0], torch.Tensor) and self.transform is not None:
+                return torch.stack(value)  # per-sample (torchvision-style) transform outputs
+            if not value or not isinstance(value[0], np.ndarray):
+                return value  # encoded bytes as 1-D tensors, or strings
+            value = stack_images(value)
+        tensor = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+        spec = self.store.specs[name]
+        channels_last = spec.layout == "HWC" or spec.kind == "encoded"
+        if tensor.dim() == 4 and channels_last and self.layout == "CHW":
+            tensor = tensor.permute(0, 3, 1, 2)
+        return tensor
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this dataset holds in RAM (0 for memory-mapped shards: those pages belong
+        to the OS page cache)."""
+        return self.store.nbytes if isinstance(self.store, RAMStore) else 0
+
+    def memory_report(self) -> MemoryReport:
+        """Bytes held in RAM per field, where they live, and the memory still available."""
+        in_ram = isinstance(self.store, RAMStore)
+        sizes = self.store.field_nbytes() if isinstance(self.store, RAMStore) else {}
+        return MemoryReport(len(self), sizes, in_ram, available_memory_bytes())
+
+    def close(self) -> None:
+        """Release files, mappings and threads held by this process."""
+        if self._executor is not None and self._executor_key[0] == os.getpid():
+            self._executor.shutdown(wait=False)
+        self._executor = None
+        self.store.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_executor"] = None
+        return state
+
+
+def _empty(shape: tuple[int, ...], dtype: str) -> torch.Tensor:
+    """A fresh batch tensor; inside a DataLoader worker it is allocated in shared memory
+    so that sending it to the main process does not copy it once more."""
+    torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    if get_worker_info() is None or nbytes < 1 << 16:
+        return torch.empty(shape, dtype=torch_dtype)
+    storage = torch.UntypedStorage._new_shared(nbytes)
+    return torch.empty(0, dtype=torch_dtype).set_(storage).view(shape)

@@ -1,0 +1,151 @@
+"""Building RAM stores: from image files, from shard sets, from arrays.
+
+Each loader estimates the bytes it will allocate and checks them against the available
+memory before allocating anything, then fills one shared buffer per field.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from fastdata._progress import progress_bar
+from fastdata.datasets._memory import check_memory
+from fastdata.datasets._shm import SharedBuffer
+from fastdata.datasets._store import RAMStore
+from fastdata.shards import FieldSpec, ShardReader
+
+_JPEG_SUFFIXES = (".jpg", ".jpeg")
+
+
+def packed(items: Sequence[bytes], name: str) -> tuple[SharedBuffer, SharedBuffer]:
+    """Pack byte strings into one ``(blob, int64 offsets)`` pair of shared buffers."""
+    lengths = np.array([len(v) for v in items], np.int64)
+    offsets = SharedBuffer(8 * (len(items) + 1), f"{name}-offsets")
+    offsets_view = offsets.array.view(np.int64)
+    np.cumsum(lengths, out=offsets_view[1:])
+    blob = SharedBuffer(int(offsets_view[-1]), name)
+    if items:
+        blob.array[:] = np.frombuffer(b"".join(items), np.uint8)
+    return blob, offsets
+
+
+def int64_buffer(values: np.ndarray, name: str) -> SharedBuffer:
+    """``values`` as an ``int64`` shared buffer."""
+    buffer = SharedBuffer(8 * len(values), name)
+    buffer.array.view(np.int64)[:] = values
+    return buffer
+
+
+def load_files(
+    paths: Sequence[str | os.PathLike[str]],
+    targets: np.ndarray | None,
+    *,
+    override_memory_check: bool,
+    show_progress: bool,
+) -> RAMStore:
+    """Read every file's bytes into one blob (``image``), with ``label`` from ``targets``."""
+    names = [os.fspath(p) for p in paths]
+    sizes = np.empty(len(names), np.int64)
+    for k, name in enumerate(names):
+        try:
+            sizes[k] = os.stat(name).st_size
+        except OSError as exc:
+            raise FileNotFoundError(f"image_paths[{k}] cannot be read: {name} ({exc})") from exc
+    encoded_names = [name.encode() for name in names]
+    needed = int(sizes.sum()) + 8 * (2 * len(names) + 2) + sum(map(len, encoded_names))
+    needed += 0 if targets is None else 8 * len(names)
+    check_memory(needed, what=f"{len(names)} image files", override=override_memory_check)
+    offsets = SharedBuffer(8 * (len(names) + 1), "image-offsets")
+    offsets_view = offsets.array.view(np.int64)
+    np.cumsum(sizes, out=offsets_view[1:])
+    blob = SharedBuffer(int(offsets_view[-1]), "image")
+    bar = progress_bar(total=int(sizes.sum()), desc="load images", unit="B", enabled=show_progress)
+    try:
+        for k, name in enumerate(names):
+            start, stop = int(offsets_view[k]), int(offsets_view[k + 1])
+            with open(name, "rb") as fh:
+                read = fh.readinto(blob.array[start:stop].data)  # no bytes objects
+            if read != stop - start:
+                raise OSError(f"image_paths[{k}] changed size while loading: {name}")
+            bar.update(stop - start)
+    finally:
+        bar.close()
+    encoding = "jpeg" if all(n.lower().endswith(_JPEG_SUFFIXES) for n in names) else "image"
+    specs = [FieldSpec("image", "encoded", "uint8", encoding=encoding)]
+    buffers = {"image": blob}
+    if targets is not None:
+        specs.append(FieldSpec("label", "array", "int64"))
+        buffers["label"] = int64_buffer(targets, "label")
+    return RAMStore(specs, buffers, {"image": offsets}, len(names), packed(encoded_names, "paths"))
+
+
+def load_shards(
+    path: str | Path, fields: Sequence[str], *, override_memory_check: bool, show_progress: bool
+) -> RAMStore:
+    """Copy ``fields`` of every shard of a shard set into shared buffers."""
+    reader = ShardReader(path)
+    try:
+        specs = [reader.field(name) for name in fields]
+        n = len(reader)
+        shards = range(len(reader.manifest.shards))
+        counts = [info.num_samples for info in reader.manifest.shards]
+        sizes = {
+            spec.name: (
+                spec.sample_nbytes * n
+                if spec.kind == "array"
+                else sum(int(reader.view(spec.name, s)[1][-1]) for s in shards)
+            )
+            for spec in specs
+        }
+        encoded = [spec.name for spec in specs if spec.kind == "encoded"]
+        needed = sum(sizes.values()) + 8 * (n + 1) * len(encoded)
+        check_memory(needed, what=f"shard set {path}", override=override_memory_check)
+        buffers = {name: SharedBuffer(nbytes, name) for name, nbytes in sizes.items()}
+        offsets = {name: SharedBuffer(8 * (n + 1), f"{name}-offsets") for name in encoded}
+        bar = progress_bar(total=needed, desc="load shards", unit="B", enabled=show_progress)
+        sample_start = 0
+        byte_start = dict.fromkeys(encoded, 0)
+        for shard, count in zip(shards, counts, strict=True):
+            for spec in specs:
+                if spec.kind == "array":
+                    target = buffers[spec.name].array.view(spec.dtype).reshape(n, *spec.shape)
+                    target[sample_start : sample_start + count] = reader.view(spec.name, shard)[:]
+                    bar.update(spec.sample_nbytes * count)
+                else:
+                    data, local = reader.view(spec.name, shard)
+                    start, length = byte_start[spec.name], int(local[-1])
+                    buffers[spec.name].array[start : start + length] = data[:length]
+                    view = offsets[spec.name].array.view(np.int64)
+                    view[sample_start : sample_start + count + 1] = local + start
+                    byte_start[spec.name] += length
+                    bar.update(length + 8 * count)
+            sample_start += count
+        bar.close()
+    finally:
+        reader.close()
+    return RAMStore(specs, buffers, offsets, n)
+
+
+def load_arrays(
+    arrays: dict[str, np.ndarray], layouts: dict[str, str], *, override_memory_check: bool
+) -> RAMStore:
+    """Copy same-length arrays (``(N, ...)`` each) into shared buffers, one per field."""
+    lengths = {name: len(array) for name, array in arrays.items()}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"arrays must all have the same length, got {lengths}")
+    n = next(iter(lengths.values()))
+    check_memory(
+        sum(a.nbytes for a in arrays.values()), what="arrays", override=override_memory_check
+    )
+    specs, buffers = [], {}
+    for name, array in arrays.items():
+        spec = FieldSpec(name, "array", array.dtype.name, tuple(array.shape[1:]), layouts[name])
+        buffer = SharedBuffer(array.nbytes, name)
+        buffer.array.view(array.dtype).reshape(array.shape)[:] = array
+        specs.append(spec)
+        buffers[name] = buffer
+    return RAMStore(specs, buffers, {}, n)

@@ -1,0 +1,182 @@
+"""``RAMDataset``: a whole dataset in one shared-memory buffer per field."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastdata.datasets._base import BatchedDataset
+from fastdata.datasets._loading import load_arrays, load_files, load_shards
+from fastdata.datasets._store import RAMStore
+from fastdata.datasets.shard_dataset import _known_fields
+
+
+class RAMDataset(BatchedDataset):
+    """A dataset held in RAM: encoded file bytes decoded on access, or raw pixels.
+
+    Storage is one contiguous ``uint8`` buffer per field plus ``int64`` offsets for
+    variable-length fields (file paths are packed the same way): no per-sample Python
+    objects, so forked workers never copy pages they only read (the copy-on-read growth
+    of a list of ``bytes``, pytorch issue 13246). The buffers are anonymous shared memory
+    (``memfd``): forked workers inherit them, spawned or forkserver workers (and any
+    process the dataset is pickled into through ``torch.multiprocessing``) map the same
+    pages instead of copying them. The memory is freed when the last process using it
+    closes it or exits, crash included; nothing is left in ``/dev/shm``.
+
+    Before loading, the bytes needed are compared with the available memory
+    (cgroup-aware); a load that does not fit raises :class:`InsufficientMemoryError`
+    naming both figures unless ``check_memory=False``.
+
+    Args:
+        image_paths: Image files (any format OpenCV reads); their bytes are kept as is.
+        targets: One integer label per image (``None``: images only).
+        transform, layout, decode, decode_min_side, on_error, num_threads: As for
+            :class:`ShardDataset`. ``decode=False`` returns the file bytes as 1-D uint8
+            tensors (for GPU decoding).
+        check_memory: Refuse a load larger than the available memory.
+        show_progress: Progress bar while loading.
+
+    Raises:
+        ValueError: ``image_paths`` is empty, or ``targets`` has another length.
+        FileNotFoundError: An image file cannot be read (its index and path are named).
+        InsufficientMemoryError: The data would not fit in the available memory.
+
+    Example:
+        >>> ds = RAMDataset(paths, labels, transform=RandomResizedCrop(224))    # doctest: +SKIP
+        >>> loader = DataLoader(ds, batch_size=64, num_workers=2,
+        ...                     collate_fn=passthrough_collate)                 # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        image_paths: Sequence[str | os.PathLike[str]],
+        targets: Sequence[int] | np.ndarray | torch.Tensor | None,
+        transform: Callable[..., Any] | None = None,
+        *,
+        layout: str = "CHW",
+        decode: bool = True,
+        decode_min_side: int | None = None,
+        on_error: str = "raise",
+        num_threads: int | None = None,
+        check_memory: bool = True,
+        show_progress: bool = True,
+    ) -> None:
+        if isinstance(image_paths, (str, os.PathLike)) or len(image_paths) == 0:
+            raise ValueError(
+                f"image_paths must be a non-empty sequence of paths, got {image_paths!r}"
+            )
+        labels = None if targets is None else _labels(targets, len(image_paths))
+        store = load_files(
+            image_paths, labels, override_memory_check=not check_memory, show_progress=show_progress
+        )
+        fields = ("image",) if labels is None else ("image", "label")
+        super().__init__(
+            store,
+            fields=fields,
+            transform=transform,
+            layout=layout,
+            decode=decode,
+            decode_min_side=decode_min_side,
+            on_error=on_error,
+            num_threads=num_threads,
+        )
+
+    @classmethod
+    def from_shards(
+        cls,
+        path: str | Path,
+        fields: Sequence[str] = ("image", "label"),
+        transform: Callable[..., Any] | None = None,
+        *,
+        check_memory: bool = True,
+        show_progress: bool = True,
+        **options: Any,
+    ) -> RAMDataset:
+        """Load ``fields`` of a shard set into RAM (raw pixels stay raw, JPEG bytes stay
+        encoded). ``options`` are ``layout``, ``decode``, ``decode_min_side``,
+        ``on_error``, ``num_threads``."""
+        store = load_shards(
+            path,
+            _known_fields(path, fields),
+            override_memory_check=not check_memory,
+            show_progress=show_progress,
+        )
+        return cls._wrap(store, fields, transform, options)
+
+    @classmethod
+    def from_arrays(
+        cls,
+        images: np.ndarray | torch.Tensor,
+        targets: Sequence[int] | np.ndarray | torch.Tensor | None = None,
+        transform: Callable[..., Any] | None = None,
+        *,
+        masks: np.ndarray | torch.Tensor | None = None,
+        check_memory: bool = True,
+        **options: Any,
+    ) -> RAMDataset:
+        """Copy in-memory arrays into shared buffers.
+
+        Args:
+            images: ``(N, H, W, C)`` or ``(N, H, W)`` uint8.
+            targets: ``N`` integer labels (returned as int64), or ``None``.
+            masks: Optional ``(N, H, W)`` uint8, returned after the labels.
+        """
+        image_array = _uint8(images, "images", (3, 4))
+        arrays = {"image": image_array}
+        layouts = {"image": "NHWC"[1 : image_array.ndim] if image_array.ndim == 4 else "HW"}
+        if targets is not None:
+            arrays["label"] = _labels(targets, len(image_array))
+            layouts["label"] = ""
+        if masks is not None:
+            arrays["mask"] = _uint8(masks, "masks", (3,))
+            layouts["mask"] = "HW"
+        store = load_arrays(arrays, layouts, override_memory_check=not check_memory)
+        return cls._wrap(store, tuple(arrays), transform, options)
+
+    @classmethod
+    def _wrap(
+        cls, store: RAMStore, fields: Sequence[str], transform: Any, options: dict[str, Any]
+    ) -> RAMDataset:
+        allowed = {"layout", "decode", "decode_min_side", "on_error", "num_threads"}
+        unknown = sorted(set(options) - allowed)
+        if unknown:
+            raise TypeError(f"unexpected options {unknown}; allowed: {sorted(allowed)}")
+        dataset = cls.__new__(cls)
+        BatchedDataset.__init__(
+            dataset,
+            store,
+            fields=fields,
+            transform=transform,
+            layout=options.get("layout", "CHW"),
+            decode=options.get("decode", True),
+            decode_min_side=options.get("decode_min_side"),
+            on_error=options.get("on_error", "raise"),
+            num_threads=options.get("num_threads"),
+        )
+        return dataset
+
+
+def _labels(targets: Sequence[int] | np.ndarray | torch.Tensor, count: int) -> np.ndarray:
+    labels = np.asarray(targets.numpy() if isinstance(targets, torch.Tensor) else targets)
+    if labels.ndim != 1 or len(labels) != count:
+        raise ValueError(
+            f"targets must be {count} labels (one per image), got shape {labels.shape}"
+        )
+    if labels.size and not np.issubdtype(labels.dtype, np.integer):
+        raise TypeError(f"targets must be integers, got dtype {labels.dtype}")
+    return labels.astype(np.int64)
+
+
+def _uint8(array: np.ndarray | torch.Tensor, name: str, ndims: tuple[int, ...]) -> np.ndarray:
+    result = array.numpy() if isinstance(array, torch.Tensor) else np.asarray(array)
+    if result.dtype != np.uint8 or result.ndim not in ndims:
+        raise ValueError(
+            f"{name} must be a uint8 array with {' or '.join(map(str, ndims))} dimensions, "
+            f"got {result.shape} {result.dtype}"
+        )
+    return result

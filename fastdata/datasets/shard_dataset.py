@@ -1,0 +1,114 @@
+"""``ShardDataset``: a training dataset over a ``fastdata preprocess`` output."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from fastdata.datasets._base import BatchedDataset
+from fastdata.datasets._loading import load_shards
+from fastdata.datasets._store import ShardStore, Store
+from fastdata.shards import load_manifest
+
+
+class ShardDataset(BatchedDataset):
+    """Samples of a shard set as uint8 tensors, read in whole batches.
+
+    Files are opened lazily in each process that reads (handles are never inherited
+    across ``fork``), so the dataset works with ``fork``, ``spawn`` and ``forkserver``
+    workers and with ``persistent_workers``. Uncompressed fields are memory-mapped.
+
+    Use it with a standard ``DataLoader`` and :func:`passthrough_collate`:
+    ``__getitems__`` reads a whole batch (indices grouped by shard, in file order) into one
+    preallocated batch. For raw pixels the fastest setting is usually ``num_workers=0``
+    with ``num_threads`` threads doing the copies in the training process; for JPEG
+    shards, worker processes that decode.
+
+    Args:
+        path: The shard folder (or its ``index.json``).
+        fields: Fields to return, in order. The first is the one ``transform`` applies to.
+        transform: A :class:`~fastdata.transforms.BatchTransform` (applied once per batch
+            to ``(B, H, W, C)`` uint8), or any callable applied per sample to a uint8
+            tensor in ``layout`` (torchvision style).
+        layout: ``"CHW"``: images ``(B, C, H, W)``, a channels-last view of the
+            ``(B, H, W, C)`` memory (no copy; ``.contiguous()`` makes it planar).
+            ``"HWC"``: ``(B, H, W, C)``.
+        decode: For encoded image fields (JPEG-mode shards): decode to ``(H, W, 3)`` uint8
+            with OpenCV. ``False`` returns the encoded bytes as 1-D uint8 tensors (for
+            decoding on the GPU).
+        decode_min_side: Decode JPEGs at 1/2, 1/4 or 1/8 scale when the shorter side stays
+            at least this large. Defaults to the transform's ``min_input_side``
+            (:class:`~fastdata.transforms.Resize` sets it).
+        on_error: Undecodable bytes in a batch: ``"raise"`` a ``DecodeError``, ``"skip"``
+            the sample (the batch gets smaller), ``"warn"`` and skip.
+        num_threads: Threads for the per-sample work of a batch; see :attr:`num_threads`.
+        in_memory: Load the fields into RAM first (shared memory, the storage of
+            :meth:`RAMDataset.from_shards`), after a memory check.
+        check_memory: With ``in_memory``, refuse to load more than the available memory
+            (``False`` loads anyway).
+        show_progress: Progress bar while loading into memory.
+
+    Raises:
+        ValueError: A field is not stored in the shard set, or an argument is invalid.
+        ShardFormatError: The shard set is missing or unreadable.
+        InsufficientMemoryError: ``in_memory`` would exceed the available memory.
+
+    Example:
+        >>> ds = ShardDataset("out/", fields=("image", "label"))             # doctest: +SKIP
+        >>> loader = DataLoader(ds, batch_size=64, shuffle=True, num_workers=0,
+        ...                     collate_fn=passthrough_collate)             # doctest: +SKIP
+        >>> images, labels = next(iter(loader))  # (64, 3, H, W) uint8, (64,) int64
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        fields: Sequence[str] = ("image", "label"),
+        transform: Callable[..., Any] | None = None,
+        *,
+        layout: str = "CHW",
+        decode: bool = True,
+        decode_min_side: int | None = None,
+        on_error: str = "raise",
+        num_threads: int | None = None,
+        in_memory: bool = False,
+        check_memory: bool = True,
+        show_progress: bool = True,
+    ) -> None:
+        if isinstance(fields, str) or not fields:
+            raise ValueError(f"fields must be a non-empty sequence of field names, got {fields!r}")
+        shards = ShardStore(path, _known_fields(path, fields))
+        self.manifest = shards.reader.manifest
+        store: Store = shards
+        if in_memory:
+            shards.close()
+            store = load_shards(
+                path, fields, override_memory_check=not check_memory, show_progress=show_progress
+            )
+        super().__init__(
+            store,
+            fields=fields,
+            transform=transform,
+            layout=layout,
+            decode=decode,
+            decode_min_side=decode_min_side,
+            on_error=on_error,
+            num_threads=num_threads,
+        )
+
+    @property
+    def class_names(self) -> list[str]:
+        """Label ``i`` is ``class_names[i]`` (from the manifest)."""
+        return self.manifest.class_names
+
+
+def _known_fields(path: str | Path, fields: Sequence[str]) -> Sequence[str]:
+    """``fields`` after checking the manifest stores each of them."""
+    stored = [spec.name for spec in load_manifest(path).fields]
+    missing = [name for name in fields if name not in stored]
+    if missing:
+        raise ValueError(
+            f"fields {missing} are not in the shard set {path}; stored fields: {stored}"
+        )
+    return fields

@@ -1,0 +1,156 @@
+"""The batch-transform protocol, random state per worker, and ``Compose``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import Executor
+from typing import Union
+
+import numpy as np
+import torch
+from torch.utils.data import get_worker_info
+
+# A batch of uint8 images: (B, H, W, C) / (B, H, W) array, or a list of (H, W, C) / (H, W)
+# arrays when sizes differ (e.g. straight out of a JPEG decoder).
+Images = Union[np.ndarray, list[np.ndarray]]  # noqa: UP007 - runtime alias on Python 3.10
+BatchInput = Union[Images, torch.Tensor]  # noqa: UP007
+
+
+class BatchTransform:
+    """Base of the per-batch uint8 augmentations.
+
+    A batch transform takes a whole batch and returns one. fastdata datasets recognise
+    it by ``batched = True`` and call it once per batch with their thread pool; any other
+    callable given as ``transform`` is applied per sample (torchvision style).
+
+    Called directly, it accepts a ``(B, C, H, W)`` uint8 tensor and returns one (a
+    channels-last view, no copy back to planar), or NumPy ``(B, H, W, C)`` uint8 / a list of
+    ``(H, W, C)`` uint8 arrays and returns NumPy. Inputs may be modified in place.
+
+    Random parameters come from ``torch``'s default generator, which ``DataLoader`` seeds
+    per worker from the main process's seed (so ``torch.manual_seed(s)`` makes a run
+    reproducible), or, when ``seed`` is given, from a generator seeded with ``seed`` plus
+    the worker id: reproducible per worker whatever the global state.
+    """
+
+    batched = True
+    min_input_side: int | None = None  # decoders may decode JPEGs reduced down to this
+
+    def __init__(self, seed: int | None = None) -> None:
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise TypeError(f"seed must be an int or None, got {seed!r}")
+        self.seed = seed
+        self._generator: torch.Generator | None = None
+        self._generator_pid = -1
+
+    def generator(self) -> torch.Generator | None:
+        """This process's generator: ``None`` (torch's default) unless ``seed`` was given."""
+        if self.seed is None:
+            return None
+        if self._generator is None or self._generator_pid != os.getpid():
+            info = get_worker_info()
+            worker_id = info.id if info is not None else 0
+            self._generator = torch.Generator().manual_seed(self.seed + 7919 * worker_id)
+            self._generator_pid = os.getpid()
+        return self._generator
+
+    def uniform(self, count: int, columns: int = 1) -> np.ndarray:
+        """``(count, columns)`` float64 uniform draws in [0, 1)."""
+        draws = torch.rand((count, columns), generator=self.generator(), dtype=torch.float64)
+        return draws.numpy()
+
+    def apply(self, images: Images, executor: Executor | None, tasks: int) -> Images:
+        """Transform NumPy images; subclasses implement this."""
+        raise NotImplementedError
+
+    def __call__(
+        self, images: BatchInput, executor: Executor | None = None, tasks: int = 1
+    ) -> BatchInput:
+        """Transform a batch.
+
+        Args:
+            images: ``(B, C, H, W)`` uint8 tensor, ``(B, H, W, C)`` uint8 array, or a list
+                of ``(H, W, C)`` uint8 arrays.
+            executor: Optional thread pool for the per-sample OpenCV work.
+            tasks: Number of slices to split the batch into on ``executor``.
+
+        Returns:
+            The same kind of batch: a tensor for a tensor input, NumPy otherwise.
+        """
+        if isinstance(images, torch.Tensor):
+            if images.dtype != torch.uint8 or images.dim() != 4:
+                raise ValueError(
+                    f"images must be a (B, C, H, W) uint8 tensor, "
+                    f"got {tuple(images.shape)} {images.dtype}"
+                )
+            result = self.apply(images.permute(0, 2, 3, 1).numpy(), executor, tasks)
+            return torch.from_numpy(stack_images(result)).permute(0, 3, 1, 2)
+        return self.apply(check_images(images), executor, tasks)
+
+
+def check_images(images: Images) -> Images:
+    """Validate a NumPy batch (``TypeError``/``ValueError`` naming what was given)."""
+    if isinstance(images, np.ndarray):
+        if images.dtype != np.uint8 or images.ndim not in (3, 4):
+            raise ValueError(
+                f"images must be a (B, H, W, C) or (B, H, W) uint8 array, "
+                f"got {images.shape} {images.dtype}"
+            )
+        return images
+    if isinstance(images, list):
+        for image in images:
+            if not isinstance(image, np.ndarray) or image.dtype != np.uint8:
+                raise TypeError(f"images must be uint8 arrays, got {type(image).__name__}")
+        return images
+    raise TypeError(
+        f"images must be a uint8 tensor, array or list of arrays, got {type(images).__name__}"
+    )
+
+
+def stack_images(images: Images) -> np.ndarray:
+    """One ``(B, H, W, C)`` uint8 array (a list must hold equal shapes)."""
+    if isinstance(images, np.ndarray):
+        return images
+    shapes = {image.shape for image in images}
+    if len(shapes) > 1:
+        raise ValueError(
+            f"cannot batch images of different sizes {sorted(shapes)[:4]}; add a transform "
+            "that gives every image one size (CenterCrop, RandomResizedCrop, Resize with a "
+            "(height, width))"
+        )
+    if not images:
+        return np.empty((0, 0, 0, 3), np.uint8)
+    return np.stack(images)
+
+
+def to_size(size: int | Sequence[int], name: str = "size") -> tuple[int, int]:
+    """``(height, width)`` from an int or a pair of positive ints."""
+    pair = (size, size) if isinstance(size, int) else tuple(size)
+    if len(pair) != 2 or not all(isinstance(v, int) and v > 0 for v in pair):
+        raise ValueError(f"{name} must be a positive int or (height, width), got {size!r}")
+    return int(pair[0]), int(pair[1])
+
+
+class Compose(BatchTransform):
+    """Apply batch transforms in order.
+
+    Example:
+        >>> train = Compose([RandomResizedCrop(224), RandomHorizontalFlip()])
+    """
+
+    def __init__(self, transforms: Sequence[BatchTransform]) -> None:
+        super().__init__()
+        bad = [t for t in transforms if not getattr(t, "batched", False)]
+        if bad:
+            raise TypeError(f"Compose takes batch transforms (batched = True), got {bad[0]!r}")
+        self.transforms = list(transforms)
+        self.min_input_side = self.transforms[0].min_input_side if self.transforms else None
+
+    def apply(self, images: Images, executor: Executor | None, tasks: int) -> Images:
+        for transform in self.transforms:
+            images = transform.apply(images, executor, tasks)
+        return images
+
+    def __repr__(self) -> str:
+        return f"Compose({self.transforms!r})"

@@ -1,0 +1,238 @@
+"""Per-batch uint8 crops, resizes and flips with OpenCV (which releases the GIL)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from concurrent.futures import Executor
+
+import cv2
+import numpy as np
+
+from fastdata._threads import parallel_for
+from fastdata.transforms._base import BatchTransform, Images, to_size
+
+
+def _sizes(images: Images) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample heights and widths, ``(B,)`` int64 each."""
+    if isinstance(images, np.ndarray):
+        count = images.shape[0]
+        return (
+            np.full(count, images.shape[1], np.int64),
+            np.full(count, images.shape[2], np.int64),
+        )
+    return (
+        np.array([image.shape[0] for image in images], np.int64),
+        np.array([image.shape[1] for image in images], np.int64),
+    )
+
+
+def _output(images: Images, height: int, width: int) -> np.ndarray:
+    """An empty ``(B, height, width[, C])`` uint8 batch matching the input's channels."""
+    first = images[0] if len(images) else np.empty((1, 1, 3), np.uint8)
+    return np.empty((len(images), height, width, *first.shape[2:]), np.uint8)
+
+
+class RandomResizedCrop(BatchTransform):
+    """Crop a random area and aspect ratio of each image, resized to ``size``
+    (the Inception crop, as ``torchvision.transforms.RandomResizedCrop``).
+
+    Args:
+        size: Output ``(height, width)``, or one int for a square.
+        scale: Range of the crop's area as a fraction of the image's.
+        ratio: Range of the crop's aspect ratio (width / height), sampled log-uniformly.
+        interpolation: OpenCV interpolation flag (default bilinear).
+        seed: See :class:`BatchTransform`.
+
+    Input ``(B, H, W, C)`` uint8 or a list of ``(H, W, C)`` uint8; output
+    ``(B, height, width, C)`` uint8.
+    """
+
+    attempts = 10
+
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        interpolation: int = cv2.INTER_LINEAR,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(seed)
+        self.size = to_size(size)
+        if not 0 < scale[0] <= scale[1] <= 1:
+            raise ValueError(f"scale must satisfy 0 < low <= high <= 1, got {scale!r}")
+        if not 0 < ratio[0] <= ratio[1]:
+            raise ValueError(f"ratio must satisfy 0 < low <= high, got {ratio!r}")
+        self.scale = scale
+        self.ratio = ratio
+        self.interpolation = interpolation
+
+    def boxes(self, heights: np.ndarray, widths: np.ndarray) -> np.ndarray:
+        """Crop boxes ``(B, 4)`` int64 as ``(top, left, height, width)``, torchvision's
+        sampling vectorised: the first of ten attempts that fits, else a central crop."""
+        count, tries = len(heights), self.attempts
+        draws = self.uniform(count, 2 * tries + 2)
+        area = (heights * widths)[:, None].astype(np.float64)
+        target = area * (self.scale[0] + (self.scale[1] - self.scale[0]) * draws[:, :tries])
+        low, high = math.log(self.ratio[0]), math.log(self.ratio[1])
+        aspect = np.exp(low + (high - low) * draws[:, tries : 2 * tries])
+        crop_w = np.round(np.sqrt(target * aspect)).astype(np.int64)
+        crop_h = np.round(np.sqrt(target / aspect)).astype(np.int64)
+        fits = (
+            (crop_w > 0) & (crop_h > 0) & (crop_w <= widths[:, None]) & (crop_h <= heights[:, None])
+        )
+        first = np.argmax(fits, axis=1)
+        rows = np.arange(count)
+        h, w = crop_h[rows, first], crop_w[rows, first]
+        # Fallback (no attempt fits): the largest central crop within the ratio range.
+        none = ~fits.any(axis=1)
+        image_ratio = widths / heights
+        fb_w = np.where(image_ratio < self.ratio[0], widths, 0)
+        fb_h = np.where(image_ratio < self.ratio[0], np.round(widths / self.ratio[0]), 0)
+        wide = image_ratio > self.ratio[1]
+        fb_h = np.where(wide, heights, fb_h)
+        fb_w = np.where(wide, np.round(heights * self.ratio[1]), fb_w)
+        inside = ~wide & (image_ratio >= self.ratio[0])
+        fb_w = np.where(inside, widths, fb_w).astype(np.int64)
+        fb_h = np.where(inside, heights, fb_h).astype(np.int64)
+        h, w = np.where(none, fb_h, h), np.where(none, fb_w, w)
+        top = np.floor(draws[:, -2] * (heights - h + 1)).astype(np.int64)
+        left = np.floor(draws[:, -1] * (widths - w + 1)).astype(np.int64)
+        top = np.where(none, (heights - h) // 2, top)
+        left = np.where(none, (widths - w) // 2, left)
+        return np.stack([top, left, h, w], axis=1)
+
+    def apply(self, images: Images, executor: Executor | None, tasks: int) -> Images:
+        heights, widths = _sizes(images)
+        boxes = self.boxes(heights, widths).tolist()
+        out_h, out_w = self.size
+        out = _output(images, out_h, out_w)
+
+        def body(start: int, stop: int) -> None:
+            for k in range(start, stop):
+                top, left, h, w = boxes[k]
+                crop = images[k][top : top + h, left : left + w]
+                cv2.resize(crop, (out_w, out_h), dst=out[k], interpolation=self.interpolation)
+
+        parallel_for(executor, len(images), body, tasks=tasks)
+        return out
+
+    def __repr__(self) -> str:
+        return f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio})"
+
+
+class CenterCrop(BatchTransform):
+    """Crop the centre ``size`` of each image (``top = (H - height) // 2``).
+
+    Input ``(B, H, W, C)`` uint8 or a list of such images at least ``size`` large; output
+    ``(B, height, width, C)`` uint8.
+    """
+
+    def __init__(self, size: int | Sequence[int]) -> None:
+        super().__init__()
+        self.size = to_size(size)
+
+    def apply(self, images: Images, executor: Executor | None, tasks: int) -> Images:
+        heights, widths = _sizes(images)
+        out_h, out_w = self.size
+        if len(images) and (heights.min() < out_h or widths.min() < out_w):
+            raise ValueError(
+                f"CenterCrop size {self.size} is larger than an image of "
+                f"{int(heights.min())}x{int(widths.min())}; resize first"
+            )
+        tops, lefts = ((heights - out_h) // 2).tolist(), ((widths - out_w) // 2).tolist()
+        out = _output(images, out_h, out_w)
+
+        def body(start: int, stop: int) -> None:
+            for k in range(start, stop):
+                out[k] = images[k][tops[k] : tops[k] + out_h, lefts[k] : lefts[k] + out_w]
+
+        parallel_for(executor, len(images), body, tasks=tasks)
+        return out
+
+    def __repr__(self) -> str:
+        return f"CenterCrop(size={self.size})"
+
+
+class Resize(BatchTransform):
+    """Resize each image: an int resizes the shorter side to it (aspect kept), a
+    ``(height, width)`` resizes to exactly that.
+
+    JPEG decoders in fastdata datasets decode at a reduced scale (1/2, 1/4, 1/8) when that
+    still leaves at least this many pixels (``min_input_side``).
+
+    Args:
+        size: Shorter side, or ``(height, width)``.
+        interpolation: OpenCV flag; ``INTER_AREA`` (default) suits downscaling.
+
+    Output: ``(B, height, width, C)`` uint8 for a pair or when every result has one size,
+    otherwise a list of ``(H, W, C)`` uint8.
+    """
+
+    def __init__(self, size: int | Sequence[int], interpolation: int = cv2.INTER_AREA) -> None:
+        super().__init__()
+        self.shorter = size if isinstance(size, int) else None
+        self.size = to_size(size)
+        self.interpolation = interpolation
+        self.min_input_side = self.shorter if self.shorter is not None else min(self.size)
+
+    def _target(self, height: int, width: int) -> tuple[int, int]:
+        if self.shorter is None:
+            return self.size
+        scale = self.shorter / min(height, width)
+        # Same rounding as torchvision: the shorter side exact, the other truncated.
+        if height <= width:
+            return self.shorter, int(width * scale)
+        return int(height * scale), self.shorter
+
+    def apply(self, images: Images, executor: Executor | None, tasks: int) -> Images:
+        heights, widths = _sizes(images)
+        targets = [
+            self._target(h, w) for h, w in zip(heights.tolist(), widths.tolist(), strict=True)
+        ]
+        same = len(set(targets)) <= 1
+        out: Images = _output(images, *targets[0]) if same and targets else [None] * len(images)  # type: ignore[list-item]
+
+        def body(start: int, stop: int) -> None:
+            for k in range(start, stop):
+                out_h, out_w = targets[k]
+                if same:
+                    cv2.resize(
+                        images[k], (out_w, out_h), dst=out[k], interpolation=self.interpolation
+                    )
+                else:
+                    out[k] = cv2.resize(images[k], (out_w, out_h), interpolation=self.interpolation)
+
+        parallel_for(executor, len(images), body, tasks=tasks)
+        return out
+
+    def __repr__(self) -> str:
+        return f"Resize({self.shorter if self.shorter is not None else self.size})"
+
+
+class RandomHorizontalFlip(BatchTransform):
+    """Mirror each image left-right with probability ``p`` (in place for arrays)."""
+
+    def __init__(self, p: float = 0.5, seed: int | None = None) -> None:
+        super().__init__(seed)
+        if not 0 <= p <= 1:
+            raise ValueError(f"p must be in [0, 1], got {p!r}")
+        self.p = p
+
+    def apply(self, images: Images, executor: Executor | None, tasks: int) -> Images:
+        flips = np.flatnonzero(self.uniform(len(images))[:, 0] < self.p).tolist()
+        if isinstance(images, list):
+            for k in flips:
+                images[k] = np.ascontiguousarray(images[k][:, ::-1])
+            return images
+
+        def body(start: int, stop: int) -> None:
+            for k in flips[start:stop]:
+                images[k] = images[k][:, ::-1].copy()
+
+        parallel_for(executor, len(flips), body, tasks=tasks)
+        return images
+
+    def __repr__(self) -> str:
+        return f"RandomHorizontalFlip(p={self.p})"

@@ -1,0 +1,94 @@
+"""Tiny shard sets and image folders built in ``tmp_path`` for the dataset tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
+
+NUM_SAMPLES = 22
+SIZE = (12, 10)  # (H, W)
+SHARD_SIZES = (9, 9, 4)
+
+
+@dataclass
+class Reference:
+    """What the fixtures wrote: the NumPy reference every test compares against."""
+
+    path: Path
+    images: np.ndarray  # (N, H, W, 3) uint8
+    labels: np.ndarray  # (N,) int64
+    masks: np.ndarray  # (N, H, W) uint8
+    jpegs: list[bytes]
+
+
+def _reference(tmp_path: Path) -> Reference:
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (NUM_SAMPLES, *SIZE, 3), dtype=np.uint8)
+    labels = rng.integers(0, 5, NUM_SAMPLES).astype(np.int64)
+    masks = rng.integers(0, 3, (NUM_SAMPLES, *SIZE), dtype=np.uint8)
+    jpegs = [bytes(cv2.imencode(".png", im[:, :, ::-1])[1]) for im in images]  # lossless
+    return Reference(tmp_path, images, labels, masks, jpegs)
+
+
+def write_shards(root: Path, fields: list[FieldSpec], samples: list[dict]) -> Path:
+    """Write ``samples`` into shards of ``SHARD_SIZES`` plus the manifest."""
+    root.mkdir(parents=True, exist_ok=True)
+    infos, start = [], 0
+    for number, count in enumerate(SHARD_SIZES):
+        with ShardWriter(root / f"shard-{number:05d}.h5", fields) as writer:
+            for sample in samples[start : start + count]:
+                writer.append(sample)
+            infos.append(writer.close())
+        start += count
+    save_manifest(root, Manifest(fields=fields, shards=infos, class_names=list("abcde")))
+    return root
+
+
+@pytest.fixture
+def raw_shards(tmp_path: Path) -> Reference:
+    """Raw HWC uint8 images, int64 labels and HW masks in three shards."""
+    ref = _reference(tmp_path)
+    fields = [
+        FieldSpec("image", "array", "uint8", (*SIZE, 3), "HWC"),
+        FieldSpec("label", "array", "int64"),
+        FieldSpec("mask", "array", "uint8", SIZE, "HW"),
+    ]
+    samples = [
+        {"image": ref.images[i], "label": int(ref.labels[i]), "mask": ref.masks[i]}
+        for i in range(NUM_SAMPLES)
+    ]
+    ref.path = write_shards(tmp_path / "raw", fields, samples)
+    return ref
+
+
+@pytest.fixture
+def encoded_shards(tmp_path: Path) -> Reference:
+    """Losslessly encoded images (PNG bytes in a field of encoding ``jpeg`` would lie, so
+    the field says ``png``; JPEG-mode code paths are the same) and int64 labels."""
+    ref = _reference(tmp_path)
+    fields = [
+        FieldSpec("image", "encoded", "uint8", encoding="png"),
+        FieldSpec("label", "array", "int64"),
+    ]
+    samples = [{"image": ref.jpegs[i], "label": int(ref.labels[i])} for i in range(NUM_SAMPLES)]
+    ref.path = write_shards(tmp_path / "encoded", fields, samples)
+    return ref
+
+
+@pytest.fixture
+def image_files(tmp_path: Path) -> tuple[list[Path], Reference]:
+    """The reference images as PNG files."""
+    ref = _reference(tmp_path)
+    folder = tmp_path / "files"
+    folder.mkdir()
+    paths = []
+    for i, data in enumerate(ref.jpegs):
+        paths.append(folder / f"{i:03d}.png")
+        paths[-1].write_bytes(data)
+    return paths, ref

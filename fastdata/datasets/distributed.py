@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Sequence, Sized
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -44,7 +44,8 @@ def shard_sizes_of(source: object) -> list[int]:
         source: An object with a ``shard_sizes`` attribute (:class:`ShardSized`), a
             :class:`~fastdata.shards.Manifest`, an object with a ``manifest`` attribute
             (e.g. :class:`~fastdata.shards.ShardReader`), a shard folder or ``index.json``
-            path, or a sequence of ints.
+            path, or a sequence of ints. Any other dataset with a length counts as one shard
+            (e.g. a ``RAMDataset``, where locality does not matter).
 
     Raises:
         TypeError: ``source`` is none of these.
@@ -60,10 +61,12 @@ def shard_sizes_of(source: object) -> list[int]:
         sizes = [s.num_samples for s in load_manifest(Path(source)).shards]
     elif isinstance(source, Sequence) and all(isinstance(n, int | np.integer) for n in source):
         sizes = source
+    elif isinstance(source, Sized):  # e.g. a RAMDataset: one "shard", nothing to keep local
+        sizes = [len(source)]
     else:
         raise TypeError(
             "dataset must have a `shard_sizes` attribute, a `manifest`, be a shard folder "
-            f"path or a sequence of per-shard counts, got {type(source).__name__}"
+            f"path, a sequence of per-shard counts or have a length, got {type(source).__name__}"
         )
     counts = [int(n) for n in sizes]
     if any(n < 0 for n in counts):

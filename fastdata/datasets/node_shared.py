@@ -1,208 +1,151 @@
-"""``NodeSharedArray``: one copy of an array in shared memory for every local rank of a node.
+"""``share_on_node``: one in-RAM dataset per node, mapped by every local rank.
 
-With ``torchrun --nproc-per-node 8`` and a RAM-cached dataset, each rank holding its own
-copy costs eight times the dataset. Here the lowest rank of each node fills one file in
-``/dev/shm`` and every rank of that node maps it read-only: the pages exist once, and each
-of ``k`` ranks is charged ``1/k`` of them in its PSS (proportional set size).
+With ``torchrun --nproc-per-node 8``, eight ranks that each build a ``RAMDataset`` hold
+eight copies of it. Here the lowest rank of each node builds it once; the other ranks of
+that node receive a pickle of it in which every shared-memory buffer (``memfd``) is
+replaced by a reference to the builder's descriptor, and open the same memory through
+``/proc/<pid>/fd/<fd>``: the pages exist once, and each of ``k`` ranks is charged ``1/k``
+of them in its PSS. Nothing is named in ``/dev/shm`` (no ``--shm-size`` limit, nothing
+left behind after a crash); the memory is freed when the last rank using it exits.
 """
 
 from __future__ import annotations
 
 import contextlib
-import mmap
+import io
 import os
+import pickle
 import socket
-import tempfile
-import uuid
-import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-import numpy as np
 import torch.distributed as dist
 
-from fastdata._system import format_bytes
-from fastdata.errors import InsufficientMemoryError
+from fastdata.datasets._shm import SharedBuffer
 
-_SHM_DIR = Path("/dev/shm")
-_PREFIX = "fastdata-node-"
+T = TypeVar("T")
+
+_MEMFD_PREFIX = "/memfd:fastdata-"
 
 
 def _node_id() -> str:
-    """This machine as local ranks see it: host name and kernel boot id."""
+    """This machine as its local ranks see it: host name and kernel boot id."""
     boot_id = ""
     with contextlib.suppress(OSError):
         boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     return f"{socket.gethostname()}/{boot_id}"
 
 
-def _shm_dir() -> Path:
-    return _SHM_DIR if _SHM_DIR.is_dir() else Path(tempfile.gettempdir())
+class _ByDescriptor(pickle.Pickler):
+    """Pickles each :class:`SharedBuffer` as (this pid, its fd) instead of its bytes."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, SharedBuffer):
+            if obj.closed:
+                raise ValueError("cannot share a closed SharedBuffer")
+            return _open_descriptor, (os.getpid(), obj.fd, obj.nbytes)
+        return NotImplemented
 
 
-def _check_room(folder: Path, nbytes: int) -> None:
-    stat = os.statvfs(folder)
-    free = stat.f_bavail * stat.f_frsize
-    if nbytes > free:
-        raise InsufficientMemoryError(
-            f"a node-shared array of {format_bytes(nbytes)} does not fit in {folder} "
-            f"({format_bytes(free)} free); in a container raise --shm-size, or use a "
-            "per-rank cache of the rank's partition"
-        )
+def _open_descriptor(pid: int, fd: int, nbytes: int) -> SharedBuffer:
+    """The buffer behind descriptor ``fd`` of process ``pid`` (same node), mapped here."""
+    try:
+        own_fd = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+    except OSError as exc:
+        raise RuntimeError(
+            f"cannot open the shared buffer of local rank process {pid} ({exc}); the ranks "
+            "of a node must run as one user in one PID namespace. Otherwise build the "
+            "dataset on every rank instead of calling share_on_node"
+        ) from exc
+    buffer = SharedBuffer.__new__(SharedBuffer)
+    buffer._attach(own_fd, nbytes)
+    return buffer
 
 
-class NodeSharedArray:
-    """A read-only array that all local ranks of a node map from one shared-memory file.
+def share_on_node(build: Callable[[], T], *, group: Any = None) -> T:
+    """Build an in-RAM dataset once per node and give every local rank the same memory.
 
-    Create it with :meth:`create` on every rank (a collective call). The object pickles
-    as the file's path, so DataLoader workers (fork or spawn) map the same pages too.
-    The file is removed when the rank that filled it calls :meth:`close` or exits.
+    Every rank of ``group`` must call this (it is a collective). The lowest rank of each
+    node calls ``build()``; the other ranks of that node wait, then get an equal object
+    whose :class:`~fastdata.datasets.RAMDataset` buffers map the builder's pages. The
+    result pickles into DataLoader workers (fork or spawn) without copies, as usual.
 
-    Attributes:
-        path: The shared-memory file (under ``/dev/shm`` on Linux).
-        array: The data, ``shape`` and ``dtype`` as created, read-only.
-        owner: Whether this process filled the file (and removes it).
+    Use it for a :class:`~fastdata.datasets.RAMDataset` that fits in one node's RAM once
+    but not once per GPU. A :class:`~fastdata.datasets.ShardDataset` needs nothing: its
+    memory-mapped shards already share the node's page cache.
+
+    Args:
+        build: Makes the object, e.g. ``lambda: RAMDataset.from_shards("out/")``. Only
+            buffers of ``fastdata`` shared memory are shared; anything else is copied.
+        group: The ``torch.distributed`` process group; the default group when
+            initialized. Without an initialized group this returns ``build()``.
+
+    Raises:
+        RuntimeError: On the other ranks when ``build()`` failed (the building rank raises
+            the builder's own exception), or when a rank could not open the builder's
+            memory (ranks not in one PID namespace or not one user).
+
+    Example:
+        >>> dist.init_process_group("nccl")                                # doctest: +SKIP
+        >>> train = share_on_node(lambda: RAMDataset.from_shards("out/"))
+        >>> sampler = ShardAwareDistributedSampler(train, seed=0)
     """
-
-    def __init__(self, path: str | Path, shape: tuple[int, ...], dtype: str, *, owner: bool):
-        self._setup(Path(path), tuple(shape), np.dtype(dtype).name, owner)
-
-    def _setup(self, path: Path, shape: tuple[int, ...], dtype: str, owner: bool) -> None:
-        self.path = path
-        self.shape = shape
-        self.dtype = dtype
-        self.owner = owner
-        self._map: mmap.mmap | None = None
-        self.array = self._attach()
-        # weakref.finalize also runs at interpreter exit
-        self._finalizer = weakref.finalize(self, _unlink, path) if owner else None
-
-    @classmethod
-    def create(
-        cls,
-        shape: tuple[int, ...],
-        dtype: str,
-        fill: Callable[[np.ndarray], None],
-        *,
-        group: Any = None,
-    ) -> NodeSharedArray:
-        """Fill one shared array per node; every rank of ``group`` must call this.
-
-        Args:
-            shape: Shape of the array, e.g. ``(N, H, W, C)``.
-            dtype: NumPy dtype name, e.g. ``"uint8"``.
-            fill: Called once per node, on its lowest rank, with the writable array
-                (zeroed) to fill in place; the other local ranks wait for it.
-            group: The ``torch.distributed`` process group; the default group when
-                initialized. Without an initialized group this process fills it alone.
-
-        Raises:
-            InsufficientMemoryError: The shared-memory folder has too little room.
-            ValueError: ``shape`` has a negative dimension.
-        """
-        if any(int(n) < 0 for n in shape):
-            raise ValueError(f"shape must have dimensions >= 0, got {shape}")
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        distributed = dist.is_available() and dist.is_initialized()
-        world = dist.get_world_size(group) if distributed else 1
-        rank = dist.get_rank(group) if distributed else 0
-        nodes: list[Any] = [None] * world
-        if distributed:
-            dist.all_gather_object(nodes, _node_id(), group=group)
-        else:
-            nodes = [_node_id()]
-        leader = nodes.index(nodes[rank])  # lowest rank on this node
-        path: Path | None = None
-        failure: Exception | None = None
-        if rank == leader:
-            folder = _shm_dir()
-            path = folder / f"{_PREFIX}{uuid.uuid4().hex}"
-            try:
-                _check_room(folder, nbytes)
-                _fill_file(path, shape, dtype, nbytes, fill)
-            except Exception as exc:
-                _unlink(path)
-                failure = exc
-        mine = (str(path) if path else None, None if failure is None else repr(failure))
-        published: list[Any] = [mine] * world
-        if distributed:  # also the barrier: followers attach only after the fill
-            dist.all_gather_object(published, mine, group=group)
-        if failure is not None:
-            raise failure
-        leader_path, leader_failure = published[leader]
-        if leader_failure is not None:
-            raise RuntimeError(
-                f"rank {leader} could not fill the node-shared array: {leader_failure}"
-            )
-        if not Path(leader_path).exists():
-            raise RuntimeError(
-                f"rank {rank} cannot see {leader_path}, filled by rank {leader} with the same "
-                "host name and boot id: the ranks do not share /dev/shm (separate containers?)"
-            )
-        return cls(leader_path, shape, dtype, owner=rank == leader)
-
-    def _attach(self) -> np.ndarray:
-        nbytes = int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
-        if nbytes == 0:
-            return np.empty(self.shape, dtype=self.dtype)
-        with open(self.path, "rb") as fh:
-            self._map = mmap.mmap(fh.fileno(), nbytes, prot=mmap.PROT_READ)
-        array = np.frombuffer(self._map, dtype=self.dtype).reshape(self.shape)
-        return array
-
-    def memory_usage(self) -> dict[str, int]:
-        """This process's ``rss_bytes`` and ``pss_bytes`` of the mapping (Linux smaps).
-
-        With ``k`` local ranks that all touched every page, ``pss_bytes`` is about
-        ``nbytes / k`` on each: the node pays for one copy.
-        """
-        usage = {"rss_bytes": 0, "pss_bytes": 0}
-        inside = False
-        with open("/proc/self/smaps") as smaps:
-            for line in smaps:
-                first = line.split(maxsplit=1)[0]
-                if not first.endswith(":"):  # a mapping header line: "start-end perms ... path"
-                    inside = line.rstrip().split(" (deleted)")[0].endswith(str(self.path))
-                elif inside and first in ("Rss:", "Pss:"):
-                    key = "rss_bytes" if first == "Rss:" else "pss_bytes"
-                    usage[key] += int(line.split()[1]) * 1024
-        return usage
-
-    def close(self) -> None:
-        """Unmap here; the filling rank also removes the file (mapped pages stay valid)."""
-        self.array = np.empty((0,), dtype=self.dtype)
-        if self._map is not None:
-            with contextlib.suppress(BufferError):  # a view of the array is still alive
-                self._map.close()
-            self._map = None
-        if self._finalizer is not None:
-            self._finalizer()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"path": str(self.path), "shape": self.shape, "dtype": self.dtype}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self._setup(Path(state["path"]), tuple(state["shape"]), state["dtype"], owner=False)
-
-
-def _fill_file(
-    path: Path, shape: tuple[int, ...], dtype: str, nbytes: int, fill: Callable[[np.ndarray], None]
-) -> None:
-    with open(path, "w+b") as fh:
-        fh.truncate(nbytes)
-        if nbytes == 0:
-            fill(np.empty(shape, dtype=dtype))
-            return
-        buffer = mmap.mmap(fh.fileno(), nbytes)
+    if not (dist.is_available() and dist.is_initialized()):
+        return build()
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    nodes: list[Any] = [None] * world
+    dist.all_gather_object(nodes, _node_id(), group=group)
+    leader = nodes.index(nodes[rank])  # the lowest rank on this node builds
+    result: Any = None
+    failure: Exception | None = None
+    payload: bytes | None = None
+    if rank == leader:
         try:
-            fill(np.frombuffer(buffer, dtype=dtype).reshape(shape))
-        finally:
-            # a failed fill's traceback still holds the view: then the GC unmaps later
-            with contextlib.suppress(BufferError):
-                buffer.close()
+            result = build()
+            stream = io.BytesIO()
+            _ByDescriptor(stream, protocol=pickle.HIGHEST_PROTOCOL).dump(result)
+            payload = stream.getvalue()
+        except Exception as exc:
+            failure = exc
+    published: list[Any] = [None] * world
+    mine = (payload, None if failure is None else repr(failure))
+    dist.all_gather_object(published, mine, group=group)  # followers wait for the build
+    leader_payload, leader_failure = published[leader]
+    if rank != leader and leader_failure is None:
+        try:
+            result = pickle.loads(leader_payload)
+        except Exception as exc:
+            failure = exc
+    # Everyone holds its own descriptors before the builder may let go of its own.
+    outcomes: list[Any] = [None] * world
+    dist.all_gather_object(outcomes, None if failure is None else repr(failure), group=group)
+    if failure is not None:
+        raise failure
+    problems = {r: outcome for r, outcome in enumerate(outcomes) if outcome is not None}
+    if problems:
+        raise RuntimeError(f"share_on_node failed on ranks {problems}")
+    return result
 
 
-def _unlink(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
+def shared_memory_usage() -> dict[str, int]:
+    """This process's ``rss_bytes`` and ``pss_bytes`` in fastdata shared-memory buffers.
+
+    Read from ``/proc/self/smaps`` (Linux). With ``k`` local ranks sharing a dataset
+    through :func:`share_on_node` and all having touched it, each one's ``pss_bytes`` is
+    about ``1/k`` of the dataset: the node pays for one copy.
+    """
+    usage = {"rss_bytes": 0, "pss_bytes": 0}
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            first = line.split(maxsplit=1)[0]
+            if not first.endswith(":"):  # a mapping header: "start-end perms offset dev inode path"
+                parts = line.split(maxsplit=5)
+                inside = len(parts) == 6 and parts[5].startswith(_MEMFD_PREFIX)
+            elif inside and first in ("Rss:", "Pss:"):
+                usage["rss_bytes" if first == "Rss:" else "pss_bytes"] += (
+                    int(line.split()[1]) * 1024
+                )
+    return usage

@@ -10,27 +10,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
+from fastdata.datasets import ShardDataset, passthrough_collate
 from fastdata.datasets.distributed import ShardAwareDistributedSampler
-from fastdata.shards import FieldSpec, Manifest, ShardReader, ShardWriter, save_manifest
+from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
 
 SIZES = [9, 4, 12, 7, 5, 8, 11]  # 56 samples: 28 per rank, 7 batches of 4
 BATCH = 4
-
-
-class _Labels(Dataset[int]):
-    """The stored label of each sample (written as its global index)."""
-
-    def __init__(self, root: Path) -> None:
-        self.reader = ShardReader(root)
-        self.shard_sizes = [s.num_samples for s in self.reader.manifest.shards]
-
-    def __len__(self) -> int:
-        return len(self.reader)
-
-    def __getitem__(self, index: int) -> int:
-        return int(self.reader.read("label", index))
 
 
 def _write_shards(root: Path, sizes: list[int]) -> None:
@@ -45,7 +32,7 @@ def _write_shards(root: Path, sizes: list[int]) -> None:
     save_manifest(root, Manifest(fields=fields, shards=shards))
 
 
-def _epoch(loader: DataLoader[int]) -> list[int]:
+def _epoch(loader: DataLoader) -> list[int]:
     """One epoch with a collective per step, as DDP does: unequal lengths would hang."""
     seen = []
     for batch in loader:
@@ -65,9 +52,9 @@ def _worker(rank: int, root: str, store: str) -> None:
         timeout=timedelta(seconds=60),
     )
     try:
-        dataset = _Labels(Path(root))
+        dataset = ShardDataset(root, fields=("label",))  # labels = global indices
         sampler = ShardAwareDistributedSampler(dataset, seed=7)  # world from the process group
-        loader = DataLoader(dataset, batch_size=BATCH, sampler=sampler)
+        loader = DataLoader(dataset, BATCH, sampler=sampler, collate_fn=passthrough_collate)
         result: dict[str, object] = {"batches": len(loader)}
         for epoch in (0, 1):
             sampler.set_epoch(epoch)
@@ -83,7 +70,7 @@ def _worker(rank: int, root: str, store: str) -> None:
         resumed = ShardAwareDistributedSampler(dataset, seed=7)
         resumed.load_state_dict(json.loads(json.dumps(state)))
         resumed.set_epoch(2)
-        tail = _epoch(DataLoader(dataset, batch_size=BATCH, sampler=resumed))
+        tail = _epoch(DataLoader(dataset, BATCH, sampler=resumed, collate_fn=passthrough_collate))
         result["epoch2"] = head + tail
         gathered: list[object] = [None, None]
         dist.all_gather_object(gathered, result)

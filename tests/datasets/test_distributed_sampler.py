@@ -5,10 +5,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from torch.utils.data import DataLoader
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+from fastdata.datasets import RAMDataset, ShardDataset, passthrough_collate
 from fastdata.datasets.distributed import ShardAwareDistributedSampler, shard_sizes_of
 from fastdata.shards import FieldSpec, Manifest, ShardReader, ShardWriter, save_manifest
+from tests.datasets.conftest import Reference
 
 SIZES = [7, 3, 10, 0, 5, 9, 4, 6, 8, 2]  # 54 samples, uneven shards, one empty
 
@@ -135,6 +138,8 @@ def test_shard_sizes_from_folder_reader_manifest_and_attribute(tmp_path: Path) -
 
     for source in (tmp_path, str(tmp_path), ShardReader(tmp_path), manifest, Sized(), [3, 0, 2]):
         assert shard_sizes_of(source) == [3, 0, 2]
+    assert shard_sizes_of(ShardDataset(tmp_path, fields=("label",))) == [3, 0, 2]
+    assert shard_sizes_of(TensorDataset(torch.zeros(5))) == [5]  # other datasets: one shard
 
 
 def test_empty_and_tiny_datasets() -> None:
@@ -178,3 +183,17 @@ def test_bad_states_are_refused() -> None:
         sampler.load_state_dict({**state, "num_consumed": 28})
     with pytest.raises(ValueError, match=r"num_consumed must be in \[0, 27\], got -1"):
         sampler.state_dict(num_consumed=-1)
+
+
+def test_fastdata_datasets_work_with_torch_distributed_sampler(raw_shards: Reference) -> None:
+    datasets = [
+        ShardDataset(raw_shards.path, fields=("label",)),
+        RAMDataset.from_shards(raw_shards.path, fields=("label",), show_progress=False),
+    ]
+    for dataset in datasets:
+        seen = []
+        for rank in (0, 1):
+            sampler = DistributedSampler(dataset, num_replicas=2, rank=rank, seed=3)
+            loader = DataLoader(dataset, 4, sampler=sampler, collate_fn=passthrough_collate)
+            seen += [int(label) for batch in loader for label in batch]
+        assert sorted(seen) == sorted(raw_shards.labels.tolist())

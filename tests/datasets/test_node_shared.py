@@ -1,62 +1,65 @@
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
 from datetime import timedelta
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from fastdata.datasets import node_shared
-from fastdata.datasets.node_shared import NodeSharedArray
-from fastdata.errors import InsufficientMemoryError
+from fastdata.datasets import RAMDataset
+from fastdata.datasets._shm import SharedBuffer
+from fastdata.datasets.node_shared import (
+    _ByDescriptor,
+    _open_descriptor,
+    share_on_node,
+    shared_memory_usage,
+)
 
-SHAPE = (32, 256, 256, 4)  # 8 MiB of uint8
+IMAGES = (48, 64, 64, 3)  # 576 KiB of uint8 pixels
 
 
-def _pattern(out: np.ndarray) -> None:
-    out[...] = (np.arange(out.size, dtype=np.int64) % 251).astype(out.dtype).reshape(out.shape)
+def _pixels() -> np.ndarray:
+    return (np.arange(np.prod(IMAGES)) % 251).astype(np.uint8).reshape(IMAGES)
 
 
-def test_single_process_fill_read_only_pickle_and_close() -> None:
-    shared = NodeSharedArray.create((4, 5), "int32", lambda a: a.__setitem__(..., 7))
-    assert shared.owner and shared.path.exists()
-    assert shared.array.dtype == np.int32 and shared.array.shape == (4, 5)
-    assert (shared.array == 7).all()
-    with pytest.raises(ValueError, match="read-only"):
-        shared.array[0, 0] = 1
-    clone = pickle.loads(pickle.dumps(shared))  # what a spawned DataLoader worker gets
-    assert not clone.owner and clone.path == shared.path
-    np.testing.assert_array_equal(clone.array, shared.array)
+def _build() -> RAMDataset:
+    return RAMDataset.from_arrays(_pixels(), np.arange(IMAGES[0]), layout="HWC")
+
+
+def _build_broken() -> RAMDataset:
+    raise OSError("disk gone")
+
+
+def test_without_a_process_group_it_just_builds() -> None:
+    dataset = share_on_node(_build)
+    image, label = dataset[5]
+    assert image.shape == IMAGES[1:] and int(label) == 5
+
+
+def test_buffers_pickle_as_descriptors_of_the_same_memory() -> None:
+    buffer = SharedBuffer(4096, "test")
+    stream = io.BytesIO()
+    _ByDescriptor(stream).dump({"buffer": buffer})
+    assert len(stream.getvalue()) < 200  # a reference, not the 4 KiB
+    clone = pickle.loads(stream.getvalue())["buffer"]
+    assert clone.fd != buffer.fd
+    buffer.array[:3] = [7, 8, 9]
+    assert clone.array[:3].tolist() == [7, 8, 9]
     clone.close()
-    assert shared.path.exists()  # only the filling rank removes the file
-    shared.close()
-    assert not shared.path.exists()
+    buffer.close()
+    with pytest.raises(ValueError, match="cannot share a closed SharedBuffer"):
+        _ByDescriptor(io.BytesIO()).dump(buffer)
 
 
-def test_failed_fill_removes_the_file_and_raises(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(out: np.ndarray) -> None:
-        raise OSError("disk gone")
-
-    before = set(node_shared._shm_dir().glob("fastdata-node-*"))
-    with pytest.raises(OSError, match="disk gone"):
-        NodeSharedArray.create((10,), "uint8", broken)
-    assert set(node_shared._shm_dir().glob("fastdata-node-*")) == before
-
-
-def test_too_little_shared_memory_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(
-        node_shared.os, "statvfs", lambda _: SimpleNamespace(f_bavail=16, f_frsize=4096)
-    )
-    with pytest.raises(InsufficientMemoryError, match=r"does not fit in .* raise --shm-size"):
-        NodeSharedArray.create((1 << 20,), "uint8", _pattern)
-    with pytest.raises(ValueError, match="shape must have dimensions >= 0"):
-        NodeSharedArray.create((-1, 3), "uint8", _pattern)
+def test_unreachable_descriptor_is_explained() -> None:
+    with pytest.raises(RuntimeError, match="cannot open the shared buffer of local rank"):
+        _open_descriptor(os.getpid(), 10_000, 16)
 
 
 def _worker(rank: int, store: str, out: str) -> None:
@@ -69,29 +72,35 @@ def _worker(rank: int, store: str, out: str) -> None:
         timeout=timedelta(seconds=60),
     )
     try:
-        shared = NodeSharedArray.create(SHAPE, "uint8", _pattern)
-        expected = np.empty(SHAPE, np.uint8)
-        _pattern(expected)
-        equal = bool(np.array_equal(shared.array, expected))  # touches every page
-        usage = shared.memory_usage()
-        dist.barrier()  # both ranks mapped every page before anyone measures
-        usage = shared.memory_usage()
-        Path(out, f"rank{rank}.json").write_text(
-            json.dumps({"equal": equal, "owner": shared.owner, "path": str(shared.path), **usage})
-        )
-        dist.barrier()  # the owner removes the file only after both measured
-        shared.close()
+        report: dict[str, object] = {}
+        for mode in ("shared", "per_rank"):
+            dataset = share_on_node(_build) if mode == "shared" else _build()
+            images, labels = dataset.__getitems__(list(range(IMAGES[0])))  # every page
+            report[f"{mode}_equal"] = bool(
+                np.array_equal(images.numpy(), _pixels()) and labels.tolist() == list(range(48))
+            )
+            dist.barrier()  # both ranks mapped everything before measuring
+            report[mode] = shared_memory_usage()
+            report[f"{mode}_nbytes"] = dataset.nbytes
+            dist.barrier()
+            dataset.close()
+        try:
+            share_on_node(_build_broken)
+        except Exception as exc:  # recorded per rank
+            report["failure"] = f"{type(exc).__name__}: {exc}"
+        Path(out, f"rank{rank}.json").write_text(json.dumps(report))
     finally:
         dist.destroy_process_group()
 
 
-def test_two_ranks_share_one_copy(tmp_path: Path) -> None:
+def test_two_ranks_hold_one_copy(tmp_path: Path) -> None:
     mp.spawn(_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    nbytes = int(np.prod(SHAPE))
-    assert [r["owner"] for r in ranks] == [True, False]
-    assert ranks[0]["path"] == ranks[1]["path"] and not Path(ranks[0]["path"]).exists()
     for rank in ranks:
-        assert rank["equal"]
-        assert rank["rss_bytes"] == nbytes  # each maps all of it...
-        assert 0.45 * nbytes <= rank["pss_bytes"] <= 0.55 * nbytes  # ...and pays for half
+        assert rank["shared_equal"] and rank["per_rank_equal"]
+        nbytes = rank["shared_nbytes"]
+        assert rank["per_rank"]["pss_bytes"] >= 0.95 * nbytes  # its own copy
+        assert 0.4 * nbytes <= rank["shared"]["pss_bytes"] <= 0.6 * nbytes  # half of one
+        assert rank["shared"]["rss_bytes"] >= 0.95 * nbytes  # while mapping all of it
+    assert ranks[0]["failure"] == "OSError: disk gone"
+    assert ranks[1]["failure"].startswith("RuntimeError: share_on_node failed on ranks {0:")

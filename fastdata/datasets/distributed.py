@@ -7,13 +7,17 @@ The order of an epoch is one global sequence ``G`` of every sample index, drawn 
 the shards, nearly all of them whole (only the shards of the windows at its two slice ends
 are shared with a neighbour). ``G`` does not depend on ``W``: one process and eight
 processes see the same order, split differently.
+
+With ``partition="fixed"`` a rank reads the same samples every epoch (the slice of the
+shards in an order drawn from ``seed`` alone), in an order reshuffled each epoch: after
+the first epoch, each node's page cache holds just the shards of its own ranks.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Sequence, Sized
+from collections.abc import Iterator, Mapping, Sequence, Sized
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -23,7 +27,8 @@ from torch.utils.data import Sampler
 
 from fastdata.shards import Manifest, load_manifest
 
-_STATE_KEYS = ("seed", "epoch", "num_replicas", "num_samples", "num_consumed")
+_STATE_KEYS = ("seed", "epoch", "num_replicas", "num_samples", "partition", "num_consumed")
+PARTITIONS = ("epoch", "fixed")
 
 
 @runtime_checkable
@@ -101,6 +106,12 @@ class ShardAwareDistributedSampler(Sampler[int]):
         window_shards: Shards whose samples are shuffled together. Larger mixes more
             (e.g. class-sorted shards), smaller reads fewer files at once; ``>=`` the shard
             count is a full shuffle and gives up locality.
+        partition: ``"epoch"`` (default): the ranks split a new global order each epoch,
+            the same whatever the world size. ``"fixed"``: each rank keeps the same
+            samples every epoch and shuffles them among themselves (order then depends on
+            the world size too): for datasets larger than one node's RAM on several
+            nodes, where each node's page cache can then hold its ranks' shards. With
+            ``drop_last=True`` the same samples are left out every epoch: prefer padding.
 
     Example:
         >>> sampler = ShardAwareDistributedSampler(dataset, seed=0)   # doctest: +SKIP
@@ -120,6 +131,7 @@ class ShardAwareDistributedSampler(Sampler[int]):
         seed: int = 0,
         drop_last: bool = False,
         window_shards: int = 4,
+        partition: str = "epoch",
     ) -> None:
         self.shard_sizes = shard_sizes_of(dataset)
         num_replicas, rank = _world(num_replicas, rank)
@@ -127,6 +139,8 @@ class ShardAwareDistributedSampler(Sampler[int]):
             raise TypeError(f"window_shards must be an int, got {window_shards!r}")
         if window_shards < 1:
             raise ValueError(f"window_shards must be >= 1, got {window_shards}")
+        if partition not in PARTITIONS:
+            raise ValueError(f"partition must be one of {PARTITIONS}, got {partition!r}")
         if not isinstance(seed, int | np.integer):
             raise TypeError(f"seed must be an int, got {seed!r}")
         self.num_replicas = num_replicas
@@ -135,6 +149,7 @@ class ShardAwareDistributedSampler(Sampler[int]):
         self.seed = int(seed)
         self.drop_last = drop_last
         self.window_shards = window_shards
+        self.partition = partition
         self.epoch = 0
         self._starts = np.concatenate([[0], np.cumsum(self.shard_sizes, dtype=np.int64)])
         total = int(self._starts[-1])
@@ -177,6 +192,16 @@ class ShardAwareDistributedSampler(Sampler[int]):
     def rank_indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's whole epoch, ``(num_samples,)`` int64 global indices, in order."""
         epoch = self.epoch if epoch is None else epoch
+        if self.partition == "epoch":
+            return self._rank_slice(epoch)
+        members = self._rank_slice(None)
+        if not self.shuffle:
+            return members
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, epoch, self.rank]))
+        return rng.permutation(members)
+
+    def _rank_slice(self, epoch: int | None) -> np.ndarray:
+        """This rank's slice of ``G`` (of ``epoch``; of the fixed partition order for None)."""
         begin = self.rank * self.num_samples
         end = begin + self.num_samples
         total = int(self._starts[-1])
@@ -187,13 +212,15 @@ class ShardAwareDistributedSampler(Sampler[int]):
             part = np.concatenate([part, prefix[positions % total]])
         return part
 
-    def _global_slice(self, epoch: int, begin: int, end: int) -> np.ndarray:
-        """``G[begin:end]`` of ``epoch``, computed only for the windows it touches."""
+    def _global_slice(self, epoch: int | None, begin: int, end: int) -> np.ndarray:
+        """``G[begin:end]`` of ``epoch``, computed only for the windows it touches; for
+        ``None``, shards in an order drawn from ``seed`` alone, samples in storage order."""
         if end <= begin:
             return np.empty(0, dtype=np.int64)
         sizes = np.asarray(self.shard_sizes, dtype=np.int64)
         if self.shuffle:
-            rng = np.random.default_rng(np.random.SeedSequence([self.seed, epoch]))
+            key = [self.seed] if epoch is None else [self.seed, epoch]
+            rng = np.random.default_rng(np.random.SeedSequence(key))
             shard_order = rng.permutation(len(sizes))
         else:
             shard_order = np.arange(len(sizes))
@@ -210,7 +237,7 @@ class ShardAwareDistributedSampler(Sampler[int]):
             members = np.concatenate(
                 [np.arange(self._starts[s], self._starts[s + 1]) for s in shards]
             )
-            if self.shuffle:
+            if self.shuffle and epoch is not None:
                 rng = np.random.default_rng(np.random.SeedSequence([self.seed, epoch, window]))
                 members = rng.permutation(members)
             pieces.append(members)
@@ -218,7 +245,7 @@ class ShardAwareDistributedSampler(Sampler[int]):
         return np.concatenate(pieces)[begin - window_begin : end - window_begin]
 
     # -- resuming -----------------------------------------------------------------------
-    def state_dict(self, num_consumed: int | None = None) -> dict[str, int]:
+    def state_dict(self, num_consumed: int | None = None) -> dict[str, int | str]:
         """Where this rank is in the epoch, for :meth:`load_state_dict`.
 
         Args:
@@ -236,15 +263,16 @@ class ShardAwareDistributedSampler(Sampler[int]):
             "epoch": self.epoch,
             "num_replicas": self.num_replicas,
             "num_samples": self.num_samples,
+            "partition": self.partition,
             "num_consumed": consumed,
         }
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: Mapping[str, int | str]) -> None:
         """Resume: the next iteration yields the samples of ``state`` not yet consumed.
 
         Raises:
-            ValueError: ``state`` lacks keys, or was saved with another seed, world size or
-                dataset size (its order would differ).
+            ValueError: ``state`` lacks keys, or was saved with another seed, world size,
+                partition or dataset size (its order would differ).
         """
         missing = [key for key in _STATE_KEYS if key not in state]
         if missing:
@@ -253,11 +281,13 @@ class ShardAwareDistributedSampler(Sampler[int]):
             ("seed", self.seed),
             ("num_replicas", self.num_replicas),
             ("num_samples", self.num_samples),
+            ("partition", self.partition),
         ):
-            if int(state[key]) != mine:
+            if state[key] != mine:
                 raise ValueError(
-                    f"state was saved with {key}={state[key]}, this sampler has {key}={mine}; "
-                    "a mid-epoch resume needs the same seed, world size and dataset"
+                    f"state was saved with {key}={state[key]!r}, this sampler has "
+                    f"{key}={mine!r}; a mid-epoch resume needs the same seed, world size, "
+                    "partition and dataset"
                 )
         consumed = int(state["num_consumed"])
         if not 0 <= consumed <= self.num_samples:

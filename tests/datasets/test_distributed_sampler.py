@@ -64,6 +64,23 @@ def test_order_is_the_same_global_sequence_whatever_the_world_size() -> None:
     assert sorted(one.tolist()) != one.tolist()  # it is shuffled
 
 
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_fixed_partition_keeps_each_ranks_samples_across_epochs(world: int) -> None:
+    total = sum(SIZES)
+    epochs = [_ranks(SIZES, world, epoch, seed=9, partition="fixed") for epoch in range(3)]
+    for rank in range(world):
+        sets = [sorted(parts[rank].tolist()) for parts in epochs]
+        assert sets[0] == sets[1] == sets[2]  # same samples every epoch...
+        assert epochs[0][rank].tolist() != epochs[1][rank].tolist()  # ...reshuffled
+    counts = Counter(np.concatenate(epochs[1]).tolist())
+    assert set(counts) == set(range(total))
+    assert sum(counts.values()) == -(-total // world) * world
+    # a rank's partition is made of whole shards but at its two ends
+    sizes = [10] * 12
+    for part in _ranks(sizes, 3, 2, partition="fixed"):
+        assert sum(1 for n in Counter(i // 10 for i in part.tolist()).values() if n < 10) <= 2
+
+
 def test_unshuffled_order_is_storage_order() -> None:
     parts = _ranks(SIZES, 2, shuffle=False)
     np.testing.assert_array_equal(np.concatenate(parts), np.arange(sum(SIZES)))
@@ -166,6 +183,10 @@ def test_bad_arguments_are_refused() -> None:
         ShardAwareDistributedSampler(SIZES, 1, 0, window_shards=0)
     with pytest.raises(TypeError, match="window_shards must be an int"):
         ShardAwareDistributedSampler(SIZES, 1, 0, window_shards=2.0)  # type: ignore[arg-type]
+    with pytest.raises(
+        ValueError, match=r"partition must be one of .*'epoch', 'fixed'.*got 'node'"
+    ):
+        ShardAwareDistributedSampler(SIZES, 1, 0, partition="node")
     with pytest.raises(TypeError, match="seed must be an int"):
         ShardAwareDistributedSampler(SIZES, 1, 0, seed="0")  # type: ignore[arg-type]
 
@@ -175,6 +196,8 @@ def test_bad_states_are_refused() -> None:
     state = sampler.state_dict()
     with pytest.raises(ValueError, match=r"state lacks keys \['epoch'\]"):
         sampler.load_state_dict({k: v for k, v in state.items() if k != "epoch"})
+    with pytest.raises(ValueError, match="saved with partition='fixed'"):
+        sampler.load_state_dict({**state, "partition": "fixed"})
     with pytest.raises(ValueError, match="saved with num_replicas=3"):
         sampler.load_state_dict({**state, "num_replicas": 3})
     with pytest.raises(ValueError, match="saved with seed=2"):

@@ -10,6 +10,7 @@ from fastdata.errors import (
     PreprocessError,
     ShardFormatError,
 )
+from fastdata.preprocess import PreprocessOptions, PreprocessSummary, preprocess
 from fastdata.shards import FieldSpec, Manifest, ShardReader, ShardWriter, load_manifest
 
 __version__ = "0.1.0"
@@ -21,9 +22,12 @@ __all__ = [
     "InsufficientMemoryError",
     "Manifest",
     "PreprocessError",
+    "PreprocessOptions",
+    "PreprocessSummary",
     "ShardFormatError",
     "ShardReader",
     "ShardWriter",
     "__version__",
     "load_manifest",
+    "preprocess",
 ]

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -24,3 +27,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_dali)
         if "ray" in item.keywords and not has_ray:
             item.add_marker(skip_ray)
+
+
+def _load_sample_tool() -> Any:
+    """``tools/make_sample_dataset.py`` (not part of the package), loaded from its path."""
+    path = Path(__file__).resolve().parents[1] / "tools" / "make_sample_dataset.py"
+    spec = importlib.util.spec_from_file_location("make_sample_dataset", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # worker processes pickle its functions by module name
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def sample_tool() -> Any:
+    """The sample-dataset generator module (``make_sample_dataset``, ``make_image``)."""
+    return _load_sample_tool()
+
+
+@pytest.fixture
+def sample_imagefolder(tmp_path: Path, sample_tool: Any) -> Path:
+    """A tiny ImageFolder tree: 24 JPEGs of 64x48 pixels in 3 classes (``class_000``...)."""
+    root = tmp_path / "images"
+    sample_tool.make_sample_dataset(root, 24, num_classes=3, seed=0, image_size=(64, 48), workers=1)
+    return root

@@ -17,7 +17,7 @@ import fastdata
 from fastdata.errors import FastDataError
 
 # Subcommand modules, in the order `fastdata --help` lists them.
-_SUBCOMMANDS = ("inspect", "verify")
+_SUBCOMMANDS = ("preprocess", "inspect", "verify")
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

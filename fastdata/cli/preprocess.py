@@ -7,13 +7,14 @@ import sys
 from typing import Any
 
 from fastdata._system import format_bytes
-from fastdata.cli import EXIT_OK
+from fastdata.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from fastdata.preprocess import (
     ON_ERROR,
     RESIZE_MODES,
     SOURCE_KINDS,
     STORAGE_MODES,
     PreprocessOptions,
+    RayEngine,
     preprocess,
 )
 from fastdata.preprocess._options import DEFAULT_SHARD_BYTES
@@ -65,7 +66,18 @@ def register(subparsers: Any) -> None:
         default="skip",
         help="skip (report, record) or fail on an unreadable input",
     )
-    parser.add_argument("--workers", type=int, help="processes (default: usable CPUs)")
+    parser.add_argument(
+        "--workers", type=int, help="processes (default: usable CPUs; CPUs of a local Ray)"
+    )
+    parser.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="local: a process pool here; ray: Ray tasks (pip install 'fastdata[ray]')",
+    )
+    parser.add_argument(
+        "--address", help="Ray cluster address for --engine ray (default: a local Ray instance)"
+    )
     parser.add_argument(
         "--overwrite", action="store_true", help="replace an output folder holding another job"
     )
@@ -74,6 +86,16 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    engine = None
+    if args.address is not None and args.engine != "ray":
+        print("fastdata preprocess: error: --address needs --engine ray", file=sys.stderr)
+        return EXIT_USAGE
+    if args.engine == "ray":
+        try:
+            engine = RayEngine(args.address, num_cpus=args.workers)
+        except ModuleNotFoundError as exc:
+            print(f"fastdata preprocess: error: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
     options = PreprocessOptions(
         sizes=tuple(args.size),
         resize=args.resize,
@@ -93,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         overwrite=args.overwrite,
         show_progress=not args.quiet,
+        engine=engine,
     )
     reused = f" ({summary.num_reused_shards} kept from an earlier run)" * bool(
         summary.num_reused_shards

@@ -2,11 +2,12 @@
 
 ``preprocess(src, out, PreprocessOptions(...))`` lists the source, splits it into shard
 tasks (pure functions: items in, one shard file out) and runs them on an engine: a
-:class:`LocalEngine` process pool by default.
+:class:`LocalEngine` process pool by default, or :class:`RayEngine` on a Ray cluster.
 """
 
 from fastdata.preprocess._engine import Engine, LocalEngine
 from fastdata.preprocess._options import ON_ERROR, STORAGE_MODES, PreprocessOptions
+from fastdata.preprocess._ray import RayEngine
 from fastdata.preprocess._runner import PreprocessSummary, plan_tasks, preprocess
 from fastdata.preprocess._sources import SOURCE_KINDS, SourceItem, SourceListing, list_source
 from fastdata.preprocess._task import (
@@ -29,6 +30,7 @@ __all__ = [
     "LocalEngine",
     "PreprocessOptions",
     "PreprocessSummary",
+    "RayEngine",
     "ShardJob",
     "ShardResult",
     "ShardTask",

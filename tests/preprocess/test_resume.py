@@ -35,19 +35,25 @@ def test_identical_runs_give_identical_bytes(sample_imagefolder: Path, tmp_path:
     assert manifest_a.shards == manifest_b.shards and manifest_a.stats == manifest_b.stats
 
 
+def _crash_after(shards: int) -> Any:
+    """A LocalEngine.run that dies (as if killed) once ``shards`` shards are in place."""
+    original_run = _engine.LocalEngine.run
+
+    def run(self: Any, tasks: Any, job: Any, advance: Any) -> Iterator[ShardResult]:
+        for count, result in enumerate(original_run(self, tasks, job, advance), start=1):
+            yield result
+            if count == shards:
+                raise KeyboardInterrupt
+
+    return run
+
+
 def test_resume_after_crash_keeps_finished_shards(
     sample_imagefolder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "o"
     original_run = _engine.LocalEngine.run
-
-    def crash_after_two(self: Any, tasks: Any, job: Any, advance: Any) -> Iterator[ShardResult]:
-        for count, result in enumerate(original_run(self, tasks, job, advance)):
-            yield result
-            if count == 1:
-                raise KeyboardInterrupt  # the process dies after two shards are in place
-
-    monkeypatch.setattr(_engine.LocalEngine, "run", crash_after_two)
+    monkeypatch.setattr(_engine.LocalEngine, "run", _crash_after(2))
     with pytest.raises(KeyboardInterrupt):
         preprocess(sample_imagefolder, out, SMALL_SHARDS, workers=2, show_progress=False)
     assert not (out / "index.json").exists()
@@ -73,12 +79,7 @@ def test_corrupt_unfinished_shard_is_redone(
 ) -> None:
     out = tmp_path / "o"
     original_run = _engine.LocalEngine.run
-
-    def crash_after_one(self: Any, tasks: Any, job: Any, advance: Any) -> Iterator[ShardResult]:
-        yield next(iter(original_run(self, tasks, job, advance)))
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(_engine.LocalEngine, "run", crash_after_one)
+    monkeypatch.setattr(_engine.LocalEngine, "run", _crash_after(1))
     with pytest.raises(KeyboardInterrupt):
         preprocess(sample_imagefolder, out, SMALL_SHARDS, workers=1, show_progress=False)
     (out / "shard-00000.h5").write_bytes(b"damaged")

@@ -19,6 +19,8 @@ from fastdata._system import usable_cpus
 from fastdata.errors import PreprocessError
 from fastdata.preprocess._task import ShardJob, ShardResult, ShardTask, run_shard_task
 
+logger = logging.getLogger(__name__)
+
 
 def _shard_task(task: ShardTask, job: ShardJob) -> ShardResult:
     """What a Ray worker runs: one shard, with OpenCV single-threaded (Ray is the pool)."""
@@ -30,10 +32,12 @@ class RayEngine:
     """Runs shard tasks as Ray tasks (``pip install 'fastdata[ray]'``).
 
     Every node must see the source files and the output folder at the same paths (a
-    shared file system) and have fastdata installed. A task that raises or whose worker
-    dies is retried by Ray ``max_retries`` times; when it still fails the job stops with a
-    :class:`~fastdata.errors.PreprocessError` naming the shard and its inputs (the failing
-    input itself when the task could tell). Finished shards stay for a resume.
+    shared file system) and have fastdata installed. A shard is one task: choose
+    ``shard_bytes`` so that there are several shards per CPU of the cluster. A task that
+    raises or whose worker dies is retried by Ray ``max_retries`` times; when it still
+    fails the job stops with a :class:`~fastdata.errors.PreprocessError` naming the shard
+    and its inputs (the failing input itself when the task could tell). Finished shards
+    stay for a resume.
 
     Args:
         address: Ray cluster address (``"auto"``, ``"ray://host:10001"``, ``"host:6379"``).
@@ -90,6 +94,14 @@ class RayEngine:
             remote = ray.remote(num_cpus=1, max_retries=self.max_retries, retry_exceptions=True)(
                 _shard_task
             )
+            cpus = int(ray.cluster_resources().get("CPU", 0))
+            if len(tasks) < cpus:
+                logger.warning(
+                    "%d shard task(s) for %d Ray CPUs: a shard is one task, so some CPUs stay "
+                    "idle; a smaller --shard-mb (shard_bytes) gives more, smaller shards",
+                    len(tasks),
+                    cpus,
+                )
             job_ref = ray.put(job)
             pending = {remote.remote(task, job_ref): task for task in tasks}
             while pending:

@@ -33,8 +33,9 @@ def _files(out: Path) -> dict[str, bytes]:
 def test_ray_shards_are_byte_identical_to_local_ones(
     ray_instance: Any, sample_imagefolder: Path, tmp_path: Path
 ) -> None:
+    # workers=1: a forked pool beside the running Ray instance's threads can deadlock
     local = preprocess(
-        sample_imagefolder, tmp_path / "local", OPTIONS, workers=2, show_progress=False
+        sample_imagefolder, tmp_path / "local", OPTIONS, workers=1, show_progress=False
     )
     remote = preprocess(
         sample_imagefolder, tmp_path / "ray", OPTIONS, engine=RayEngine(), show_progress=False

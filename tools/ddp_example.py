@@ -50,8 +50,10 @@ def main() -> None:
         if rank == 0:
             print(f"epoch {epoch}: {int(seen)} samples over {dist.get_world_size()} ranks")
     if args.ram:
+        # The builder rank wrote every page; the others map them (here their workers read).
         pss = shared_memory_usage()["pss_bytes"] / 2**20
-        print(f"rank {rank}: {pss:.0f} MiB of the shared dataset charged to this rank (PSS)")
+        size = dataset.nbytes / 2**20
+        print(f"rank {rank}: node-shared dataset of {size:.0f} MiB, {pss:.0f} MiB in this PSS")
     dist.destroy_process_group()
 
 

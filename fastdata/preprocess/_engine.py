@@ -64,7 +64,8 @@ class LocalEngine:
                 advance(len(task.items))
                 yield result
             return
-        method = "fork" if sys.platform.startswith("linux") else "spawn"
+        # forkserver: a fork after OpenCV ran threads in this process hangs the children
+        method = "forkserver" if sys.platform.startswith("linux") else "spawn"
         context = multiprocessing.get_context(method)
         with context.Pool(self.workers, initializer=_init_worker, initargs=(job,)) as pool:
             stream = _ResultStream(pool, tasks, self.workers * _CHUNKS_IN_FLIGHT_PER_WORKER)

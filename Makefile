@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
-EXTRAS ?= test,bench
+EXTRAS ?= test,bench,ray
 
 .PHONY: demo test test-gpu lint bench clean
 

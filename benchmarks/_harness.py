@@ -1,10 +1,13 @@
-"""The small harness the benchmarks share: machine metadata, timing a loader, JSON results.
+"""The one harness the benchmarks share: environment metadata, timing a loader, JSON results.
 
-(Written on the ``datasets`` branch; no shared harness existed when it was needed.)
+Every ``bench_<topic>.py`` writes ``benchmarks/results/<topic>.json`` holding its figures
+and :func:`environment` (machine, load, versions), so a number never travels without the
+conditions it was taken under.
 """
 
 from __future__ import annotations
 
+import datetime
 import importlib.util
 import json
 import os
@@ -13,21 +16,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
+from fastdata._system import available_memory_bytes, usable_cpus
 
-from fastdata import __version__
-from fastdata._system import usable_cpus
-
-RESULTS = Path(__file__).resolve().parent / "results"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 
 
 def load_tool(name: str) -> Any:
     """A script from ``tools/`` loaded as a module (the tools are not a package)."""
-    path = Path(__file__).resolve().parents[1] / "tools" / f"{name}.py"
+    path = REPO_ROOT / "tools" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path}")
@@ -35,26 +36,6 @@ def load_tool(name: str) -> Any:
     sys.modules[name] = module  # worker processes pickle its functions by module name
     spec.loader.exec_module(module)
     return module
-
-
-def machine() -> dict[str, Any]:
-    """What the figures were measured on (they compare only within one run)."""
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-    except OSError:
-        commit = ""
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "fastdata": __version__,
-        "commit": commit,
-        "cpus": usable_cpus(),
-        "load_average_1min": os.getloadavg()[0],
-        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
 
 
 def images_per_second(
@@ -77,9 +58,61 @@ def images_per_second(
     return count / (time.perf_counter() - started)
 
 
-def save(name: str, results: dict[str, Any]) -> Path:
-    """Write ``benchmarks/results/<name>.json`` with the machine metadata."""
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps({"machine": machine(), **results}, indent=1))
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        return platform.processor() or "unknown"
+    return platform.processor() or "unknown"
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
+def environment() -> dict[str, Any]:
+    """Machine, load and package versions, for the JSON result."""
+    packages = ("fastdata", "torch", "numpy", "h5py", "opencv-python-headless", "pillow")
+    return {
+        "timestamp_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_model": _cpu_model(),
+        "usable_cpus": usable_cpus(),
+        "available_memory_bytes": available_memory_bytes(),
+        "load_average_1_5_15": list(os.getloadavg()),
+        "git_commit": _git_commit(),
+        "versions": {name: _version(name) for name in packages},
+    }
+
+
+def save(topic: str, results: dict[str, Any]) -> Path:
+    """Write ``benchmarks/results/<topic>.json``: ``results`` plus :func:`environment`."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{topic}.json"
+    path.write_text(
+        json.dumps({"topic": topic, "results": results, "environment": environment()}, indent=1)
+        + "\n"
+    )
     return path

@@ -34,10 +34,24 @@ _SIZES = ((500, 375), (500, 333), (500, 400), (480, 360), (450, 338), (500, 500)
 _NOISE_SIDE = 640
 _MIN_PHOTO_SIDE = 256
 # The real photographs among scikit-image's bundled images (no charts, logos or text).
-_PHOTO_NAMES = ("astronaut.png", "brick.png", "camera.png", "chelsea.png", "clock_motion.png",
-                "coffee.png", "coins.png", "grass.png", "gravel.png", "hubble_deep_field.jpg",
-                "ihc.png", "moon.png", "motorcycle_left.png", "motorcycle_right.png",
-                "retina.jpg", "rocket.jpg")  # fmt: skip
+_PHOTO_NAMES = (
+    "astronaut.png",
+    "brick.png",
+    "camera.png",
+    "chelsea.png",
+    "clock_motion.png",
+    "coffee.png",
+    "coins.png",
+    "grass.png",
+    "gravel.png",
+    "hubble_deep_field.jpg",
+    "ihc.png",
+    "moon.png",
+    "motorcycle_left.png",
+    "motorcycle_right.png",
+    "retina.jpg",
+    "rocket.jpg",
+)
 
 
 @functools.cache
@@ -174,6 +188,19 @@ def make_sample_dataset(
         with multiprocessing.get_context("fork").Pool(workers) as pool:
             pool.map(work, range(num_images), chunksize=32)
     return [root / f"class_{i % num_classes:03d}" / f"img_{i:06d}.jpg" for i in range(num_images)]
+
+
+def ensure_sample_dataset(
+    root: str | Path, num_images: int, num_classes: int = 10, seed: int = 0
+) -> Path:
+    """The sample tree at ``root``, generated only when it does not hold ``num_images``
+    JPEGs already (demo and benchmarks reuse it between runs)."""
+    root = Path(root)
+    marker = root / f".complete-{num_images}-{num_classes}-{seed}"
+    if not marker.exists():
+        make_sample_dataset(root, num_images, num_classes, seed)
+        marker.touch()
+    return root
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,8 @@ import fastdata
 from fastdata.errors import FastDataError
 
 # Subcommand modules, in the order `fastdata --help` lists them.
-_SUBCOMMANDS = ("inspect", "verify", "tune")
+_SUBCOMMANDS = ("preprocess", "inspect", "verify", "tune")
+
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

@@ -3,6 +3,8 @@
 - :class:`ShardDataset`: memory-mapped shard sets (``fastdata preprocess`` output).
 - :class:`RAMDataset`: a dataset in shared RAM (encoded files, shards or arrays).
 - :func:`passthrough_collate`: the ``collate_fn`` for their ready-made batches.
+- :class:`ShardAwareDistributedSampler`: DDP sampling that keeps each rank on its shards.
+- :func:`share_on_node`: one ``RAMDataset`` per node for all its local ranks.
 
 Both expose a settable ``num_threads`` (threads used by ``__getitems__`` in the calling
 process): the ``fastdata.tune`` autotuner tries ``num_workers=0`` with several
@@ -11,7 +13,19 @@ process): the ``fastdata.tune`` autotuner tries ``num_workers=0`` with several
 
 from fastdata.datasets._collate import passthrough_collate
 from fastdata.datasets._memory import MemoryReport
+from fastdata.datasets.distributed import ShardAwareDistributedSampler, ShardSized, shard_sizes_of
+from fastdata.datasets.node_shared import share_on_node, shared_memory_usage
 from fastdata.datasets.ram_dataset import RAMDataset
 from fastdata.datasets.shard_dataset import ShardDataset
 
-__all__ = ["MemoryReport", "RAMDataset", "ShardDataset", "passthrough_collate"]
+__all__ = [
+    "MemoryReport",
+    "RAMDataset",
+    "ShardAwareDistributedSampler",
+    "ShardDataset",
+    "ShardSized",
+    "passthrough_collate",
+    "shard_sizes_of",
+    "share_on_node",
+    "shared_memory_usage",
+]

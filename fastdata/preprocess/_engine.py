@@ -1,0 +1,121 @@
+"""Engines execute shard tasks. The interface is one method, so a Ray engine can sit
+beside the local one; both must produce byte-identical shards (they share
+:func:`~fastdata.preprocess._task.write_shard` and the pure per-sample function).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from multiprocessing.pool import AsyncResult
+from typing import Protocol
+
+import cv2
+
+from fastdata.preprocess._sources import SourceItem
+from fastdata.preprocess._task import (
+    SampleResult,
+    ShardJob,
+    ShardResult,
+    ShardTask,
+    process_sample,
+    run_shard_task,
+    write_shard,
+)
+
+_CHUNK_ITEMS = 16
+_CHUNKS_IN_FLIGHT_PER_WORKER = 4
+
+
+class Engine(Protocol):
+    """Runs shard tasks and reports each written shard.
+
+    ``run`` yields one :class:`ShardResult` per task, in any order, after the shard file
+    is in place; ``advance(n)`` is called as samples complete (for the progress bar).
+    An exception (e.g. :class:`~fastdata.errors.PreprocessError`) stops the job.
+    """
+
+    def run(
+        self, tasks: Sequence[ShardTask], job: ShardJob, advance: Callable[[int], None]
+    ) -> Iterator[ShardResult]: ...
+
+
+class LocalEngine:
+    """A local process pool: every worker decodes samples of the current shard while the
+    parent writes it, so a job is parallel even when it is one shard.
+
+    Args:
+        workers: Processes decoding samples; ``1`` runs everything in this process.
+    """
+
+    def __init__(self, workers: int) -> None:
+        if not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be a positive int, got {workers!r}")
+        self.workers = workers
+
+    def run(
+        self, tasks: Sequence[ShardTask], job: ShardJob, advance: Callable[[int], None]
+    ) -> Iterator[ShardResult]:
+        if self.workers == 1:
+            for task in tasks:
+                result = run_shard_task(task, job)
+                advance(len(task.items))
+                yield result
+            return
+        # forkserver: a fork after OpenCV ran threads in this process hangs the children
+        method = "forkserver" if sys.platform.startswith("linux") else "spawn"
+        context = multiprocessing.get_context(method)
+        with context.Pool(self.workers, initializer=_init_worker, initargs=(job,)) as pool:
+            stream = _ResultStream(pool, tasks, self.workers * _CHUNKS_IN_FLIGHT_PER_WORKER)
+            for task in tasks:
+                yield write_shard(task, job, stream.take(len(task.items), advance))
+
+
+class _ResultStream:
+    """Per-sample results of all tasks' items, in order, computed a bounded window ahead."""
+
+    def __init__(
+        self, pool: multiprocessing.pool.Pool, tasks: Sequence[ShardTask], max_chunks: int
+    ) -> None:
+        items = [item for task in tasks for item in task.items]
+        self._chunks = iter(
+            [items[i : i + _CHUNK_ITEMS] for i in range(0, len(items), _CHUNK_ITEMS)]
+        )
+        self._pool = pool
+        self._pending: deque[AsyncResult[list[SampleResult]]] = deque()
+        self._ready: deque[SampleResult] = deque()
+        self._max_chunks = max_chunks
+
+    def _fill(self) -> None:
+        while len(self._pending) < self._max_chunks:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return
+            self._pending.append(self._pool.apply_async(_process_chunk, (chunk,)))
+
+    def take(self, count: int, advance: Callable[[int], None]) -> Iterator[SampleResult]:
+        for _ in range(count):
+            if not self._ready:
+                self._fill()
+                chunk = self._pending.popleft().get()
+                advance(len(chunk))
+                self._ready.extend(chunk)
+                self._fill()
+            yield self._ready.popleft()
+
+
+_worker_job: ShardJob | None = None
+
+
+def _init_worker(job: ShardJob) -> None:
+    global _worker_job  # noqa: PLW0603 - one job per pool process
+    _worker_job = job
+    cv2.setNumThreads(1)  # the pool is the parallelism; OpenCV's own threads oversubscribe
+
+
+def _process_chunk(items: list[SourceItem]) -> list[SampleResult]:
+    if _worker_job is None:
+        raise RuntimeError("preprocess worker used before _init_worker")
+    return [process_sample(item, _worker_job) for item in items]

@@ -1,0 +1,83 @@
+"""``PreprocessOptions``: everything that decides the bytes of the output shards."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from fastdata.preprocess._transforms import RESIZE_MODES
+from fastdata.shards import COMPRESSIONS
+
+STORAGE_MODES = ("raw", "jpeg")
+ON_ERROR = ("skip", "fail")
+DEFAULT_SHARD_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class PreprocessOptions:
+    """Options of a preprocessing job. Two runs with equal options over the same input
+    write byte-identical shards; how the job runs (workers, progress) is not an option.
+
+    Attributes:
+        sizes: Output side(s) in pixels. The first is stored as field ``image`` (and
+            ``mask``), each further one as ``image_<side>`` (``mask_<side>``): several
+            resolutions in one pass, e.g. for progressive resizing.
+        resize: ``"shorter"`` (shorter side to S, centre crop S x S; default), ``"exact"``
+            (stretch to S x S), ``"pad"`` (longer side to S, zero-pad to S x S) or
+            ``"longer"`` (cap the longer side at S, keep the aspect ratio; ``jpeg`` only).
+        storage: ``"raw"``: fixed-size uint8 ``(N, S, S, C)`` arrays. ``"jpeg"``: images
+            re-encoded as JPEG (masks as PNG) in a flat blob plus offsets.
+        grayscale: Store one channel (``C = 1``) instead of RGB.
+        compression: ``None`` (contiguous, memory-mappable), ``"gzip"`` or ``"lzf"``
+            (lossless, ``raw`` only).
+        jpeg_quality: JPEG quality 1-100 of ``jpeg`` storage.
+        shard_bytes: Target size of one shard file in bytes (default 1 GiB).
+        on_error: A corrupt, truncated or non-image input is ``"skip"``-ped (reported and
+            recorded in the manifest) or makes the job ``"fail"``.
+    """
+
+    sizes: tuple[int, ...] = (224,)
+    resize: str = "shorter"
+    storage: str = "raw"
+    grayscale: bool = False
+    compression: str | None = None
+    jpeg_quality: int = 90
+    shard_bytes: int = DEFAULT_SHARD_BYTES
+    on_error: str = "skip"
+
+    def __post_init__(self) -> None:
+        sizes = tuple(self.sizes) if not isinstance(self.sizes, int) else (self.sizes,)
+        object.__setattr__(self, "sizes", sizes)
+        if not sizes or not all(isinstance(s, int) and s > 0 for s in sizes):
+            raise ValueError(f"sizes must be one or more positive ints, got {self.sizes!r}")
+        if len(set(sizes)) != len(sizes):
+            raise ValueError(f"sizes must be distinct, got {sizes}")
+        if self.resize not in RESIZE_MODES:
+            raise ValueError(f"resize must be one of {RESIZE_MODES}, got {self.resize!r}")
+        if self.storage not in STORAGE_MODES:
+            raise ValueError(f"storage must be one of {STORAGE_MODES}, got {self.storage!r}")
+        if self.resize == "longer" and self.storage == "raw":
+            raise ValueError(
+                "resize='longer' keeps each image's aspect ratio, so sizes vary; storage='raw' "
+                "needs one fixed size: use resize 'shorter', 'exact' or 'pad', or storage='jpeg'"
+            )
+        if self.compression is not None and self.compression not in COMPRESSIONS:
+            raise ValueError(
+                f"compression must be None or one of {COMPRESSIONS}, got {self.compression!r}"
+            )
+        if self.compression is not None and self.storage != "raw":
+            raise ValueError(
+                f"compression applies to storage='raw' only, got storage={self.storage!r}"
+            )
+        if not isinstance(self.jpeg_quality, int) or not 1 <= self.jpeg_quality <= 100:
+            raise ValueError(f"jpeg_quality must be an int in 1..100, got {self.jpeg_quality!r}")
+        if not isinstance(self.shard_bytes, int) or self.shard_bytes < 1:
+            raise ValueError(f"shard_bytes must be a positive int, got {self.shard_bytes!r}")
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        """The options as the manifest records them (what a resume compares)."""
+        out = asdict(self)
+        out["sizes"] = list(self.sizes)
+        return out

@@ -1,0 +1,284 @@
+"""``preprocess()``: plan a job into shard tasks, run them on an engine, write the manifest.
+
+Resumability: ``OUT/.fastdata-job/`` holds ``job.json`` (the options and a fingerprint of
+the input list) and, per finished shard, ``shard-NNNNN.h5.json`` (its checksum, pixel
+statistics and skipped inputs), written right after the shard is renamed into place. A
+rerun of the same job keeps every shard whose file matches its record and redoes the
+rest; ``index.json`` is written last, and the job folder is removed after it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastdata._progress import progress_bar
+from fastdata._system import usable_cpus
+from fastdata.errors import PreprocessError
+from fastdata.preprocess._engine import Engine, LocalEngine
+from fastdata.preprocess._options import PreprocessOptions
+from fastdata.preprocess._sources import SourceListing, list_source
+from fastdata.preprocess._task import ShardJob, ShardResult, ShardTask, build_fields
+from fastdata.shards import (
+    MANIFEST_NAME,
+    FieldSpec,
+    Manifest,
+    load_manifest,
+    save_manifest,
+    shard_matches,
+    verify_shards,
+    write_json_atomic,
+)
+
+JOB_DIR = ".fastdata-job"
+_PATH_BYTES_ESTIMATE = 64
+
+
+@dataclass(frozen=True)
+class PreprocessSummary:
+    """What a run did.
+
+    Attributes:
+        out: The shard folder.
+        num_samples: Samples stored in the whole shard set.
+        num_skipped: Inputs left out (unreadable), over the whole shard set.
+        num_shards: Shard files in the set.
+        num_reused_shards: Shards kept from an earlier, interrupted or complete, run.
+        num_processed: Inputs processed by this run (not counting reused shards).
+        num_bytes: Bytes of all shard files.
+        elapsed_s: Wall-clock seconds of this run.
+    """
+
+    out: Path
+    num_samples: int
+    num_skipped: int
+    num_shards: int
+    num_reused_shards: int
+    num_processed: int
+    num_bytes: int
+    elapsed_s: float
+
+    @property
+    def images_per_s(self) -> float:
+        """Inputs processed by this run per second."""
+        return self.num_processed / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+def plan_tasks(
+    listing: SourceListing, fields: tuple[FieldSpec, ...], options: PreprocessOptions
+) -> list[ShardTask]:
+    """Split the items into consecutive shards of about ``options.shard_bytes``."""
+    per_sample = _PATH_BYTES_ESTIMATE
+    for spec in fields:
+        if spec.kind == "array":
+            per_sample += spec.sample_nbytes
+        elif spec.encoding in ("jpeg", "png"):  # ~2.7 bits per pixel and channel at q90
+            per_sample += max(options.sizes) ** 2 * (1 if options.grayscale else 3) // 3
+    per_shard = max(1, options.shard_bytes // per_sample)
+    items = listing.items
+    return [
+        ShardTask(i, tuple(items[i * per_shard : (i + 1) * per_shard]))
+        for i in range(math.ceil(len(items) / per_shard))
+    ]
+
+
+def preprocess(
+    src: str | Path,
+    out: str | Path,
+    options: PreprocessOptions | None = None,
+    *,
+    kind: str = "auto",
+    masks: str | Path | None = None,
+    workers: int | None = None,
+    overwrite: bool = False,
+    show_progress: bool = True,
+    engine: Engine | None = None,
+) -> PreprocessSummary:
+    """Turn a source into uint8 HDF5 shards plus ``index.json`` (see docs/FORMAT.md).
+
+    Args:
+        src: Image folder, CSV/TSV list, segmentation image folder or ``.npy`` folder.
+        out: Output folder; created if missing.
+        options: What to store (sizes, resize mode, storage, ...); defaults to
+            ``PreprocessOptions()``: raw 224x224 RGB.
+        kind: Source kind (see :func:`list_source`), ``"auto"`` by default.
+        masks: Mask folder of a segmentation source.
+        workers: Local processes; default: the CPUs this process may use (cgroup-aware).
+        overwrite: Replace an ``out`` that holds a different job or other files.
+        show_progress: Show a progress bar.
+        engine: Runs the shard tasks; default a :class:`LocalEngine` of ``workers``.
+
+    Returns:
+        A :class:`PreprocessSummary`.
+
+    Raises:
+        ValueError, TypeError: Bad arguments.
+        PreprocessError: Missing/empty/inconsistent source, ``out`` not writable or
+            holding another job, a write failing (disk full), or an unreadable input with
+            ``on_error="fail"``. Shards finished before the error stay for a resume; no
+            partial file is left and ``index.json`` is not written.
+    """
+    started = time.perf_counter()
+    options = PreprocessOptions() if options is None else options
+    if not isinstance(options, PreprocessOptions):
+        raise TypeError(f"options must be a PreprocessOptions, got {type(options).__name__}")
+    if engine is None:
+        engine = LocalEngine(usable_cpus() if workers is None else workers)
+    listing = list_source(src, kind=kind, masks=masks)
+    fields = build_fields(listing, options)
+    tasks = plan_tasks(listing, fields, options)
+    record: dict[str, Any] = {"options": options.to_json(), "fingerprint": listing.fingerprint()}
+    root = Path(out).absolute()
+    complete = _prepare_out(root, record, overwrite)
+    if complete is not None:
+        return _summary(root, complete, len(complete.shards), 0, started)
+    done = _finished_shards(root, tasks)
+    pending = [task for task in tasks if task.index not in done]
+    job = ShardJob(str(root), options, fields, listing.kind)
+    bar = progress_bar(
+        total=sum(len(t.items) for t in pending),
+        desc="preprocess",
+        unit="img",
+        enabled=show_progress,
+    )
+    try:
+        for result in engine.run(pending, job, bar.update):
+            write_json_atomic(root / JOB_DIR / f"{result.info.file}.json", result.to_json())
+            done[result.index] = result
+    finally:
+        bar.close()
+    manifest = Manifest(
+        fields=list(fields),
+        shards=[done[t.index].info for t in tasks],
+        class_names=listing.class_names,
+        stats=_combine_stats([done[t.index] for t in tasks]),
+        source={**listing.describe(), "fingerprint": record["fingerprint"]},
+        options=record["options"],
+        skipped=[s for t in tasks for s in done[t.index].skipped],
+    )
+    save_manifest(root, manifest)
+    shutil.rmtree(root / JOB_DIR, ignore_errors=True)
+    reused = len(tasks) - len(pending)
+    return _summary(root, manifest, reused, sum(len(t.items) for t in pending), started)
+
+
+def _summary(
+    root: Path, manifest: Manifest, reused: int, processed: int, started: float
+) -> PreprocessSummary:
+    return PreprocessSummary(
+        out=root,
+        num_samples=manifest.num_samples,
+        num_skipped=len(manifest.skipped),
+        num_shards=len(manifest.shards),
+        num_reused_shards=reused,
+        num_processed=processed,
+        num_bytes=manifest.num_bytes,
+        elapsed_s=time.perf_counter() - started,
+    )
+
+
+def _is_ours(name: str) -> bool:
+    return (
+        name in (MANIFEST_NAME, JOB_DIR)
+        or (name.startswith("shard-") and name.endswith(".h5"))
+        or name.startswith((".shard-", f".{MANIFEST_NAME}.tmp"))
+    )
+
+
+def _previous_record(root: Path) -> dict[str, Any] | None:
+    if (root / MANIFEST_NAME).is_file():
+        manifest = load_manifest(root)
+        fingerprint = manifest.source.get("fingerprint")
+        return {"options": manifest.options, "fingerprint": fingerprint}
+    job_file = root / JOB_DIR / "job.json"
+    if job_file.is_file():
+        try:
+            return dict(json.loads(job_file.read_text()))
+        except (OSError, ValueError):
+            return None
+    return None
+
+
+def _remove_ours(root: Path) -> None:
+    for entry in root.iterdir():
+        if _is_ours(entry.name):
+            if entry.is_dir():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+
+
+def _prepare_out(root: Path, record: dict[str, Any], overwrite: bool) -> Manifest | None:
+    """Make ``root`` ready; return its manifest when it already holds this finished job."""
+    if root.exists() and not root.is_dir():
+        raise PreprocessError(f"output path exists and is not a folder: {root}")
+    if root.is_dir():
+        names = [entry.name for entry in root.iterdir()]
+        foreign = [name for name in names if not _is_ours(name)]
+        previous = _previous_record(root)
+        if not overwrite and (foreign or (names and previous != record)):
+            what = f"other files ({foreign[0]!r}...)" if foreign else "the output of another job"
+            raise PreprocessError(
+                f"output folder {root} holds {what}; pass --overwrite (overwrite=True) to "
+                "replace it, or choose an empty folder"
+            )
+        if overwrite:
+            _remove_ours(root)
+        elif (root / MANIFEST_NAME).is_file():
+            problems = verify_shards(root, show_progress=False)
+            if not problems:
+                return load_manifest(root)
+            raise PreprocessError(
+                f"finished output {root} fails verification ({problems[0].file}: "
+                f"{problems[0].reason}); rerun with --overwrite to rebuild it"
+            )
+    try:
+        (root / JOB_DIR).mkdir(parents=True, exist_ok=True)
+        for entry in root.iterdir():  # temporary files of a killed run
+            if entry.name.startswith((".shard-", f".{MANIFEST_NAME}.tmp")):
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        write_json_atomic(root / JOB_DIR / "job.json", record)
+    except OSError as exc:
+        raise PreprocessError(f"cannot write to output folder {root}: {exc}") from exc
+    return None
+
+
+def _finished_shards(root: Path, tasks: list[ShardTask]) -> dict[int, ShardResult]:
+    """Shards of an interrupted run whose file still matches its record."""
+    done: dict[int, ShardResult] = {}
+    for task in tasks:
+        record = root / JOB_DIR / f"{task.file}.json"
+        if not record.is_file():
+            continue
+        try:
+            result = ShardResult.from_json(json.loads(record.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if result.index == task.index and shard_matches(root / task.file, result.info):
+            done[task.index] = result
+    return done
+
+
+def _combine_stats(results: list[ShardResult]) -> dict[str, dict[str, Any]]:
+    """Per-channel mean/std (0-255 scale) of each image field over all shards, in order."""
+    totals: dict[str, list[Any]] = {}
+    for result in results:
+        for name, part in result.stats.items():
+            total = totals.setdefault(
+                name, [0, 0.0, [0.0] * len(part["sum"]), [0.0] * len(part["sum"])]
+            )
+            total[0] += part["count"]
+            total[1] += part["pixels"]
+            total[2] = [a + b for a, b in zip(total[2], part["sum"], strict=True)]
+            total[3] = [a + b for a, b in zip(total[3], part["sumsq"], strict=True)]
+    stats: dict[str, dict[str, Any]] = {}
+    for name, (count, pixels, sums, squares) in totals.items():
+        mean = [s / pixels for s in sums]
+        std = [math.sqrt(max(0.0, q / pixels - m * m)) for q, m in zip(squares, mean, strict=True)]
+        stats[name] = {"mean": mean, "std": std, "count": count}
+    return stats

@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from fastdata.datasets import RAMDataset
+from fastdata.datasets._shm import SharedBuffer
+from fastdata.datasets.node_shared import (
+    _ByDescriptor,
+    _open_descriptor,
+    share_on_node,
+    shared_memory_usage,
+)
+
+IMAGES = (48, 64, 64, 3)  # 576 KiB of uint8 pixels
+
+
+def _pixels() -> np.ndarray:
+    return (np.arange(np.prod(IMAGES)) % 251).astype(np.uint8).reshape(IMAGES)
+
+
+def _build() -> RAMDataset:
+    return RAMDataset.from_arrays(_pixels(), np.arange(IMAGES[0]), layout="HWC")
+
+
+def _build_broken() -> RAMDataset:
+    raise OSError("disk gone")
+
+
+def test_without_a_process_group_it_just_builds() -> None:
+    dataset = share_on_node(_build)
+    image, label = dataset[5]
+    assert image.shape == IMAGES[1:] and int(label) == 5
+
+
+def test_buffers_pickle_as_descriptors_of_the_same_memory() -> None:
+    buffer = SharedBuffer(4096, "test")
+    stream = io.BytesIO()
+    _ByDescriptor(stream).dump({"buffer": buffer})
+    assert len(stream.getvalue()) < 200  # a reference, not the 4 KiB
+    clone = pickle.loads(stream.getvalue())["buffer"]
+    assert clone.fd != buffer.fd
+    buffer.array[:3] = [7, 8, 9]
+    assert clone.array[:3].tolist() == [7, 8, 9]
+    clone.close()
+    buffer.close()
+    with pytest.raises(ValueError, match="cannot share a closed SharedBuffer"):
+        _ByDescriptor(io.BytesIO()).dump(buffer)
+
+
+def test_unreachable_descriptor_is_explained() -> None:
+    with pytest.raises(RuntimeError, match="cannot open the shared buffer of local rank"):
+        _open_descriptor(os.getpid(), 10_000, 16)
+
+
+def _worker(rank: int, store: str, out: str) -> None:
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=2,
+        timeout=timedelta(seconds=60),
+    )
+    try:
+        report: dict[str, object] = {}
+        for mode in ("shared", "per_rank"):
+            dataset = share_on_node(_build) if mode == "shared" else _build()
+            images, labels = dataset.__getitems__(list(range(IMAGES[0])))  # every page
+            report[f"{mode}_equal"] = bool(
+                np.array_equal(images.numpy(), _pixels()) and labels.tolist() == list(range(48))
+            )
+            dist.barrier()  # both ranks mapped everything before measuring
+            report[mode] = shared_memory_usage()
+            report[f"{mode}_nbytes"] = dataset.nbytes
+            dist.barrier()
+            dataset.close()
+        try:
+            share_on_node(_build_broken)
+        except Exception as exc:  # recorded per rank
+            report["failure"] = f"{type(exc).__name__}: {exc}"
+        Path(out, f"rank{rank}.json").write_text(json.dumps(report))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_hold_one_copy(tmp_path: Path) -> None:
+    mp.spawn(_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for rank in ranks:
+        assert rank["shared_equal"] and rank["per_rank_equal"]
+        nbytes = rank["shared_nbytes"]
+        assert rank["per_rank"]["pss_bytes"] >= 0.95 * nbytes  # its own copy
+        assert 0.4 * nbytes <= rank["shared"]["pss_bytes"] <= 0.6 * nbytes  # half of one
+        assert rank["shared"]["rss_bytes"] >= 0.95 * nbytes  # while mapping all of it
+    assert ranks[0]["failure"] == "OSError: disk gone"
+    assert ranks[1]["failure"].startswith("RuntimeError: share_on_node failed on ranks {0:")

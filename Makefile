@@ -9,7 +9,7 @@ EXTRAS ?= test,bench,ray
 
 # Torch is installed only when the venv has none, so an existing (CUDA) build is kept;
 # it is pinned because an unpinned resolve pulls several GB of CUDA packages.
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==$(TORCH_VERSION)
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"

@@ -52,7 +52,7 @@ def measure(
     listing = list_source(src)
     job = ShardJob(str(out), options, build_fields(listing, options), listing.kind)
     probe = listing.items[:: max(1, len(listing.items) // probe_items)][:probe_items]
-    context = multiprocessing.get_context("fork")
+    context = multiprocessing.get_context("spawn")  # fresh: no inherited OpenCV threads
     with context.Pool(1) as pool:  # a fresh process: no state shared with the job's pool
         before = pool.apply(_single_core_rate, (probe, job))
     summary = preprocess(src, out, options, workers=workers, overwrite=True, show_progress=False)

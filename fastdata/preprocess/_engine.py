@@ -64,9 +64,12 @@ class LocalEngine:
                 advance(len(task.items))
                 yield result
             return
-        # forkserver: a fork after OpenCV ran threads in this process hangs the children
+        # forkserver: workers are forked from a clean server process, never from this one,
+        # whose threads (OpenCV's pool, tqdm, the caller's) may hold locks at fork time.
         method = "forkserver" if sys.platform.startswith("linux") else "spawn"
         context = multiprocessing.get_context(method)
+        if method == "forkserver":
+            context.set_forkserver_preload([__name__])
         with context.Pool(self.workers, initializer=_init_worker, initargs=(job,)) as pool:
             stream = _ResultStream(pool, tasks, self.workers * _CHUNKS_IN_FLIGHT_PER_WORKER)
             for task in tasks:

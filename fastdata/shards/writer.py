@@ -124,7 +124,11 @@ class ShardWriter:
             self.close()
 
     def _build(self, partial: Path) -> None:
+        # HDF5 lays out (and allocates) every contiguous dataset first; the bulk bytes are
+        # then copied from the spill files into those regions by the kernel, never through
+        # Python or HDF5's own buffers.
         n = self.num_samples
+        regions: list[tuple[Path, int, int]] = []  # (spill file, offset in shard, bytes)
         with h5py.File(partial, "w") as h5:
             h5.attrs["format"] = FORMAT_NAME
             h5.attrs["version"] = FORMAT_VERSION
@@ -132,30 +136,44 @@ class ShardWriter:
             for spec in self.fields:
                 spill = self._spill_dir / spec.name
                 if spec.kind == "array":
-                    self._write_array(h5, spec, spill, n)
+                    regions += self._write_array(h5, spec, spill, n)
                 else:
-                    self._write_encoded(h5, spec, spill)
+                    regions += self._write_encoded(h5, spec, spill)
+        if regions:
+            with open(partial, "r+b") as out:
+                for spill, offset, nbytes in regions:
+                    with open(spill, "rb") as source:
+                        _copy_range(source.fileno(), out.fileno(), offset, nbytes)
 
-    def _write_array(self, h5: h5py.File, spec: FieldSpec, spill: Path, n: int) -> None:
+    def _write_array(
+        self, h5: h5py.File, spec: FieldSpec, spill: Path, n: int
+    ) -> list[tuple[Path, int, int]]:
         shape = (n, *spec.shape)
         chunked = self.compression is not None and n > 0 and spec.sample_nbytes > 0
+        if not chunked:
+            ds = _create_contiguous(h5, spec.name, shape, spec.dtype)
+            ds.attrs["layout"] = spec.layout
+            offset = ds.id.get_offset()
+            nbytes = n * spec.sample_nbytes
+            return [(spill, offset, nbytes)] if nbytes and offset is not None else []
         ds = h5.create_dataset(
             spec.name,
             shape=shape,
             dtype=spec.dtype,
-            chunks=(1, *spec.shape) if chunked else None,
-            compression=self.compression if chunked else None,
+            chunks=(1, *spec.shape),
+            compression=self.compression,
         )
         ds.attrs["layout"] = spec.layout
-        if n == 0:
-            return
         source = np.memmap(spill, dtype=spec.dtype, mode="r", shape=shape)
         rows_per_block = max(1, _COPY_BLOCK_BYTES // max(1, spec.sample_nbytes))
         for start in range(0, n, rows_per_block):
             ds[start : start + rows_per_block] = source[start : start + rows_per_block]
         del source
+        return []
 
-    def _write_encoded(self, h5: h5py.File, spec: FieldSpec, spill: Path) -> None:
+    def _write_encoded(
+        self, h5: h5py.File, spec: FieldSpec, spill: Path
+    ) -> list[tuple[Path, int, int]]:
         group = h5.create_group(spec.name)
         group.attrs["encoding"] = spec.encoding or ""
         lengths = np.asarray(self._lengths[spec.name], dtype=np.int64)
@@ -163,13 +181,36 @@ class ShardWriter:
         np.cumsum(lengths, out=offsets[1:])
         group.create_dataset("offsets", data=offsets)
         total = int(offsets[-1])
-        data = group.create_dataset("data", shape=(total,), dtype=np.uint8)
-        if total == 0:
-            return
-        source = np.memmap(spill, dtype=np.uint8, mode="r", shape=(total,))
-        for start in range(0, total, _COPY_BLOCK_BYTES):
-            data[start : start + _COPY_BLOCK_BYTES] = source[start : start + _COPY_BLOCK_BYTES]
-        del source
+        data = _create_contiguous(group, "data", (total,), "uint8")
+        offset = data.id.get_offset()
+        return [(spill, offset, total)] if total and offset is not None else []
+
+
+def _create_contiguous(
+    parent: h5py.Group, name: str, shape: tuple[int, ...], dtype: str
+) -> h5py.Dataset:
+    """A contiguous dataset whose file space is allocated now and never pre-filled."""
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+    return parent.create_dataset(name, shape=shape, dtype=dtype, dcpl=dcpl, fill_time="never")
+
+
+def _copy_range(source_fd: int, target_fd: int, offset: int, nbytes: int) -> None:
+    """Copy ``nbytes`` from the start of ``source_fd`` to ``offset`` in ``target_fd``."""
+    copied = 0
+    try:
+        while copied < nbytes:
+            step = os.copy_file_range(
+                source_fd, target_fd, nbytes - copied, copied, offset + copied
+            )
+            if step == 0:
+                raise OSError(f"spill file ended after {copied} of {nbytes} bytes")
+            copied += step
+    except (AttributeError, NotImplementedError):  # no copy_file_range (not Linux)
+        while copied < nbytes:
+            block = os.pread(source_fd, min(_COPY_BLOCK_BYTES, nbytes - copied), copied)
+            os.pwrite(target_fd, block, offset + copied)
+            copied += len(block)
 
 
 def _to_bytes(spec: FieldSpec, value: SampleValue) -> bytes:

@@ -1,23 +1,19 @@
 """fastdata: make PyTorch training stop waiting for data.
 
-The public API. Optional backends (DALI, Ray, torchvision/CUDA) are never imported here:
-they load when a backend that needs them is created. The device-side modules live in
-``fastdata.gpu`` (``fastdata.gpu.Normalize``, ``fastdata.gpu.DevicePrefetcher``), and the
-CPU batch augmentations in ``fastdata.transforms``; both subpackages load on first access.
+The public API. Every name loads on first access (PEP 562), so ``import fastdata`` and the
+CLI start without importing torch, and preprocessing workers never import it; optional
+backends (DALI, Ray, torchvision/CUDA) load only when a backend that needs them is
+created. The device-side modules live in ``fastdata.gpu`` (``fastdata.gpu.Normalize``,
+``fastdata.gpu.DevicePrefetcher``) and the CPU batch augmentations in
+``fastdata.transforms``. The preprocessing entry point is
+``fastdata.preprocess.preprocess`` (``fastdata.preprocess`` is its subpackage).
 """
 
-import importlib
-from types import ModuleType
+from __future__ import annotations
 
-from fastdata.datasets import (
-    MemoryReport,
-    RAMDataset,
-    ShardAwareDistributedSampler,
-    ShardDataset,
-    passthrough_collate,
-    share_on_node,
-)
-from fastdata.decode import DecodingLoader, create_decoder
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from fastdata.errors import (
     DecodeError,
     FastDataError,
@@ -25,20 +21,57 @@ from fastdata.errors import (
     PreprocessError,
     ShardFormatError,
 )
-from fastdata.preprocess import PreprocessOptions, PreprocessSummary, RayEngine, preprocess
-from fastdata.shards import FieldSpec, Manifest, ShardReader, ShardWriter, load_manifest
-from fastdata.tune import ProfileReport, TuneResult, autotune, profile
+
+if TYPE_CHECKING:
+    from fastdata.datasets import (
+        MemoryReport,
+        RAMDataset,
+        ShardAwareDistributedSampler,
+        ShardDataset,
+        passthrough_collate,
+        share_on_node,
+    )
+    from fastdata.decode import DecodingLoader, create_decoder
+    from fastdata.preprocess import PreprocessOptions, PreprocessSummary, RayEngine
+    from fastdata.shards import FieldSpec, Manifest, ShardReader, ShardWriter, load_manifest
+    from fastdata.tune import ProfileReport, TuneResult, autotune, profile
 
 __version__ = "0.1.0"
 
+# public name -> the module that defines it
+_LAZY_NAMES = {
+    **dict.fromkeys(
+        ("MemoryReport", "RAMDataset", "ShardAwareDistributedSampler", "ShardDataset",
+         "passthrough_collate", "share_on_node"),
+        "fastdata.datasets",
+    ),
+    **dict.fromkeys(("DecodingLoader", "create_decoder"), "fastdata.decode"),
+    **dict.fromkeys(
+        ("PreprocessOptions", "PreprocessSummary", "RayEngine"),
+        "fastdata.preprocess",
+    ),
+    **dict.fromkeys(
+        ("FieldSpec", "Manifest", "ShardReader", "ShardWriter", "load_manifest"),
+        "fastdata.shards",
+    ),
+    **dict.fromkeys(("ProfileReport", "TuneResult", "autotune", "profile"), "fastdata.tune"),
+}  # fmt: skip
 _LAZY_SUBPACKAGES = frozenset({"gpu", "transforms"})
 
 
-def __getattr__(name: str) -> ModuleType:
-    """``fastdata.gpu`` and friends without an explicit ``import fastdata.gpu`` (PEP 562)."""
+def __getattr__(name: str) -> Any:
+    """Load a public name, or the ``gpu``/``transforms`` subpackage, on first access."""
+    if name in _LAZY_NAMES:
+        value = getattr(importlib.import_module(_LAZY_NAMES[name]), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
     if name in _LAZY_SUBPACKAGES:
         return importlib.import_module(f"fastdata.{name}")
     raise AttributeError(f"module 'fastdata' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY_NAMES) | _LAZY_SUBPACKAGES)
 
 
 __all__ = [
@@ -66,7 +99,6 @@ __all__ = [
     "create_decoder",
     "load_manifest",
     "passthrough_collate",
-    "preprocess",
     "profile",
     "share_on_node",
 ]

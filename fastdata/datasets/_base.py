@@ -13,11 +13,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
+from fastdata._opencv import decode_image
 from fastdata._system import available_memory_bytes, usable_cpus
 from fastdata._threads import parallel_for
 from fastdata.datasets._memory import MemoryReport
 from fastdata.datasets._store import RAMStore, Store
-from fastdata.decode._opencv import decode_image
 from fastdata.errors import DecodeError
 from fastdata.shards import FieldSpec
 from fastdata.transforms._base import stack_images

@@ -14,6 +14,7 @@ import cv2
 import numpy as np
 import torch
 
+from fastdata._opencv import decode_image, jpeg_size
 from fastdata.decode._base import (
     DecodedBatch,
     Decoder,
@@ -29,7 +30,6 @@ from fastdata.decode._geometry import (
     crop_box,
     reduction_min_side,
 )
-from fastdata.decode._opencv import decode_image, jpeg_size
 from fastdata.errors import DecodeError
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fastdata._opencv import jpeg_header
 from fastdata._optional import import_optional
 from fastdata.decode._base import (
     DecodedBatch,
@@ -31,7 +32,6 @@ from fastdata.decode._base import (
 )
 from fastdata.decode._batching import crop_resize_chw, decode_batch_or_each
 from fastdata.decode._geometry import RandomResizedCrop, crop_box
-from fastdata.decode._opencv import jpeg_header
 from fastdata.decode.cpu import decode_crop
 from fastdata.errors import DecodeError
 

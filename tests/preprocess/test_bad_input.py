@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastdata import PreprocessOptions, ShardReader, load_manifest, preprocess
+from fastdata import PreprocessOptions, ShardReader, load_manifest
 from fastdata.cli import main
 from fastdata.errors import PreprocessError
+from fastdata.preprocess import preprocess
 from fastdata.shards import ShardWriter
 
 TINY = PreprocessOptions(sizes=(16,))

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from fastdata import PreprocessOptions, preprocess
+from fastdata import PreprocessOptions
 from fastdata.cli import main
 from fastdata.errors import PreprocessError
-from fastdata.preprocess import RayEngine
+from fastdata.preprocess import RayEngine, preprocess
 
 OPTIONS = PreprocessOptions(sizes=(16,), shard_bytes=7 * (16 * 16 * 3 + 64))  # 4 shards of 6
 

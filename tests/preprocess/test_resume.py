@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from fastdata import PreprocessOptions, ShardReader, load_manifest, preprocess
-from fastdata.preprocess import ShardResult, _engine
+from fastdata import PreprocessOptions, ShardReader, load_manifest
+from fastdata.preprocess import ShardResult, _engine, preprocess
 from fastdata.shards import verify_shards
 
 # Three 16x16 samples per shard (pixels, label and ~64 bytes of path): 8 shards of 24.

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastdata import PreprocessOptions, ShardReader, load_manifest, preprocess
+from fastdata import PreprocessOptions, ShardReader, load_manifest
 from fastdata.errors import PreprocessError
+from fastdata.preprocess import preprocess
 
 
 def _reference(path: Path, side: int, reduce: int = 1, gray: bool = False) -> np.ndarray:

@@ -4,7 +4,7 @@ import cv2
 import numpy as np
 import pytest
 
-from fastdata.decode._opencv import decode_image, jpeg_size, reduction_for
+from fastdata._opencv import decode_image, jpeg_size, reduction_for
 from fastdata.errors import DecodeError
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import multiprocessing
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from multiprocessing.pool import AsyncResult
+from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Protocol
 
 import cv2
@@ -66,25 +66,36 @@ class LocalEngine:
         # spawn: a fork of a process whose OpenCV thread pool has run deadlocks the children,
         # and forkserver children returned large results ~10x slower than spawned ones here
         # (about 130 vs 2,000 150-KB results/s on the 2-core CI machine).
-        context = multiprocessing.get_context("spawn")
-        with context.Pool(self.workers, initializer=_init_worker, initargs=(job,)) as pool:
-            stream = _ResultStream(pool, tasks, self.workers * _CHUNKS_IN_FLIGHT_PER_WORKER)
+        # ProcessPoolExecutor rather than multiprocessing.Pool: when a worker raises (on_error
+        # "fail") or the caller stops early, Pool.terminate() kills workers mid-operation and
+        # can deadlock on the task queue's lock; the executor cancels what has not started and
+        # lets running chunks finish.
+        executor = ProcessPoolExecutor(
+            self.workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(job,),
+        )
+        try:
+            stream = _ResultStream(executor, tasks, self.workers * _CHUNKS_IN_FLIGHT_PER_WORKER)
             for task in tasks:
                 yield write_shard(task, job, stream.take(len(task.items), advance))
+        finally:
+            executor.shutdown(wait=True, cancel_futures=True)
 
 
 class _ResultStream:
     """Per-sample results of all tasks' items, in order, computed a bounded window ahead."""
 
     def __init__(
-        self, pool: multiprocessing.pool.Pool, tasks: Sequence[ShardTask], max_chunks: int
+        self, executor: ProcessPoolExecutor, tasks: Sequence[ShardTask], max_chunks: int
     ) -> None:
         items = [item for task in tasks for item in task.items]
         self._chunks = iter(
             [items[i : i + _CHUNK_ITEMS] for i in range(0, len(items), _CHUNK_ITEMS)]
         )
-        self._pool = pool
-        self._pending: deque[AsyncResult[list[SampleResult]]] = deque()
+        self._executor = executor
+        self._pending: deque[Future[list[SampleResult]]] = deque()
         self._ready: deque[SampleResult] = deque()
         self._max_chunks = max_chunks
 
@@ -93,13 +104,13 @@ class _ResultStream:
             chunk = next(self._chunks, None)
             if chunk is None:
                 return
-            self._pending.append(self._pool.apply_async(_process_chunk, (chunk,)))
+            self._pending.append(self._executor.submit(_process_chunk, chunk))
 
     def take(self, count: int, advance: Callable[[int], None]) -> Iterator[SampleResult]:
         for _ in range(count):
             if not self._ready:
                 self._fill()
-                chunk = self._pending.popleft().get()
+                chunk = self._pending.popleft().result()
                 advance(len(chunk))
                 self._ready.extend(chunk)
                 self._fill()

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import functools
-import multiprocessing
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import cv2
@@ -179,14 +179,16 @@ def make_sample_dataset(
         (root / f"class_{label:03d}").mkdir(parents=True, exist_ok=True)
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-    _photos(), _noise(_NOISE_SIDE)  # load once here; forked workers inherit them
+    _photos(), _noise(_NOISE_SIDE)  # load once here; the threads share them
     work = functools.partial(_write_one, root, seed, num_classes, image_size)
     if workers <= 1 or num_images < 64:
         for index in range(num_images):
             work(index)
     else:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
-            pool.map(work, range(num_images), chunksize=32)
+        # Threads, not forked processes: OpenCV releases the GIL in the heavy calls, and a fork
+        # of a process whose OpenCV thread pool has run can deadlock the children.
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(work, range(num_images)))
     return [root / f"class_{i % num_classes:03d}" / f"img_{i:06d}.jpg" for i in range(num_images)]
 
 

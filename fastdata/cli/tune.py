@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fastdata.datasets import RAMDataset, ShardDataset, passthrough_collate
-from fastdata.tune import autotune
+if TYPE_CHECKING:
+    from fastdata.datasets import RAMDataset, ShardDataset
 
 
 def _positive_int(text: str) -> int:
@@ -83,6 +83,10 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here: they load torch, and the other subcommands (and --help) need none.
+    from fastdata.datasets import RAMDataset, ShardDataset, passthrough_collate  # noqa: PLC0415
+    from fastdata.tune import autotune  # noqa: PLC0415
+
     progress = not args.no_progress
     dataset: ShardDataset | RAMDataset
     if args.in_memory:

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
 
@@ -51,10 +51,18 @@ class BusyDataset(Dataset):
 
 class ThreadedSleepDataset(Dataset):
     """Reads whole batches with an in-process thread pool (the ShardDataset contract):
-    ``num_threads`` is settable and ``__getitems__`` returns an already-collated batch."""
+    ``num_threads`` is settable and ``__getitems__`` returns an already-collated batch.
 
-    def __init__(self, length: int, cost_s: float, sample_bytes: int) -> None:
+    In a DataLoader worker each batch also sleeps ``worker_cost_s``: the per-batch transfer
+    that worker processes pay for large uint8 batches, made explicit so that a test does
+    not hang on how this machine's memory bandwidth compares with its sleep granularity.
+    """
+
+    def __init__(
+        self, length: int, cost_s: float, sample_bytes: int, worker_cost_s: float = 0.0
+    ) -> None:
         self.length, self.cost_s, self.sample_bytes = length, cost_s, sample_bytes
+        self.worker_cost_s = worker_cost_s
         self.num_threads = 1
         self._pool: ThreadPoolExecutor | None = None
 
@@ -81,6 +89,8 @@ class ThreadedSleepDataset(Dataset):
             out[position].fill_(position % 256)
 
         list(self._executor().map(read, range(len(indices))))
+        if get_worker_info() is not None:
+            time.sleep(self.worker_cost_s)
         return out
 
 

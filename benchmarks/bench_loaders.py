@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, Dataset
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import images_per_second, load_tool, save
 
-from fastdata._opencv import decode_image
+from fastdata._codec import decode_image
 from fastdata._optional import import_optional
 from fastdata._progress import progress
 from fastdata.datasets import RAMDataset, ShardDataset, passthrough_collate

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from fastdata._opencv import decode_image
+from fastdata._codec import decode_image
 from fastdata._system import available_memory_bytes, usable_cpus
 from fastdata._threads import parallel_for
 from fastdata.datasets._memory import MemoryReport

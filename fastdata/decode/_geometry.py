@@ -77,28 +77,40 @@ def random_box(source_hw: tuple[int, int], crop: RandomResizedCrop, draws: np.nd
     return _one(random_boxes(heights, widths, crop.scale, crop.ratio, draws[None, :]))
 
 
+def crop_boxes(
+    heights: np.ndarray,
+    widths: np.ndarray,
+    out_hw: tuple[int, int],
+    crop: RandomResizedCrop | None,
+    draws: np.ndarray,
+) -> np.ndarray:
+    """The boxes to cut from a batch of images of ``(B,)`` heights and widths: random when
+    ``crop`` is set (``draws`` is ``(B, DRAWS_PER_BOX)``), else centred; ``(B, 4)`` int64."""
+    if crop is None:
+        aspect = out_hw[1] / out_hw[0]
+        return largest_centered_boxes(heights, widths, (aspect, aspect))
+    return random_boxes(heights, widths, crop.scale, crop.ratio, draws)
+
+
 def crop_box(
     source_hw: tuple[int, int],
     out_hw: tuple[int, int],
     crop: RandomResizedCrop | None,
     draws: np.ndarray,
 ) -> Box:
-    """The box to cut from an image of ``source_hw``: random when ``crop`` is set, else centred."""
-    if crop is None:
-        return center_box(source_hw, out_hw)
-    return random_box(source_hw, crop, draws)
+    """:func:`crop_boxes` for one image."""
+    heights, widths = np.array([source_hw[0]]), np.array([source_hw[1]])
+    return _one(crop_boxes(heights, widths, out_hw, crop, draws[None, :]))
 
 
-def reduction_min_side(source_hw: tuple[int, int], box: Box, out_hw: tuple[int, int]) -> int | None:
-    """The ``min_side`` to ask the reduced-size JPEG decode for, so that ``box`` still
-    covers at least ``out_hw`` pixels once decoded (``None``: decode at full size).
+def reduction_factors(boxes: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray:
+    """Per ``(B, 4)`` box, the JPEG scale denominator (1, 2, 4 or 8) to decode at so that
+    the box still covers at least ``out_hw`` pixels: ``(B,)`` int64.
 
     Reduced decoding (1/2, 1/4, 1/8) only pays when the box is at least twice the output.
     """
-    factor = 1
+    factors = np.ones(len(boxes), dtype=np.int64)
     for candidate in (2, 4, 8):
-        if box.height // candidate >= out_hw[0] and box.width // candidate >= out_hw[1]:
-            factor = candidate
-    if factor == 1:
-        return None
-    return -(-min(source_hw) // factor)
+        fits = (boxes[:, 2] // candidate >= out_hw[0]) & (boxes[:, 3] // candidate >= out_hw[1])
+        factors[fits] = candidate
+    return factors

@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 import torch
 
-from fastdata._opencv import decode_image, jpeg_size
+from fastdata._codec import JpegHeader, decode_image, decode_reduced, jpeg_header
 from fastdata.decode._base import (
     DecodedBatch,
     Decoder,
@@ -28,7 +28,8 @@ from fastdata.decode._geometry import (
     Box,
     RandomResizedCrop,
     crop_box,
-    reduction_min_side,
+    crop_boxes,
+    reduction_factors,
 )
 from fastdata.errors import DecodeError
 
@@ -41,29 +42,38 @@ def _interpolation(region_hw: tuple[float, float], out_hw: tuple[int, int]) -> i
     return cv2.INTER_LINEAR
 
 
-def resize_crop(image: np.ndarray, box: Box, out_hw: tuple[int, int]) -> np.ndarray:
-    """Cut ``box`` out of ``image`` (``(H, W)`` or ``(H, W, C)`` uint8) and resize it to
-    ``out_hw``."""
+def _plane(out: np.ndarray) -> np.ndarray:
+    """``out`` as OpenCV writes it in place: ``(H, W)`` for one channel, else as is."""
+    return out[:, :, 0] if out.shape[2] == 1 else out
+
+
+def resize_crop(image: np.ndarray, box: Box, out: np.ndarray) -> None:
+    """Cut ``box`` out of ``image`` (``(H, W)`` or ``(H, W, C)`` uint8) and resize it into
+    ``out`` (``(H, W, C)`` uint8, C-contiguous)."""
+    out_hw = (out.shape[0], out.shape[1])
     region = image[box.top : box.top + box.height, box.left : box.left + box.width]
     if region.shape[:2] == out_hw:
-        return region
+        out[...] = region.reshape(out.shape)
+        return
     interpolation = _interpolation((box.height, box.width), out_hw)
-    return cv2.resize(region, (out_hw[1], out_hw[0]), interpolation=interpolation)
+    cv2.resize(region, (out_hw[1], out_hw[0]), dst=_plane(out), interpolation=interpolation)
 
 
 def resize_scaled_crop(
-    image: np.ndarray, box: Box, scale_yx: tuple[float, float], out_hw: tuple[int, int]
-) -> np.ndarray:
+    image: np.ndarray, box: Box, scale_yx: tuple[float, float], out: np.ndarray
+) -> None:
     """Resample ``box`` (full-resolution pixels) from ``image``, which was decoded at
-    ``scale_yx`` of full resolution, to ``out_hw`` with sub-pixel accuracy.
+    ``scale_yx`` of full resolution, into ``out`` with sub-pixel accuracy.
 
     Rounding the box to whole pixels of a 1/2-1/8 scale image would shift it by up to 8
     source pixels; an affine warp keeps it exact.
     """
+    out_hw = (out.shape[0], out.shape[1])
     step_y = box.height * scale_yx[0] / out_hw[0]
     step_x = box.width * scale_yx[1] / out_hw[1]
     if step_y >= 2 and step_x >= 2:  # still far larger (1/8 was not enough): average first
-        return resize_crop(image, _whole_pixels(box, scale_yx, image.shape[:2]), out_hw)
+        resize_crop(image, _whole_pixels(box, scale_yx, image.shape[:2]), out)
+        return
     # output pixel centre j + 0.5 samples the decoded image at left + (j + 0.5) * step - 0.5
     matrix = np.array(
         [
@@ -71,10 +81,11 @@ def resize_scaled_crop(
             [0.0, step_y, box.top * scale_yx[0] + 0.5 * step_y - 0.5],
         ]
     )
-    return cv2.warpAffine(
+    cv2.warpAffine(
         image,
         matrix,
         (out_hw[1], out_hw[0]),
+        dst=_plane(out),
         flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
         borderMode=cv2.BORDER_REPLICATE,
     )
@@ -88,6 +99,30 @@ def _whole_pixels(box: Box, scale_yx: tuple[float, float], image_hw: tuple[int, 
     return Box(top, left, height, width)
 
 
+def decode_jpeg_box(
+    data: np.ndarray,
+    header: JpegHeader,
+    box: Box,
+    factor: int,
+    out: np.ndarray,
+    *,
+    grayscale: bool,
+    source: str,
+) -> None:
+    """Decode a JPEG at ``1/factor`` scale and resample its ``box`` (full-resolution
+    pixels, e.g. from :func:`crop_boxes` and :func:`reduction_factors`) into ``out``."""
+    image = decode_reduced(
+        data, header, factor, grayscale=grayscale, exif_orientation=False, source=source
+    )
+    source_hw = (header.height, header.width)
+    decoded_hw = (image.shape[0], image.shape[1])
+    if decoded_hw == source_hw:
+        resize_crop(image, box, out)
+    else:
+        scale_yx = (decoded_hw[0] / source_hw[0], decoded_hw[1] / source_hw[1])
+        resize_scaled_crop(image, box, scale_yx, out)
+
+
 def decode_crop(
     data: np.ndarray,
     out_hw: tuple[int, int],
@@ -96,42 +131,27 @@ def decode_crop(
     *,
     grayscale: bool = False,
     source: str = "<bytes>",
-    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Decode one image, cut its crop box and resize it to ``out_hw``.
 
     The EXIF orientation tag is ignored, as PIL, torchvision and DALI do by default, so all
     backends give the same pixels and the crop box matches the frame header's size.
 
-    Args:
-        out: Optional ``(H, W, C)`` uint8 destination (C-contiguous) written in place.
-
     Returns:
-        ``(H, W, C)`` uint8 RGB (C = 1 when ``grayscale``): ``out`` when given.
+        ``(H, W, C)`` uint8 RGB (C = 1 when ``grayscale``).
 
     Raises:
         DecodeError: The bytes are not a decodable image.
     """
-    source_hw = jpeg_size(data)
-    if source_hw is None:  # not a JPEG: decode first, then place the box on real pixels
+    out = np.empty((*out_hw, 1 if grayscale else 3), dtype=np.uint8)
+    header = jpeg_header(data)
+    if header is None:  # not a JPEG: decode first, then place the box on real pixels
         image = decode_image(data, grayscale=grayscale, exif_orientation=False, source=source)
-        source_hw = (image.shape[0], image.shape[1])
-        box = crop_box(source_hw, out_hw, crop, draws)
-    else:
-        box = crop_box(source_hw, out_hw, crop, draws)
-        min_side = reduction_min_side(source_hw, box, out_hw)
-        image = decode_image(
-            data, min_side=min_side, grayscale=grayscale, exif_orientation=False, source=source
-        )
-    decoded_hw = (image.shape[0], image.shape[1])
-    if decoded_hw == source_hw:
-        resized = resize_crop(image, box, out_hw)
-    else:
-        scale_yx = (decoded_hw[0] / source_hw[0], decoded_hw[1] / source_hw[1])
-        resized = resize_scaled_crop(image, box, scale_yx, out_hw)
-    if out is None:
-        return resized.reshape(*out_hw, -1)
-    out[...] = resized.reshape(out.shape)
+        resize_crop(image, crop_box(image.shape[:2], out_hw, crop, draws), out)
+        return out
+    box = crop_box((header.height, header.width), out_hw, crop, draws)
+    factor = int(reduction_factors(np.array([box]), out_hw)[0])
+    decode_jpeg_box(data, header, box, factor, out, grayscale=grayscale, source=source)
     return out
 
 
@@ -177,26 +197,50 @@ class CpuDecoder(Decoder):
         count = len(buffers)
         draws = self._draws(count)
         out = np.empty((count, *self.size, self.channels), dtype=np.uint8)
+        # The geometry of the whole batch first, vectorised in this thread, so that the
+        # decoding threads run little Python between the calls that release the GIL.
+        headers = [jpeg_header(data) for data in buffers]
+        jpegs = [i for i, header in enumerate(headers) if header is not None]
+        sizes = np.array([headers[i][:2] for i in jpegs], dtype=np.int64).reshape(-1, 2)  # type: ignore[index]
+        boxes = crop_boxes(sizes[:, 0], sizes[:, 1], self.size, self.random_crop, draws[jpegs])
+        factors = reduction_factors(boxes, self.size)
+        plan: list[tuple[Box, int] | None] = [None] * count
+        for row, index in enumerate(jpegs):
+            plan[index] = (Box(*boxes[row].tolist()), int(factors[row]))
+        errors: list[DecodeError | None] = [None] * count
 
-        def work(index: int) -> DecodeError | None:
-            try:
-                decode_crop(
-                    buffers[index],
-                    self.size,
-                    self.random_crop,
-                    draws[index],
-                    grayscale=self.grayscale,
-                    source=f"batch item {index}",
-                    out=out[index],
-                )
-            except DecodeError as error:
-                return error
-            return None
+        def work(first: int) -> None:
+            for index in range(first, count, self.num_threads):
+                source = f"batch item {index}"
+                try:
+                    planned, header = plan[index], headers[index]
+                    if planned is None or header is None:  # not a JPEG
+                        out[index] = decode_crop(
+                            buffers[index],
+                            self.size,
+                            self.random_crop,
+                            draws[index],
+                            grayscale=self.grayscale,
+                            source=source,
+                        )
+                    else:
+                        box, factor = planned
+                        decode_jpeg_box(
+                            buffers[index],
+                            header,
+                            box,
+                            factor,
+                            out[index],
+                            grayscale=self.grayscale,
+                            source=source,
+                        )
+                except DecodeError as error:
+                    errors[index] = error
 
         if self.num_threads == 1 or count < 2:
-            errors = [work(i) for i in range(count)]
+            work(0)  # every index when one thread; the only one when count < 2
         else:
-            errors = list(self._pool.map(work, range(count)))
+            list(self._pool.map(work, range(self.num_threads)))
         kept = [i for i, error in enumerate(errors) if error is None]
         for error in errors:
             if error is not None:

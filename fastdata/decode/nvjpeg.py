@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastdata._opencv import jpeg_header
+from fastdata._codec import jpeg_header
 from fastdata._optional import import_optional
 from fastdata.decode._base import (
     DecodedBatch,

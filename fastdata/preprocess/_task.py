@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from fastdata._opencv import decode_image, jpeg_size
+from fastdata._codec import decode_image, jpeg_size
 from fastdata.errors import DecodeError, PreprocessError
 from fastdata.preprocess._options import PreprocessOptions
 from fastdata.preprocess._sources import SourceItem, SourceListing

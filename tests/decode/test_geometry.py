@@ -8,9 +8,11 @@ from fastdata.decode._geometry import (
     Box,
     RandomResizedCrop,
     center_box,
+    crop_box,
+    crop_boxes,
     parse_size,
     random_box,
-    reduction_min_side,
+    reduction_factors,
 )
 
 
@@ -58,6 +60,21 @@ def test_random_box_falls_back_to_clamped_center() -> None:
 
 
 def test_reduction_only_when_box_is_twice_the_output() -> None:
-    assert reduction_min_side((1000, 1500), Box(0, 0, 1000, 1000), (224, 224)) == 250
-    assert reduction_min_side((400, 600), Box(0, 0, 400, 400), (224, 224)) is None
-    assert reduction_min_side((2000, 3000), Box(0, 0, 2000, 2000), (224, 224)) == 250
+    boxes = np.array([[0, 0, 1000, 1000], [0, 0, 400, 400], [0, 0, 2000, 2000],
+                      [0, 0, 1000, 447], [5, 9, 1792, 1800]])  # fmt: skip
+    assert reduction_factors(boxes, (224, 224)).tolist() == [4, 1, 8, 1, 8]
+    assert reduction_factors(boxes, (100, 300)).tolist() == [2, 1, 4, 1, 4]
+
+
+def test_batched_boxes_match_one_at_a_time() -> None:
+    rng = np.random.default_rng(3)
+    heights, widths = rng.integers(50, 900, 64), rng.integers(50, 900, 64)
+    draws = rng.random((64, DRAWS_PER_BOX))
+    centred = crop_boxes(heights, widths, (224, 160), None, draws)
+    crop = RandomResizedCrop()
+    random = crop_boxes(heights, widths, (224, 160), crop, draws)
+    for row in range(64):
+        source_hw = (int(heights[row]), int(widths[row]))
+        assert tuple(centred[row]) == center_box(source_hw, (224, 160))
+        assert tuple(random[row]) == random_box(source_hw, crop, draws[row])
+        assert crop_box(source_hw, (224, 160), crop, draws[row]) == tuple(random[row])

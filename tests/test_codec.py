@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+from PIL import Image
+
+from fastdata import _codec as codec
+from fastdata._codec import (
+    JpegHeader,
+    decode_image,
+    decode_reduced,
+    jpeg_header,
+    jpeg_size,
+    reduction_for,
+)
+from fastdata.errors import DecodeError
+from tests.decode.conftest import encode, exif_rotated_jpeg, rgb_jpeg, smooth_rgb
+
+
+def _jpeg(height: int, width: int, quality: int = 95) -> tuple[np.ndarray, bytes]:
+    yy, xx = np.mgrid[0:height, 0:width]
+    rgb = np.stack([xx % 256, yy % 256, (xx + yy) % 256], axis=-1).astype(np.uint8)
+    ok, enc = cv2.imencode(
+        ".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality]
+    )
+    assert ok
+    return rgb, enc.tobytes()
+
+
+def test_jpeg_size_reads_header() -> None:
+    _, data = _jpeg(375, 500)
+    assert jpeg_size(data) == (375, 500)
+    assert jpeg_size(np.frombuffer(data, np.uint8)) == (375, 500)
+    assert jpeg_size(b"\x89PNG....") is None
+    assert jpeg_size(data[:3]) is None
+
+
+@pytest.mark.parametrize(
+    ("hw", "min_side", "factor"),
+    [((375, 500), 224, 1), ((375, 500), 180, 2), ((1000, 800), 101, 4), ((4000, 3000), 100, 8),
+     ((375, 500), None, 1), (None, 10, 1)],
+)  # fmt: skip
+def test_reduction_keeps_min_side(
+    hw: tuple[int, int] | None, min_side: int | None, factor: int
+) -> None:
+    assert reduction_for(hw, min_side) == factor
+
+
+def test_decode_is_rgb_and_reduced() -> None:
+    rgb, data = _jpeg(400, 600)
+    full = decode_image(data)
+    assert full.shape == (400, 600, 3) and full.dtype == np.uint8
+    assert np.abs(full.astype(int) - rgb).mean() < 3  # RGB order, JPEG-close
+    reduced = decode_image(data, min_side=100)
+    assert reduced.shape == (100, 150, 3)
+    assert decode_image(data, grayscale=True).shape == (400, 600)
+
+
+@pytest.mark.parametrize("bad", [b"", b"not an image", "truncated"])
+def test_decode_errors_name_the_source(bad: bytes | str) -> None:
+    data = _jpeg(64, 64)[1][:200] if bad == "truncated" else bad
+    assert isinstance(data, bytes)
+    with pytest.raises(DecodeError, match=r"photo\.jpg"):
+        decode_image(data, source="photo.jpg")
+
+
+def _gray_jpeg() -> bytes:
+    return encode(Image.fromarray(smooth_rgb(48, 64)[..., 0]), quality=95)
+
+
+def _cmyk_jpeg() -> bytes:
+    return encode(Image.fromarray(smooth_rgb(48, 64)).convert("CMYK"), quality=95)
+
+
+def test_jpeg_header_reports_components_and_exif() -> None:
+    assert jpeg_header(rgb_jpeg(30, 40)) == JpegHeader(30, 40, 3, False)
+    assert jpeg_header(exif_rotated_jpeg(30, 40)) == JpegHeader(30, 40, 3, True)
+    assert jpeg_header(_cmyk_jpeg()) == JpegHeader(48, 64, 4, False)
+    assert jpeg_header(_gray_jpeg()) == JpegHeader(48, 64, 1, False)
+
+
+@pytest.mark.parametrize("factor", [1, 2, 4, 8])
+@pytest.mark.parametrize("grayscale", [False, True])
+def test_fast_jpeg_path_gives_opencvs_bytes(
+    factor: int, grayscale: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # simplejpeg and OpenCV are both libjpeg-turbo with its default IDCT and upsampling
+    for name, encoded in [("color", rgb_jpeg(120, 160)), ("large", rgb_jpeg(480, 640, seed=2)),
+                          ("gray", _gray_jpeg())]:  # fmt: skip
+        data = np.frombuffer(encoded, np.uint8)
+        reduced = "" if factor == 1 else "REDUCED_"
+        suffix = "" if factor == 1 else f"_{factor}"
+        flag = getattr(cv2, f"IMREAD_{reduced}{'GRAYSCALE' if grayscale else 'COLOR'}{suffix}")
+        reference = cv2.imdecode(data, flag)
+        if not grayscale:
+            reference = cv2.cvtColor(reference, cv2.COLOR_BGR2RGB)
+        with monkeypatch.context() as patch:  # the fast path must not fall back to OpenCV
+            patch.setattr(codec.cv2, "imdecode", None)
+            fast = decode_reduced(
+                data,
+                jpeg_header(data),
+                factor,
+                grayscale=grayscale,
+                exif_orientation=True,
+                source="",
+            )
+        assert fast.shape == reference.shape and np.array_equal(fast, reference), name
+
+
+def test_exif_orientation_is_applied_unless_declined() -> None:
+    data = exif_rotated_jpeg(30, 40)
+    assert decode_image(data).shape == (40, 30, 3)  # rotated for display, as OpenCV does
+    assert decode_image(data, exif_orientation=False).shape == (30, 40, 3)
+
+
+def test_cmyk_jpeg_decodes_to_rgb() -> None:
+    rgb = decode_image(_cmyk_jpeg())
+    assert rgb.shape == (48, 64, 3)
+    assert np.abs(rgb.astype(int) - smooth_rgb(48, 64)).mean() < 4

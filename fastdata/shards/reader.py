@@ -24,7 +24,7 @@ class _OpenShard:
             self.h5 = h5py.File(path, "r")
         except OSError as exc:
             raise ShardFormatError(f"cannot open shard ({exc})", path) from exc
-        self.arrays: dict[str, Any] = {}  # np.memmap when contiguous, else h5py.Dataset
+        self.arrays: dict[str, Any] = {}  # mapped np.ndarray when contiguous, else h5py.Dataset
         self.offsets: dict[str, np.ndarray] = {}
         self.blobs: dict[str, Any] = {}
         try:
@@ -40,11 +40,16 @@ class _OpenShard:
             raise ShardFormatError(f"shard lacks a field the manifest lists ({exc})", path) from exc
 
     def _view(self, ds: h5py.Dataset, use_mmap: bool) -> Any:
-        """A memory map of a contiguous uncompressed dataset; the dataset itself otherwise."""
+        """A memory map of a contiguous uncompressed dataset; the dataset itself otherwise.
+
+        The map is returned as a plain ``np.ndarray`` (it keeps the map alive): indexing an
+        ``np.memmap`` runs Python-level hooks on every row, 10% of a batched read here.
+        """
         if use_mmap and ds.chunks is None and ds.compression is None and ds.size > 0:
             offset = ds.id.get_offset()
             if offset is not None:
-                return np.memmap(self.path, dtype=ds.dtype, mode="r", offset=offset, shape=ds.shape)
+                mapped = np.memmap(self.path, ds.dtype, "r", offset=offset, shape=ds.shape)
+                return mapped.view(np.ndarray)
         return ds
 
     def close(self) -> None:
@@ -149,7 +154,7 @@ class ShardReader:
             source = shard.arrays[field]
             locals_ = local_ids[positions]
             try:
-                if isinstance(source, np.memmap):
+                if isinstance(source, np.ndarray):  # memory-mapped
                     # One memcpy per sample: 2-3x faster than fancy indexing (no temporary).
                     for position, local in zip(positions.tolist(), locals_.tolist(), strict=True):
                         out[position] = source[local]

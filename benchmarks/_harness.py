@@ -90,9 +90,17 @@ def _git_commit() -> str | None:
     return out.stdout.strip()
 
 
+def _gpu_name() -> str | None:
+    torch = sys.modules.get("torch")  # only a benchmark that uses torch can have used a GPU
+    if torch is None or not torch.cuda.is_available():
+        return None
+    return str(torch.cuda.get_device_name())
+
+
 def environment() -> dict[str, Any]:
     """Machine, load and package versions, for the JSON result."""
-    packages = ("fastdata", "torch", "numpy", "h5py", "opencv-python-headless", "pillow")
+    packages = ("fastdata", "torch", "numpy", "h5py", "opencv-python-headless", "simplejpeg",
+                "pillow", "torchvision", "nvidia-dali-cuda130", "ray")  # fmt: skip
     return {
         "timestamp_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "host": platform.node(),
@@ -102,13 +110,21 @@ def environment() -> dict[str, Any]:
         "usable_cpus": usable_cpus(),
         "available_memory_bytes": available_memory_bytes(),
         "load_average_1_5_15": list(os.getloadavg()),
+        "gpu": _gpu_name(),
         "git_commit": _git_commit(),
         "versions": {name: _version(name) for name in packages},
     }
 
 
-def save(topic: str, results: dict[str, Any]) -> Path:
-    """Write ``benchmarks/results/<topic>.json``: ``results`` plus :func:`environment`."""
+def save(topic: str, results: dict[str, Any], *, partial: bool = False) -> Path | None:
+    """Write ``benchmarks/results/<topic>.json``: ``results`` plus :func:`environment`.
+
+    A ``partial`` run (one selected by ``--only``) writes nothing: the file always holds a
+    whole run. Returns the path written, or ``None``.
+    """
+    if partial:
+        print(f"partial run: benchmarks/results/{topic}.json left as it was")
+        return None
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{topic}.json"
     path.write_text(

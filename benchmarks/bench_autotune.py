@@ -175,8 +175,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['wall_time_ratio']:.2f} |"
         )
     save(
-        "bench_autotune",
+        "autotune",
         {"batch_size": args.batch_size, "window_s": args.window, "rows": rows},
+        partial=bool(args.only),
     )
     return 0
 

@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import io
-import json
-import platform
 import sys
 import tempfile
 import time
@@ -32,31 +30,21 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-import fastdata
 from fastdata._crop import DRAWS_PER_BOX
 from fastdata._system import usable_cpus
 from fastdata.decode import RandomResizedCrop, create_decoder
 from fastdata.decode._geometry import center_box, random_box
 from fastdata.shards import FieldSpec, Manifest, ShardReader, ShardWriter, save_manifest
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import load_tool, save
+
 FIELDS = [
     FieldSpec("image", "encoded", "uint8", encoding="jpeg"),
     FieldSpec("label", "array", "int64"),
 ]
 # Reference figures for this machine kind (2 CPU cores), from issue 5: not measured here.
 REFERENCES = {"pil_per_sample": 550, "dali_cpu": 840, "ffcv_jpeg": 2100}
-
-
-def _sample_tool() -> Any:
-    path = ROOT / "tools" / "make_sample_dataset.py"
-    spec = importlib.util.spec_from_file_location("make_sample_dataset", path)
-    if spec is None or spec.loader is None:
-        raise FileNotFoundError(path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _write_shards(root: Path, blobs: Sequence[bytes], labels: Sequence[int]) -> None:
@@ -89,7 +77,9 @@ def build_datasets(workdir: Path, num_images: int) -> dict[str, Path]:
     if all((path / "index.json").exists() for path in sets.values()):
         return sets
     folder = workdir / f"images-{num_images}"
-    paths = _sample_tool().make_sample_dataset(folder, num_images, num_classes=10, seed=0)
+    paths = load_tool("make_sample_dataset").make_sample_dataset(
+        folder, num_images, num_classes=10, seed=0
+    )
     blobs = [path.read_bytes() for path in paths]
     labels = [i % 10 for i in range(num_images)]
     _write_shards(sets["original"], blobs, labels)
@@ -161,7 +151,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workdir", type=Path, default=Path(tempfile.gettempdir()) / "fastdata-bench"
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/decode.json")
     parser.add_argument("--repeats", type=int, default=3, help="passes per backend (best kept)")
     parser.add_argument("--quick", action="store_true", help="skip the slow PIL baseline")
     args = parser.parse_args(argv)
@@ -205,25 +194,14 @@ def main(argv: list[str] | None = None) -> int:
         reader.close()
 
     result = {
-        "benchmark": "decode",
         "num_images": args.num_images,
         "batch_size": args.batch_size,
         "repeats_best_of": args.repeats,
         "output": [args.size, args.size],
         "rows": rows,
         "references_not_measured": REFERENCES,
-        "machine": {
-            "cpus": usable_cpus(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "opencv": cv2.__version__,
-            "fastdata": fastdata.__version__,
-            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    save("decode", result)
     for row in rows:
         ratio = f"{row['x_pil']:>6.2f}x PIL" if "x_pil" in row else ""
         label = f"{row['set']:>9} {row['mode']:>5} {row['backend']:>15}"

@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device: the device half (copy, device normalize, overlap) was not run")
     results["elapsed_s"] = time.perf_counter() - started
     results["cuda_device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    print(f"results: {save('bench_gpu', results)}")
+    print(f"results: {save('gpu', results)}")
     return 0
 
 

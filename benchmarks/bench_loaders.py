@@ -217,13 +217,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.only:
         chart(rows, here / "bench_loaders.png")
     save(
-        "bench_loaders",
+        "loaders",
         {
             "num_images": args.num_images,
             "batch_size": args.batch_size,
             "rows": rows,
             "references": REFERENCES,
         },
+        partial=bool(args.only),
     )
     return 0
 

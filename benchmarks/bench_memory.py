@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| {format_bytes(growth)} | {ratio:.2f}x |",
             flush=True,
         )
-    save("bench_memory", {"num_images": len(paths), "workers": args.workers,
+    save("memory", {"num_images": len(paths), "workers": args.workers,
                           "payload_bytes": payload, "rows": rows})  # fmt: skip
     return 0
 

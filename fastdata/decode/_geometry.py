@@ -7,6 +7,7 @@ crop for the same seed and image. The sampling itself lives in :mod:`fastdata._c
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -78,14 +79,16 @@ def random_box(source_hw: tuple[int, int], crop: RandomResizedCrop, draws: np.nd
 
 
 def crop_boxes(
-    heights: np.ndarray,
-    widths: np.ndarray,
+    sizes_hw: Sequence[tuple[int, int]] | np.ndarray,
     out_hw: tuple[int, int],
     crop: RandomResizedCrop | None,
     draws: np.ndarray,
 ) -> np.ndarray:
-    """The boxes to cut from a batch of images of ``(B,)`` heights and widths: random when
-    ``crop`` is set (``draws`` is ``(B, DRAWS_PER_BOX)``), else centred; ``(B, 4)`` int64."""
+    """The boxes to cut from a batch of images of ``(height, width)`` ``sizes_hw``: random
+    when ``crop`` is set (``draws`` is ``(B, DRAWS_PER_BOX)``), else centred; ``(B, 4)``
+    int64."""
+    sizes = np.asarray(sizes_hw, dtype=np.int64).reshape(-1, 2)
+    heights, widths = sizes[:, 0], sizes[:, 1]
     if crop is None:
         aspect = out_hw[1] / out_hw[0]
         return largest_centered_boxes(heights, widths, (aspect, aspect))
@@ -99,8 +102,7 @@ def crop_box(
     draws: np.ndarray,
 ) -> Box:
     """:func:`crop_boxes` for one image."""
-    heights, widths = np.array([source_hw[0]]), np.array([source_hw[1]])
-    return _one(crop_boxes(heights, widths, out_hw, crop, draws[None, :]))
+    return _one(crop_boxes([source_hw], out_hw, crop, draws[None, :]))
 
 
 def reduction_factors(boxes: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray:

@@ -201,8 +201,8 @@ class CpuDecoder(Decoder):
         # decoding threads run little Python between the calls that release the GIL.
         headers = [jpeg_header(data) for data in buffers]
         jpegs = [i for i, header in enumerate(headers) if header is not None]
-        sizes = np.array([headers[i][:2] for i in jpegs], dtype=np.int64).reshape(-1, 2)  # type: ignore[index]
-        boxes = crop_boxes(sizes[:, 0], sizes[:, 1], self.size, self.random_crop, draws[jpegs])
+        sizes = [headers[i][:2] for i in jpegs]  # type: ignore[index]
+        boxes = crop_boxes(sizes, self.size, self.random_crop, draws[jpegs])
         factors = reduction_factors(boxes, self.size)
         plan: list[tuple[Box, int] | None] = [None] * count
         for row, index in enumerate(jpegs):

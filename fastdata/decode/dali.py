@@ -31,7 +31,7 @@ from fastdata.decode._base import (
     resolve_num_threads,
 )
 from fastdata.decode._batching import decode_batch_or_each
-from fastdata.decode._geometry import Box, RandomResizedCrop, crop_box
+from fastdata.decode._geometry import Box, RandomResizedCrop, crop_boxes
 from fastdata.decode.cpu import decode_crop
 from fastdata.errors import DecodeError
 
@@ -156,10 +156,9 @@ class DaliDecoder(Decoder):
         accelerated = [
             i for i, h in enumerate(headers) if h is not None and h[2] in _ACCELERATED_COMPONENTS
         ]
-        items = [
-            (buffers[i], crop_box(headers[i][:2], self.size, self.random_crop, draws[i]))  # type: ignore[index]
-            for i in accelerated
-        ]
+        sizes = [headers[i][:2] for i in accelerated]  # type: ignore[index]
+        boxes = crop_boxes(sizes, self.size, self.random_crop, draws[accelerated]).tolist()
+        items = [(buffers[i], Box(*box)) for i, box in zip(accelerated, boxes, strict=True)]
         dense: list[torch.Tensor] = []
 
         def run_batch(batch: list[tuple[np.ndarray, Box]]) -> list[torch.Tensor]:

@@ -70,9 +70,9 @@ def test_batched_boxes_match_one_at_a_time() -> None:
     rng = np.random.default_rng(3)
     heights, widths = rng.integers(50, 900, 64), rng.integers(50, 900, 64)
     draws = rng.random((64, DRAWS_PER_BOX))
-    centred = crop_boxes(heights, widths, (224, 160), None, draws)
+    centred = crop_boxes(np.stack([heights, widths], 1), (224, 160), None, draws)
     crop = RandomResizedCrop()
-    random = crop_boxes(heights, widths, (224, 160), crop, draws)
+    random = crop_boxes(np.stack([heights, widths], 1), (224, 160), crop, draws)
     for row in range(64):
         source_hw = (int(heights[row]), int(widths[row]))
         assert tuple(centred[row]) == center_box(source_hw, (224, 160))

@@ -16,6 +16,9 @@ from fastdata.tune._measure import LoaderConfig, Measurement, predict_bytes, run
 _WORKER_BYTES_PRIOR = 32 << 20
 # Start the worker search this much above the count that exactly matches the step.
 _MARGIN = 1.2
+# A deeper prefetch queue smooths the bursts of worker batches; it does not double their
+# rate: below this share of the best rate measured, workers are not tried deeper.
+_PREFETCH_MIN_SHARE = 0.5
 
 
 class Search:
@@ -136,7 +139,8 @@ class Search:
         1. The baseline: ``num_workers=0`` (one dataset thread) times reading and ``step``.
         2. With a dataset thread pool: in-process threads from ``max_workers`` downwards.
         3. Workers: from the estimate ``ceil(1.2 * read time / step time)`` (capped by CPUs and
-           memory), a local search; then ``prefetch_factor`` 4 (and 8 if 4 paid off).
+           memory), a local search; then ``prefetch_factor`` 4 (and 8 if 4 paid off), unless
+           the best worker count delivers under half the best rate measured.
         4. With CUDA, the fastest configuration without ``pin_memory``.
         """
         single = 1 if threads else None
@@ -156,8 +160,9 @@ class Search:
                 estimate -= 1
             self.climb(lambda n: LoaderConfig(n, 2, single, pin), estimate, max_workers, min_gain)
             with_workers = [m for m in self.measured.values() if m.config.num_workers]
-            if with_workers:
-                top = max(with_workers, key=lambda m: m.batches_per_s)
+            best_rate = max(m.batches_per_s for m in self.measured.values())
+            top = max(with_workers, key=lambda m: m.batches_per_s) if with_workers else None
+            if top is not None and top.batches_per_s >= _PREFETCH_MIN_SHARE * best_rate:
                 for factor in (4, 8):
                     deeper = self.measure(LoaderConfig(top.config.num_workers, factor, single, pin))
                     if deeper is None or deeper.batches_per_s < top.batches_per_s * (1 + min_gain):

@@ -181,10 +181,11 @@ class ShardReader:
         """Direct access to one shard's field, opened in this process on first use.
 
         Returns:
-            For an array field, the ``(n, *shape)`` samples of shard ``shard_id``: an
-            ``np.memmap`` when the dataset is contiguous and uncompressed (and ``use_mmap``),
-            else the ``h5py.Dataset``. For an encoded field, ``(data, offsets)``: the flat
-            ``uint8`` blob (memmap or dataset) and its ``int64`` offsets, ``n + 1`` entries.
+            For an array field, the ``(n, *shape)`` samples of shard ``shard_id``: a
+            read-only memory-mapped ``np.ndarray`` when the dataset is contiguous and
+            uncompressed (and ``use_mmap``), else the ``h5py.Dataset``. For an encoded field,
+            ``(data, offsets)``: the flat ``uint8`` blob (mapped array or dataset) and its
+            ``int64`` offsets, ``n + 1`` entries.
         """
         spec = self.manifest.field(field)
         if not 0 <= shard_id < len(self.manifest.shards):

@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "references_not_measured": REFERENCES,
     }
-    save("decode", result)
+    save("decode", result, partial=args.quick)
     for row in rows:
         ratio = f"{row['x_pil']:>6.2f}x PIL" if "x_pil" in row else ""
         label = f"{row['set']:>9} {row['mode']:>5} {row['backend']:>15}"

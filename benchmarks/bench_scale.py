@@ -22,14 +22,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import ray  # the ray extra (make test installs it)
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from _harness import REPO_ROOT, load_tool, save  # benchmarks/ is on sys.path when run as a script
 
 from fastdata._system import usable_cpus
-from fastdata.datasets import RAMDataset, share_on_node, shared_memory_usage
 from fastdata.preprocess import PreprocessOptions, RayEngine, preprocess
+
+# Ray, torch and fastdata.datasets are imported inside the functions that use them: the
+# local engine's spawned workers re-import this script's top-level imports, and these
+# three took 3.7 s per worker here, which the local engine's figure used to include.
 
 ensure_sample_dataset = load_tool("make_sample_dataset").ensure_sample_dataset
 
@@ -48,7 +48,8 @@ def measure_engines(src: Path, work: Path, num_images: int, workers: int) -> dic
     sample_bytes = 224 * 224 * 3 + 64
     shard_bytes = max(sample_bytes, num_images * sample_bytes // (workers * _SHARDS_PER_WORKER))
     options = PreprocessOptions(sizes=(224,), shard_bytes=shard_bytes)
-    # The forked local pool runs before any Ray thread exists in this process.
+    import ray  # noqa: PLC0415 - see the imports at the top; the ray extra
+
     local = preprocess(src, work / "local", options, workers=workers, show_progress=False)
     cold = preprocess(
         src, work / "cold", options, engine=RayEngine(num_cpus=workers), show_progress=False
@@ -77,6 +78,10 @@ def measure_engines(src: Path, work: Path, num_images: int, workers: int) -> dic
 
 
 def _rank(rank: int, shards: str, store: str, out: str) -> None:
+    import torch.distributed as dist  # noqa: PLC0415 - see the imports at the top
+
+    from fastdata.datasets import RAMDataset, share_on_node, shared_memory_usage  # noqa: PLC0415
+
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     dist.init_process_group(
         "gloo",
@@ -108,6 +113,8 @@ def _rank(rank: int, shards: str, store: str, out: str) -> None:
 
 
 def measure_memory(shards: Path, work: Path) -> dict[str, Any]:
+    import torch.multiprocessing as mp  # noqa: PLC0415 - see the imports at the top
+
     mp.spawn(_rank, args=(str(shards), str(work / "store"), str(work)), nprocs=_RANKS)
     ranks = [json.loads((work / f"rank{r}.json").read_text()) for r in range(_RANKS)]
     shared = sum(r["shared"]["pss_bytes"] for r in ranks)

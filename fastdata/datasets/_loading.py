@@ -18,7 +18,7 @@ from fastdata.datasets._shm import SharedBuffer
 from fastdata.datasets._store import RAMStore
 from fastdata.shards import FieldSpec, ShardReader
 
-_JPEG_SUFFIXES = (".jpg", ".jpeg")
+_JPEG_SUFFIXES = (b".jpg", b".jpeg")
 
 
 def packed(items: Sequence[bytes], name: str) -> tuple[SharedBuffer, SharedBuffer]:
@@ -48,15 +48,18 @@ def load_files(
     show_progress: bool,
 ) -> RAMStore:
     """Read every file's bytes into one blob (``image``), with ``label`` from ``targets``."""
-    names = [os.fspath(p) for p in paths]
+    # One list of encoded names (no list of str beside it): after loading, Python keeps
+    # part of the memory of such per-sample lists even once they are freed.
+    names = [os.fspath(p).encode() for p in paths]
     sizes = np.empty(len(names), np.int64)
     for k, name in enumerate(names):
         try:
             sizes[k] = os.stat(name).st_size
         except OSError as exc:
-            raise FileNotFoundError(f"image_paths[{k}] cannot be read: {name} ({exc})") from exc
-    encoded_names = [name.encode() for name in names]
-    needed = int(sizes.sum()) + 8 * (2 * len(names) + 2) + sum(map(len, encoded_names))
+            raise FileNotFoundError(
+                f"image_paths[{k}] cannot be read: {name.decode()} ({exc})"
+            ) from exc
+    needed = int(sizes.sum()) + 8 * (2 * len(names) + 2) + sum(map(len, names))
     needed += 0 if targets is None else 8 * len(names)
     check_memory(needed, what=f"{len(names)} image files", override=override_memory_check)
     offsets = SharedBuffer(8 * (len(names) + 1), "image-offsets")
@@ -70,7 +73,7 @@ def load_files(
             with open(name, "rb") as fh:
                 read = fh.readinto(blob.array[start:stop].data)  # no bytes objects
             if read != stop - start:
-                raise OSError(f"image_paths[{k}] changed size while loading: {name}")
+                raise OSError(f"image_paths[{k}] changed size while loading: {name.decode()}")
             bar.update(stop - start)
     finally:
         bar.close()
@@ -80,7 +83,7 @@ def load_files(
     if targets is not None:
         specs.append(FieldSpec("label", "array", "int64"))
         buffers["label"] = int64_buffer(targets, "label")
-    return RAMStore(specs, buffers, {"image": offsets}, len(names), packed(encoded_names, "paths"))
+    return RAMStore(specs, buffers, {"image": offsets}, len(names), packed(names, "paths"))
 
 
 def load_shards(

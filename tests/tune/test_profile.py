@@ -40,9 +40,11 @@ def test_calls_a_loop_with_a_slow_step_compute_bound() -> None:
 
 
 def test_workers_that_keep_up_make_the_loop_compute_bound() -> None:
-    # 8 ms per batch to read, 2 workers: they supply a batch every ~4 ms; the step takes 20.
+    # 8 ms per batch to read, 2 workers: they supply a batch every ~4 ms; the step takes 30.
+    # 25 steps: only ~190 ms of waiting in all would make the loop input-bound (20% of it),
+    # more than a busy machine's hiccups (12 steps of 20 ms once flipped on ~60 ms in CI).
     loader = DataLoader(SleepDataset(400, 0.002), batch_size=4, num_workers=2)
-    report = profile(loader, sleep_step(0.020), steps=12, warmup=4, progress=False)
+    report = profile(loader, sleep_step(0.030), steps=25, warmup=4, progress=False)
     assert report.verdict == "compute-bound"
     assert report.num_workers == 2
 

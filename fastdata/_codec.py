@@ -154,18 +154,9 @@ def decode_reduced(
     if buf.size == 0:
         raise DecodeError("empty image data", source)
     if header is not None and header.components != 4 and not (exif_orientation and header.exif):
-        try:
-            image = simplejpeg.decode_jpeg(
-                buf,
-                colorspace="GRAY" if grayscale else "RGB",
-                # the smallest libjpeg scale that is at least 1/factor is 1/factor itself
-                min_height=-(-header.height // factor),
-                min_width=-(-header.width // factor),
-            )
-        except ValueError:
-            pass  # OpenCV below decides, as it always has here
-        else:
-            return image[:, :, 0] if grayscale else image
+        fast = _decode_simplejpeg(buf, header, factor, grayscale)
+        if fast is not None:
+            return fast
     flag = (_REDUCED_GRAY if grayscale else _REDUCED_COLOR)[factor]
     if not exif_orientation:
         flag |= cv2.IMREAD_IGNORE_ORIENTATION
@@ -175,3 +166,21 @@ def decode_reduced(
     if not grayscale and _COLOR_RGB is None:
         cv2.cvtColor(image, cv2.COLOR_BGR2RGB, dst=image)
     return image
+
+
+def _decode_simplejpeg(
+    buf: np.ndarray, header: JpegHeader, factor: int, grayscale: bool
+) -> np.ndarray | None:
+    """The JPEG at ``1/factor`` scale, or ``None`` when simplejpeg rejects it (then OpenCV
+    decides, as it always has here: it decodes truncated data as far as it goes)."""
+    try:
+        image = simplejpeg.decode_jpeg(
+            buf,
+            colorspace="GRAY" if grayscale else "RGB",
+            # the smallest libjpeg scale that is at least 1/factor is 1/factor itself
+            min_height=-(-header.height // factor),
+            min_width=-(-header.width // factor),
+        )
+    except ValueError:
+        return None
+    return image[:, :, 0] if grayscale else image

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -17,6 +18,9 @@ from fastdata.shards._schema import FORMAT_NAME, FORMAT_VERSION, FieldSpec, Shar
 
 COMPRESSIONS = ("gzip", "lzf")
 _COPY_BLOCK_BYTES = 64 << 20
+# copy_file_range errors that mean "not here" (cross-device before Linux 5.3, file systems
+# without support, seccomp filters): the copy goes through pread/pwrite instead.
+_NO_KERNEL_COPY = frozenset({errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP})
 
 SampleValue = np.ndarray | bytes | int | str
 
@@ -196,7 +200,19 @@ def _create_contiguous(
 
 
 def _copy_range(source_fd: int, target_fd: int, offset: int, nbytes: int) -> None:
-    """Copy ``nbytes`` from the start of ``source_fd`` to ``offset`` in ``target_fd``."""
+    """Copy ``nbytes`` from the start of ``source_fd`` to ``offset`` in ``target_fd``: in
+    the kernel where it can, else (or for what it left) through ``pread``/``pwrite``."""
+    copied = _kernel_copy(source_fd, target_fd, offset, nbytes)
+    while copied < nbytes:
+        block = os.pread(source_fd, min(_COPY_BLOCK_BYTES, nbytes - copied), copied)
+        if not block:
+            raise OSError(f"spill file ended after {copied} of {nbytes} bytes")
+        os.pwrite(target_fd, block, offset + copied)
+        copied += len(block)
+
+
+def _kernel_copy(source_fd: int, target_fd: int, offset: int, nbytes: int) -> int:
+    """Bytes ``copy_file_range`` copied before it finished or turned out unavailable."""
     copied = 0
     try:
         while copied < nbytes:
@@ -207,10 +223,11 @@ def _copy_range(source_fd: int, target_fd: int, offset: int, nbytes: int) -> Non
                 raise OSError(f"spill file ended after {copied} of {nbytes} bytes")
             copied += step
     except (AttributeError, NotImplementedError):  # no copy_file_range (not Linux)
-        while copied < nbytes:
-            block = os.pread(source_fd, min(_COPY_BLOCK_BYTES, nbytes - copied), copied)
-            os.pwrite(target_fd, block, offset + copied)
-            copied += len(block)
+        return copied
+    except OSError as exc:
+        if exc.errno not in _NO_KERNEL_COPY:
+            raise
+    return copied
 
 
 def _to_bytes(spec: FieldSpec, value: SampleValue) -> bytes:

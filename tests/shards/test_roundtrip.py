@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import errno
+import os
 import pickle
 from pathlib import Path
 
@@ -116,3 +118,35 @@ def test_manifest_errors(tmp_path: Path) -> None:
     (tmp_path / "index.json").write_text('{"format": "fastdata-shards", "version": 99}')
     with pytest.raises(ShardFormatError, match="version 99 is not supported"):
         load_manifest(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "unavailable",
+    [AttributeError("no copy_file_range"), OSError(errno.EXDEV, "cross-device")],
+)
+def test_shards_are_the_same_bytes_without_a_kernel_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unavailable: Exception
+) -> None:
+    for folder in ("kernel", "blocks"):
+        (tmp_path / folder).mkdir()
+    _write_set(tmp_path / "kernel", [5, 7])
+
+    def refuse(*args: object) -> int:
+        raise unavailable
+
+    monkeypatch.setattr(os, "copy_file_range", refuse)
+    _write_set(tmp_path / "blocks", [5, 7])
+    for name in ("shard-00000.h5", "shard-00001.h5"):
+        assert (tmp_path / "blocks" / name).read_bytes() == (
+            tmp_path / "kernel" / name
+        ).read_bytes()
+
+
+def test_a_real_copy_error_is_not_hidden(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(*args: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "copy_file_range", fail)
+    with pytest.raises(OSError, match="No space left"):
+        _write_set(tmp_path, [3])
+    assert not list(tmp_path.glob("*.h5"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from fastdata._system import format_bytes
@@ -18,7 +19,7 @@ from fastdata.preprocess import (
     preprocess,
 )
 from fastdata.preprocess._options import DEFAULT_SHARD_BYTES
-from fastdata.shards import COMPRESSIONS
+from fastdata.shards import COMPRESSIONS, load_manifest
 
 
 def register(subparsers: Any) -> None:
@@ -36,6 +37,19 @@ def register(subparsers: Any) -> None:
     parser.add_argument("out", help="output folder")
     parser.add_argument("--kind", choices=SOURCE_KINDS, default="auto", help="source kind")
     parser.add_argument("--masks", help="mask folder of a segmentation source (matched by stem)")
+    parser.add_argument(
+        "--mask-suffix",
+        help="masks are named <image stem><suffix>.<ext>, e.g. _mask (in --masks, or beside "
+        "the images without it)",
+    )
+    parser.add_argument(
+        "--path-column",
+        help="CSV/TSV list: column of the paths (header name or 0-based number)",
+    )
+    parser.add_argument(
+        "--label-column",
+        help="CSV/TSV list: column of the labels (header name or 0-based number)",
+    )
     parser.add_argument(
         "--size",
         type=int,
@@ -112,6 +126,9 @@ def run(args: argparse.Namespace) -> int:
         options,
         kind=args.kind,
         masks=args.masks,
+        mask_suffix=args.mask_suffix,
+        path_column=args.path_column,
+        label_column=args.label_column,
         workers=args.workers,
         overwrite=args.overwrite,
         show_progress=not args.quiet,
@@ -125,6 +142,19 @@ def run(args: argparse.Namespace) -> int:
         f"{format_bytes(summary.num_bytes)}, in {summary.elapsed_s:.1f} s: "
         f"{summary.images_per_s:,.0f} images/s; skipped {summary.num_skipped}"
     )
+    _print_class_names(summary.out)
     if summary.num_skipped:
         print(f"skipped inputs are listed in {summary.out}/index.json ('skipped')", file=sys.stderr)
     return EXIT_OK
+
+
+def _print_class_names(out: Path) -> None:
+    """Show how class names of a list source became labels (recorded in index.json)."""
+    manifest = load_manifest(out)
+    if manifest.source.get("kind") != "list" or not manifest.class_names:
+        return
+    pairs = [f"{i}={name}" for i, name in enumerate(manifest.class_names)]
+    more = f", ... ({len(pairs)} classes)" if len(pairs) > 20 else ""
+    print(
+        f"labels (class names, sorted; 'class_names' in index.json): {', '.join(pairs[:20])}{more}"
+    )

@@ -94,6 +94,9 @@ def preprocess(
     *,
     kind: str = "auto",
     masks: str | Path | None = None,
+    mask_suffix: str | None = None,
+    path_column: str | None = None,
+    label_column: str | None = None,
     workers: int | None = None,
     overwrite: bool = False,
     show_progress: bool = True,
@@ -108,6 +111,10 @@ def preprocess(
             ``PreprocessOptions()``: raw 224x224 RGB.
         kind: Source kind (see :func:`list_source`), ``"auto"`` by default.
         masks: Mask folder of a segmentation source.
+        mask_suffix: Masks are named ``<image stem><mask_suffix>.<ext>`` (in ``masks``,
+            or beside the images when ``masks`` is not given).
+        path_column, label_column: Columns of a CSV/TSV list (header name or 0-based
+            number); see :func:`list_source`.
         workers: Local processes; default: the CPUs this process may use (cgroup-aware).
         overwrite: Replace an ``out`` that holds a different job or other files.
         show_progress: Show a progress bar.
@@ -129,11 +136,20 @@ def preprocess(
         raise TypeError(f"options must be a PreprocessOptions, got {type(options).__name__}")
     if engine is None:
         engine = LocalEngine(usable_cpus() if workers is None else workers)
-    listing = list_source(src, kind=kind, masks=masks)
+    root = Path(out).absolute()
+    listing = list_source(
+        src,
+        kind=kind,
+        masks=masks,
+        mask_suffix=mask_suffix,
+        path_column=path_column,
+        label_column=label_column,
+        on_error=options.on_error,
+        exclude=(root,),
+    )
     fields = build_fields(listing, options)
     tasks = plan_tasks(listing, fields, options)
     record: dict[str, Any] = {"options": options.to_json(), "fingerprint": listing.fingerprint()}
-    root = Path(out).absolute()
     complete = _prepare_out(root, record, overwrite)
     if complete is not None:
         return _summary(root, complete, len(complete.shards), 0, started)
@@ -159,7 +175,7 @@ def preprocess(
         stats=_combine_stats([done[t.index] for t in tasks]),
         source={**listing.describe(), "fingerprint": record["fingerprint"]},
         options=record["options"],
-        skipped=[s for t in tasks for s in done[t.index].skipped],
+        skipped=listing.skipped + [s for t in tasks for s in done[t.index].skipped],
     )
     save_manifest(root, manifest)
     shutil.rmtree(root / JOB_DIR, ignore_errors=True)

@@ -2,22 +2,34 @@
 
 Four kinds, each documented in the README:
 
-- ``imagefolder``: ``SRC/<class>/<file>``; classes sorted by name → labels ``0..K-1``.
-- ``list``: a CSV/TSV file of ``path,label`` rows (an optional ``path,label`` header);
-  relative paths are resolved against the list's folder; integer labels are kept, other
-  labels are mapped to ``0..K-1`` in sorted order and kept as class names.
-- ``segmentation``: images in ``SRC`` and masks in a second folder, matched by file stem.
+- ``imagefolder``: ``SRC/<class>/**/<file>``; classes sorted by name → labels ``0..K-1``;
+  files in sub-folders of a class folder belong to that class (torchvision's
+  ``ImageFolder`` order: folders sorted by path, files sorted within each folder).
+- ``list``: a CSV/TSV file of paths and labels. A UTF-8 byte-order mark is ignored; a
+  first row naming its columns (``path``, ``file``, ``image``...; ``label``, ``class``...)
+  is a header, and ``path_column``/``label_column`` pick columns by header name (or
+  0-based number), other columns are ignored. Relative paths are resolved against the
+  list's folder. Labels are integers when every label is one; when none is, they are
+  class names mapped to ``0..K-1`` in sorted order (kept as ``class_names``); a mix, an
+  empty or a negative label is an error naming the row.
+- ``segmentation``: images in ``SRC`` and masks in a second folder (or beside the images
+  with ``mask_suffix``), matched by file stem (plus ``mask_suffix``); extensions may differ.
 - ``npy``: a folder of ``.npy`` arrays (e.g. 3-D volumes) that all share shape and dtype.
 
-Listing validates the source as a whole (missing path, empty source, a mask without an
-image, mismatched ``.npy`` shapes) so that a bad job fails before anything is written;
-per-file problems (corrupt, truncated, not an image) surface later, per sample.
+Listing validates the source as a whole (missing path, empty source, mismatched ``.npy``
+shapes, an unreadable folder) so that a bad job fails before anything is written; per-file
+problems (corrupt, truncated, not an image) surface later, per sample. An image without a
+mask (or a mask without an image) follows ``on_error``: recorded in ``skipped`` or an error.
+The output folder (and its ``.fastdata-job``) is never listed, wherever it lies.
 """
 
 from __future__ import annotations
 
 import csv
 import hashlib
+import os
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +39,21 @@ from fastdata.errors import PreprocessError
 
 SOURCE_KINDS = ("auto", "imagefolder", "list", "segmentation", "npy")
 _LIST_SUFFIXES = (".csv", ".tsv", ".txt")
+# Header names recognised without --path-column/--label-column (compared lower-cased).
+PATH_COLUMN_NAMES = ("path", "file", "filename", "file_name", "filepath", "file_path", "image",
+                     "image_path", "img", "img_path", "image_file", "fname", "name")  # fmt: skip
+LABEL_COLUMN_NAMES = ("label", "labels", "class", "class_name", "class_id", "category",
+                      "category_id", "target", "label_id", "y")  # fmt: skip
+_INT_LABEL = re.compile(r"[+-]?[0-9]+")
+_INT64_MAX = np.iinfo(np.int64).max
+_JOB_DIR = ".fastdata-job"
+_MANIFEST = "index.json"
+
+
+def display_name(name: str) -> str:
+    """``name`` as valid UTF-8 text: bytes of a non-UTF-8 file name (kept by Python as
+    surrogate escapes) are written ``\\xNN``, so the name can be stored and printed."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 @dataclass(frozen=True)
@@ -35,7 +62,7 @@ class SourceItem:
 
     Attributes:
         path: Absolute path of the image (or ``.npy`` array).
-        name: Path relative to the source root, stored with the sample for tracing.
+        name: Path relative to the source root (valid UTF-8), stored with the sample.
         label: Integer label, ``-1`` when the source has none.
         mask: Absolute path of the mask (segmentation sources only).
     """
@@ -57,6 +84,8 @@ class SourceListing:
         class_names: Label ``i`` is ``class_names[i]`` (empty without labels or names).
         array_shape: Shape shared by every ``.npy`` array (``npy`` sources only).
         array_dtype: Dtype name shared by every ``.npy`` array (``npy`` sources only).
+        skipped: Inputs left out while listing (``{"path", "reason"}``, e.g. an image
+            without a mask under ``on_error="skip"``); they join the manifest's ``skipped``.
     """
 
     kind: str
@@ -65,6 +94,7 @@ class SourceListing:
     class_names: list[str] = field(default_factory=list)
     array_shape: tuple[int, ...] = ()
     array_dtype: str = ""
+    skipped: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def has_labels(self) -> bool:
@@ -74,7 +104,8 @@ class SourceListing:
         """SHA-256 over the listed names, labels and masks: identifies the input set."""
         digest = hashlib.sha256(self.kind.encode())
         for item in self.items:
-            digest.update(f"{item.name}\0{item.label}\0{item.mask or ''}\n".encode())
+            line = f"{item.name}\0{item.label}\0{item.mask or ''}\n"
+            digest.update(line.encode("utf-8", "surrogateescape"))
         return digest.hexdigest()
 
     def describe(self) -> dict[str, object]:
@@ -82,132 +113,357 @@ class SourceListing:
         return {"kind": self.kind, "path": self.root, "num_inputs": len(self.items)}
 
 
-def _visible_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+class _Walker:
+    """Lists files under folders, skipping hidden entries and the output folder."""
+
+    def __init__(self, exclude: Iterable[str | Path]) -> None:
+        self.exclude = {os.path.realpath(p) for p in exclude}
+
+    def _excluded_dir(self, path: str) -> bool:
+        return os.path.realpath(path) in self.exclude or os.path.isdir(os.path.join(path, _JOB_DIR))
+
+    def _skip_file(self, folder: str, name: str) -> bool:
+        """The output set's own files, when the output folder is this very folder."""
+        if os.path.realpath(folder) not in self.exclude:
+            return False
+        return name == _MANIFEST or (name.startswith("shard-") and name.endswith(".h5"))
+
+    def _scandir(self, folder: str) -> list[os.DirEntry[str]]:
+        try:
+            with os.scandir(folder) as entries:
+                return sorted(entries, key=lambda e: e.name)
+        except OSError as exc:
+            raise PreprocessError(
+                f"cannot list folder {display_name(folder)}: {exc.strerror or exc}; "
+                "make it readable or move it out of the source"
+            ) from exc
+
+    def files(self, folder: Path) -> list[Path]:
+        """Visible files directly in ``folder``, sorted by name."""
+        return [
+            Path(e.path)
+            for e in self._scandir(str(folder))
+            if not e.name.startswith(".")
+            and _is_file(e)
+            and not self._skip_file(str(folder), e.name)
+        ]
+
+    def subfolders(self, folder: Path) -> list[Path]:
+        """Visible sub-folders of ``folder`` (not the output folder), sorted by name."""
+        return [
+            Path(e.path)
+            for e in self._scandir(str(folder))
+            if not e.name.startswith(".") and _is_dir(e) and not self._excluded_dir(e.path)
+        ]
+
+    def files_recursive(self, folder: Path) -> list[Path]:
+        """Visible files under ``folder`` at any depth, in torchvision ``ImageFolder``
+        order (folders sorted by path, files sorted by name); symbolic links to folders
+        are followed once (a link cycle is not walked twice)."""
+        found: list[tuple[str, list[Path]]] = []
+        seen: set[str] = set()
+        pending = [folder]
+        while pending:
+            current = pending.pop()
+            real = os.path.realpath(current)
+            if real in seen:
+                continue
+            seen.add(real)
+            found.append((str(current), self.files(current)))
+            pending.extend(self.subfolders(current))
+        return [path for _, paths in sorted(found, key=lambda f: f[0]) for path in paths]
 
 
-def _resolve_kind(src: Path, masks: Path | None) -> str:
+def _is_file(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_file()
+    except OSError:
+        return False
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def _resolve_kind(src: Path, masks: Path | None, mask_suffix: str | None, walker: _Walker) -> str:
     if src.is_file():
         return "list"
-    if masks is not None:
+    if masks is not None or mask_suffix:
         return "segmentation"
-    if any(p.suffix == ".npy" for p in _visible_files(src)):
+    if any(p.suffix == ".npy" for p in walker.files(src)):
         return "npy"
     return "imagefolder"
 
 
 def list_source(
-    src: str | Path, *, kind: str = "auto", masks: str | Path | None = None
+    src: str | Path,
+    *,
+    kind: str = "auto",
+    masks: str | Path | None = None,
+    mask_suffix: str | None = None,
+    path_column: str | None = None,
+    label_column: str | None = None,
+    on_error: str = "fail",
+    exclude: Iterable[str | Path] = (),
 ) -> SourceListing:
     """List the samples of a source, validating it as a whole.
 
     Args:
         src: Folder (``imagefolder``, ``segmentation`` images, ``npy``) or list file.
         kind: One of :data:`SOURCE_KINDS`; ``"auto"`` picks ``list`` for a file,
-            ``segmentation`` when ``masks`` is given, ``npy`` for a folder holding
-            ``.npy`` files, ``imagefolder`` otherwise.
-        masks: The mask folder of a segmentation source.
+            ``segmentation`` when ``masks`` or ``mask_suffix`` is given, ``npy`` for a
+            folder holding ``.npy`` files, ``imagefolder`` otherwise.
+        masks: The mask folder of a segmentation source (default with ``mask_suffix``:
+            the image folder itself).
+        mask_suffix: The mask of ``a.jpg`` is named ``a<suffix>.<any extension>``
+            (e.g. ``"_mask"``); files so named are masks, not images.
+        path_column, label_column: Columns of a list file holding the paths and labels:
+            a header name, or a 0-based column number. Default: the header's recognised
+            names (:data:`PATH_COLUMN_NAMES`, :data:`LABEL_COLUMN_NAMES`), else the
+            first two columns.
+        on_error: ``"skip"`` records an image without a mask (or a mask without an
+            image) in ``skipped``; ``"fail"`` raises.
+        exclude: Folders never listed (the output folder of the job).
 
     Raises:
-        ValueError: ``kind`` is unknown, or ``masks`` is given for another kind.
-        PreprocessError: The source is missing, empty or inconsistent.
+        ValueError: ``kind`` is unknown, or an option is given for another kind.
+        PreprocessError: The source is missing, empty, unreadable or inconsistent.
     """
     if kind not in SOURCE_KINDS:
         raise ValueError(f"kind must be one of {SOURCE_KINDS}, got {kind!r}")
+    if on_error not in ("skip", "fail"):
+        raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
+    if mask_suffix is not None and (not mask_suffix or "/" in mask_suffix):
+        raise ValueError(f"mask_suffix must be a non-empty file-name part, got {mask_suffix!r}")
     root = Path(src).absolute()
     if not root.exists():
         raise PreprocessError(f"source does not exist: {root}")
+    walker = _Walker(exclude)
     mask_root = Path(masks).absolute() if masks is not None else None
     if kind == "auto":
-        kind = _resolve_kind(root, mask_root)
-    if mask_root is not None and kind != "segmentation":
-        raise ValueError(f"masks is only for kind='segmentation', got kind={kind!r}")
+        kind = _resolve_kind(root, mask_root, mask_suffix, walker)
+    if (mask_root is not None or mask_suffix) and kind != "segmentation":
+        raise ValueError(f"masks/mask_suffix are only for kind='segmentation', got kind={kind!r}")
+    if (path_column is not None or label_column is not None) and kind != "list":
+        raise ValueError(
+            f"path_column/label_column are only for a list file (kind='list'), got kind={kind!r}"
+        )
     if kind == "list":
         if not root.is_file():
             raise PreprocessError(f"a list source must be a CSV/TSV file, got a folder: {root}")
-        listing = _list_file(root)
+        listing = _list_file(root, path_column, label_column)
     else:
         if not root.is_dir():
             raise PreprocessError(f"a {kind} source must be a folder: {root}")
         if kind == "imagefolder":
-            listing = _image_folder(root)
+            listing = _image_folder(root, walker)
         elif kind == "segmentation":
-            if mask_root is None:
-                raise ValueError("kind='segmentation' needs masks (the mask folder)")
-            listing = _segmentation(root, mask_root)
+            if mask_root is None and not mask_suffix:
+                raise ValueError("kind='segmentation' needs masks (the mask folder) or mask_suffix")
+            listing = _segmentation(root, mask_root or root, mask_suffix, on_error, walker)
         else:
-            listing = _npy_folder(root)
+            listing = _npy_folder(root, walker)
     if not listing.items:
         raise PreprocessError(f"source has no inputs ({kind}): {root}")
     return listing
 
 
-def _image_folder(root: Path) -> SourceListing:
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+def _image_folder(root: Path, walker: _Walker) -> SourceListing:
+    classes = [p.name for p in walker.subfolders(root)]
     items = [
-        SourceItem(str(path), f"{name}/{path.name}", label)
+        SourceItem(str(path), display_name(path.relative_to(root).as_posix()), label)
         for label, name in enumerate(classes)
-        for path in _visible_files(root / name)
+        for path in walker.files_recursive(root / name)
     ]
-    return SourceListing("imagefolder", str(root), items, classes)
+    return SourceListing("imagefolder", str(root), items, [display_name(c) for c in classes])
 
 
-def _list_file(path: Path) -> SourceListing:
-    delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
+def _sniff_delimiter(path: Path, first_line: str) -> str:
+    if path.suffix.lower() == ".tsv":
+        return "\t"
+    if path.suffix.lower() == ".csv":
+        return ","
+    return "\t" if "\t" in first_line and "," not in first_line else ","
+
+
+def _column_index(wanted: str, header: list[str] | None, option: str, path: Path) -> int:
+    names = [c.strip().lower() for c in header] if header is not None else None
+    if names is not None and wanted.strip().lower() in names:
+        return names.index(wanted.strip().lower())
+    if wanted.strip().isdigit():
+        return int(wanted)
+    found = f"its header is {header!r}" if header is not None else "it has no header row"
+    raise PreprocessError(
+        f"{path}: {option} {wanted!r} is not a column ({found}); give a header name or a "
+        "0-based column number"
+    )
+
+
+def _list_file(path: Path, path_column: str | None, label_column: str | None) -> SourceListing:
     try:
-        with open(path, newline="") as fh:
-            rows = [row for row in csv.reader(fh, delimiter=delimiter) if row]
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            text = fh.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise PreprocessError(f"cannot read list file {path}: {exc}") from exc
-    if rows and [c.strip().lower() for c in rows[0]] == ["path", "label"]:
-        rows = rows[1:]
-    for number, row in enumerate(rows, start=1):
-        if len(row) != 2 or not row[0].strip():
+    delimiter = _sniff_delimiter(path, text.split("\n", 1)[0])
+    numbered = [
+        (number, row)
+        for number, row in enumerate(csv.reader(text.splitlines(), delimiter=delimiter), start=1)
+        if any(cell.strip() for cell in row)
+    ]
+    if not numbered:
+        raise PreprocessError(f"source has no inputs (list): {path}")
+    first = [c.strip().lower() for c in numbered[0][1]]
+    explicit = {c.strip().lower() for c in (path_column, label_column) if c is not None}
+    is_header = bool(explicit & set(first)) or any(
+        c in PATH_COLUMN_NAMES or c in LABEL_COLUMN_NAMES for c in first
+    )
+    header = numbered[0][1] if is_header else None
+    rows = numbered[1:] if is_header else numbered
+    width = len(numbered[0][1])
+    if path_column is not None:
+        path_index = _column_index(path_column, header, "--path-column", path)
+    else:
+        path_index = next((i for i, c in enumerate(first) if c in PATH_COLUMN_NAMES), 0)
+        path_index = path_index if is_header else 0
+    if label_column is not None:
+        label_index = _column_index(label_column, header, "--label-column", path)
+    elif is_header and any(c in LABEL_COLUMN_NAMES for c in first):
+        label_index = next(i for i, c in enumerate(first) if c in LABEL_COLUMN_NAMES)
+    elif width == 2:
+        label_index = 1 - path_index
+    else:
+        found = f"header {header!r}" if header is not None else f"{width} columns, no header"
+        raise PreprocessError(
+            f"{path}: cannot tell which column holds the labels ({found}); pass "
+            "--label-column (label_column=) with a header name or 0-based column number"
+        )
+    if path_index == label_index:
+        raise PreprocessError(f"{path}: the path and label columns are both column {path_index}")
+    needed = max(path_index, label_index) + 1
+    paths: list[str] = []
+    raw_labels: list[tuple[int, str]] = []
+    for number, row in rows:
+        if len(row) < needed or not row[path_index].strip():
             raise PreprocessError(
-                f"{path}: row {number} must be 'path{delimiter}label', got {delimiter.join(row)!r}"
+                f"{path}: row {number} must have a path in column {path_index} and a label "
+                f"in column {label_index}, got {delimiter.join(row)!r}"
             )
-    raw_labels = [row[1].strip() for row in rows]
-    try:
-        labels = [int(label) for label in raw_labels]
-        class_names: list[str] = []
-    except ValueError:
-        class_names = sorted(set(raw_labels))
-        lookup = {name: i for i, name in enumerate(class_names)}
-        labels = [lookup[label] for label in raw_labels]
+        label = row[label_index].strip()
+        if not label:
+            raise PreprocessError(
+                f"{path}: row {number} has an empty label ({delimiter.join(row)!r}); every "
+                "row needs one"
+            )
+        paths.append(row[path_index].strip())
+        raw_labels.append((number, label))
+    labels, class_names = _parse_labels(path, raw_labels)
     base = path.parent
     items = [
-        SourceItem(str((base / row[0].strip()).absolute()), row[0].strip(), label)
-        for row, label in zip(rows, labels, strict=True)
+        SourceItem(str((base / name).absolute()), display_name(name), label)
+        for name, label in zip(paths, labels, strict=True)
     ]
     return SourceListing("list", str(path), items, class_names)
 
 
-def _segmentation(images: Path, masks: Path) -> SourceListing:
+def _parse_labels(path: Path, raw: list[tuple[int, str]]) -> tuple[list[int], list[str]]:
+    """Integer labels when every label is one, class names when none is; else an error."""
+    is_int = [bool(_INT_LABEL.fullmatch(label)) for _, label in raw]
+    if all(is_int):
+        labels = []
+        for number, label in raw:
+            value = int(label)
+            if not 0 <= value <= _INT64_MAX:
+                raise PreprocessError(
+                    f"{path}: row {number} has label {label!r}; integer labels must be in "
+                    f"0..{_INT64_MAX}"
+                )
+            labels.append(value)
+        return labels, []
+    if any(is_int):
+        # the minority breaks the pattern: name its first row, and a row of the majority
+        ints = sum(is_int)
+        bad = next(i for i, ok in enumerate(is_int) if ok == (ints * 2 < len(raw)))
+        good = next(i for i, ok in enumerate(is_int) if ok != is_int[bad])
+        kind = "an integer" if is_int[bad] else "not an integer"
+        raise PreprocessError(
+            f"{path}: row {raw[bad][0]} has label {raw[bad][1]!r}, {kind}, while row "
+            f"{raw[good][0]} has {raw[good][1]!r}: labels must be all integers or all class "
+            "names; fix that row"
+        )
+    class_names = sorted({label for _, label in raw})
+    lookup = {name: i for i, name in enumerate(class_names)}
+    return [lookup[label] for _, label in raw], class_names
+
+
+def _stems(
+    files: list[Path], suffix: str, what: str, skip: bool, skipped: list[dict[str, str]]
+) -> dict[str, Path]:
+    """Files by stem (minus ``suffix``); a second file with the same stem is an error or,
+    when ``skip``, recorded as skipped."""
+    out: dict[str, Path] = {}
+    for path in files:
+        stem = path.stem[: len(path.stem) - len(suffix)] if suffix else path.stem
+        if stem in out:
+            reason = f"another {what} has the same stem ({out[stem].name}): ambiguous pair"
+            if not skip:
+                raise PreprocessError(f"{display_name(str(path))}: {reason}")
+            skipped.append({"path": display_name(str(path)), "reason": reason})
+            continue
+        out[stem] = path
+    return out
+
+
+def _segmentation(
+    images: Path, masks: Path, suffix: str | None, on_error: str, walker: _Walker
+) -> SourceListing:
     if not masks.is_dir():
         raise PreprocessError(f"mask folder does not exist: {masks}")
-    image_files = {p.stem: p for p in _visible_files(images)}
-    mask_files = {p.stem: p for p in _visible_files(masks)}
+    skip = on_error == "skip"
+    skipped: list[dict[str, str]] = []
+    image_list = walker.files(images)
+    mask_list = walker.files(masks)
+    if suffix:
+        mask_list = [p for p in mask_list if p.stem.endswith(suffix)]
+        image_list = [p for p in image_list if not p.stem.endswith(suffix)]
+    image_files = _stems(image_list, "", "image", skip, skipped)
+    mask_files = _stems(mask_list, suffix or "", "mask", skip, skipped)
+    hint = f"{{stem}}{suffix}.*" if suffix else "the same stem"
     orphans = sorted(set(mask_files) - set(image_files))
-    if orphans:
-        raise PreprocessError(
-            f"{len(orphans)} mask(s) without an image, e.g. {mask_files[orphans[0]]} "
-            f"(no file with stem {orphans[0]!r} in {images})"
-        )
     unmasked = sorted(set(image_files) - set(mask_files))
-    if unmasked:
+    if (orphans or unmasked) and not skip:
+        if orphans:
+            raise PreprocessError(
+                f"{len(orphans)} mask(s) without an image, e.g. "
+                f"{display_name(str(mask_files[orphans[0]]))} (no file with stem "
+                f"{display_name(orphans[0])!r} in {images}); --on-error skip records them "
+                "and goes on"
+            )
         raise PreprocessError(
-            f"{len(unmasked)} image(s) without a mask, e.g. {image_files[unmasked[0]]} "
-            f"(no file with stem {unmasked[0]!r} in {masks})"
+            f"{len(unmasked)} image(s) without a mask, e.g. "
+            f"{display_name(str(image_files[unmasked[0]]))} (no mask named {hint} in "
+            f"{masks}); --on-error skip records them and goes on"
         )
+    for stem in orphans:
+        reason = f"mask without an image (no file with stem {display_name(stem)!r} in {images})"
+        skipped.append({"path": display_name(str(mask_files[stem])), "reason": reason})
+    for stem in unmasked:
+        reason = f"image without a mask (no mask named {hint} in {masks})"
+        skipped.append({"path": display_name(str(image_files[stem])), "reason": reason})
     items = [
-        SourceItem(str(image_files[stem]), image_files[stem].name, mask=str(mask_files[stem]))
-        for stem in sorted(image_files)
+        SourceItem(
+            str(image_files[stem]), display_name(image_files[stem].name), mask=str(mask_files[stem])
+        )
+        for stem in sorted(set(image_files) & set(mask_files))
     ]
-    return SourceListing("segmentation", str(images), items)
+    return SourceListing("segmentation", str(images), items, skipped=skipped)
 
 
-def _npy_folder(root: Path) -> SourceListing:
-    files = [p for p in _visible_files(root) if p.suffix == ".npy"]
+def _npy_folder(root: Path, walker: _Walker) -> SourceListing:
+    files = [p for p in walker.files(root) if p.suffix == ".npy"]
     shape: tuple[int, ...] = ()
     dtype = ""
     first: Path | None = None
@@ -216,13 +472,24 @@ def _npy_folder(root: Path) -> SourceListing:
             array = np.load(path, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as exc:
             raise PreprocessError(f"cannot read .npy header of {path}: {exc}") from exc
-        if first is None:
-            first, shape, dtype = path, tuple(array.shape), array.dtype.name
-        elif tuple(array.shape) != shape or array.dtype.name != dtype:
+        if array.dtype.fields is not None or array.dtype.kind not in "biuf":
             raise PreprocessError(
-                f"mismatched .npy arrays: {path} is {tuple(array.shape)} {array.dtype.name}, "
+                f"{path} has dtype {array.dtype}: only plain bool, integer or float arrays "
+                "can be stored (not structured, complex, string or object arrays)"
+            )
+        if array.size == 0:
+            raise PreprocessError(
+                f"{path} is an empty array of shape {tuple(array.shape)}: remove it from the "
+                "source (every array must hold data)"
+            )
+        native = array.dtype.newbyteorder("=").name
+        if first is None:
+            first, shape, dtype = path, tuple(array.shape), native
+        elif tuple(array.shape) != shape or native != dtype:
+            raise PreprocessError(
+                f"mismatched .npy arrays: {path} is {tuple(array.shape)} {native}, "
                 f"but {first} is {shape} {dtype} (all arrays must share shape and dtype)"
             )
         del array
-    items = [SourceItem(str(p), p.name) for p in files]
+    items = [SourceItem(str(p), display_name(p.name)) for p in files]
     return SourceListing("npy", str(root), items, array_shape=shape, array_dtype=dtype)

@@ -181,10 +181,12 @@ def _process_image(item: SourceItem, job: ShardJob) -> SampleResult:
 
 def _process_array(item: SourceItem, spec: FieldSpec) -> SampleResult:
     array = np.load(item.path, allow_pickle=False)
-    if array.shape != spec.shape or array.dtype != np.dtype(spec.dtype):
+    if array.shape != spec.shape or array.dtype.newbyteorder("=") != np.dtype(spec.dtype):
         raise DecodeError(
             f"array is {array.shape} {array.dtype}, expected {spec.shape} {spec.dtype}", item.path
         )
+    if not array.dtype.isnative:  # e.g. big-endian uint16 beside little-endian ones
+        array = array.astype(array.dtype.newbyteorder("="))
     flat = array.reshape(-1, 1).astype(np.float64)
     count = float(flat.shape[0])
     return {"volume": array}, {"volume": (count, flat.sum(0), (flat * flat).sum(0))}

@@ -164,9 +164,11 @@ def _segmentation(tmp_path: Path, images: list[str], masks: list[str]) -> tuple[
 
 def test_mask_without_image(tmp_path: Path, capsys: Any) -> None:
     images, masks = _segmentation(tmp_path, ["a"], ["a", "b"])
+    fail = PreprocessOptions(on_error="fail")
     with pytest.raises(PreprocessError, match=r"1 mask\(s\) without an image, e.g. .*b\.png"):
-        preprocess(images, tmp_path / "o", masks=masks, show_progress=False)
+        preprocess(images, tmp_path / "o", fail, masks=masks, show_progress=False)
     args = ["preprocess", str(images), str(tmp_path / "o"), "--masks", str(masks), "-q"]
+    args.extend(["--on-error", "fail"])
     assert main(args) == 1
     assert "without an image" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
@@ -174,8 +176,9 @@ def test_mask_without_image(tmp_path: Path, capsys: Any) -> None:
 
 def test_image_without_mask(tmp_path: Path) -> None:
     images, masks = _segmentation(tmp_path, ["a", "c"], ["a"])
+    fail = PreprocessOptions(on_error="fail")
     with pytest.raises(PreprocessError, match=r"image\(s\) without a mask, e.g. .*c\.png"):
-        preprocess(images, tmp_path / "o", masks=masks, show_progress=False)
+        preprocess(images, tmp_path / "o", fail, masks=masks, show_progress=False)
 
 
 def test_mask_of_wrong_size_is_skipped(tmp_path: Path) -> None:
@@ -200,7 +203,9 @@ def test_cli_mismatched_npy_exit_code(tmp_path: Path, capsys: Any) -> None:
 def test_malformed_list_row(tmp_path: Path) -> None:
     listing = tmp_path / "l.csv"
     listing.write_text("a.jpg,1\nb.jpg\n")
-    with pytest.raises(PreprocessError, match="row 2 must be 'path,label'"):
+    with pytest.raises(
+        PreprocessError, match="row 2 must have a path in column 0 and a label in column 1"
+    ):
         preprocess(listing, tmp_path / "o", show_progress=False)
 
 
@@ -252,5 +257,5 @@ def test_argument_validation(sample_imagefolder: Path, tmp_path: Path) -> None:
         preprocess(sample_imagefolder, tmp_path / "o", workers=0)
     with pytest.raises(ValueError, match="kind must be one of"):
         preprocess(sample_imagefolder, tmp_path / "o", kind="tar")
-    with pytest.raises(ValueError, match="masks is only for kind='segmentation'"):
+    with pytest.raises(ValueError, match="masks/mask_suffix are only for kind='segmentation'"):
         preprocess(sample_imagefolder, tmp_path / "o", kind="imagefolder", masks=tmp_path)

@@ -7,6 +7,18 @@ through OpenCV: other formats, CMYK/YCCK JPEGs, JPEGs whose EXIF orientation mus
 and JPEGs that simplejpeg rejects (truncated data, for instance, which OpenCV decodes as
 far as it can, as it always has here).
 
+EXIF orientation: one rule everywhere (preprocessing, ``RAMDataset`` and the ``cpu``
+decoder): a JPEG's orientation tag is applied, so pixels come out as the photo is
+displayed (OpenCV's and ``PIL.ImageOps.exif_transpose``'s rule). :func:`orient` applies the
+same flip/rotation to other arrays (a segmentation mask).
+
+Limits: an image whose header claims more than ``max_pixels`` pixels (default
+:data:`DEFAULT_MAX_PIXELS`, PIL's limit) is refused before any pixel is decoded, and a JPEG
+whose data ends before its frame is complete (a corrupt or lying frame header) is an
+error, not a grey image. Any exception a decoding library raises on the bytes becomes a
+:class:`DecodeError`, so callers apply their ``on_error`` policy; ``MemoryError`` is not
+converted.
+
 For JPEGs that are at least twice the wanted size, libjpeg-turbo can decode at 1/2, 1/4 or
 1/8 scale straight from the DCT coefficients, which costs a fraction of a full decode.
 :func:`decode_image` picks the largest reduction that keeps the decoded image at least as
@@ -15,11 +27,15 @@ large as asked.
 
 from __future__ import annotations
 
+import io
+import struct
+import warnings
 from typing import NamedTuple
 
 import cv2
 import numpy as np
 import simplejpeg
+from PIL import Image
 
 from fastdata.errors import DecodeError
 
@@ -39,6 +55,15 @@ _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
 _APP1 = 0xE1
 _EXIF_ID = b"Exif\x00\x00"
+_ORIENTATION_TAG = 0x0112
+# PIL's Image.MAX_IMAGE_PIXELS (a 1 GiB RGBA image): above it PIL warns of a decompression
+# bomb. An 89.5-megapixel RGB image is 268 MB decoded.
+DEFAULT_MAX_PIXELS = 89_478_485
+# simplejpeg's messages for data that ends early or is damaged (libjpeg "warnings" that
+# OpenCV would decode into grey blocks); other rejections fall back to OpenCV. Stray bytes
+# before a marker are harmless (common in camera files): such a JPEG is decoded leniently.
+_CORRUPT = ("Corrupt JPEG data", "Premature end of JPEG file")
+_HARMLESS = "extraneous bytes before marker"
 
 
 class JpegHeader(NamedTuple):
@@ -48,6 +73,31 @@ class JpegHeader(NamedTuple):
     width: int
     components: int  # 1 gray, 3 YCbCr/RGB, 4 CMYK/YCCK
     exif: bool  # an EXIF segment is present (it may carry an orientation)
+    orientation: int = 1  # the EXIF orientation tag, 1-8 (1: as stored)
+
+    @property
+    def oriented_hw(self) -> tuple[int, int]:
+        """``(height, width)`` once the EXIF orientation is applied (5-8 swap the axes)."""
+        return (self.width, self.height) if self.orientation >= 5 else (self.height, self.width)
+
+
+def _exif_orientation(segment: bytes) -> int:
+    """The orientation tag of an EXIF segment (TIFF data after ``Exif\0\0``); 1 if absent."""
+    if len(segment) < 8 or segment[:2] not in (b"II", b"MM"):
+        return 1
+    order = "<" if segment[:2] == b"II" else ">"
+    try:
+        (ifd,) = struct.unpack_from(f"{order}I", segment, 4)
+        (count,) = struct.unpack_from(f"{order}H", segment, ifd)
+        for entry in range(min(count, 512)):
+            tag, kind, _, value = struct.unpack_from(f"{order}HHII", segment, ifd + 2 + 12 * entry)
+            if tag == _ORIENTATION_TAG:
+                if kind == 3:  # SHORT: the value sits in the first two bytes of the field
+                    (value,) = struct.unpack_from(f"{order}H", segment, ifd + 2 + 12 * entry + 8)
+                return value if 1 <= value <= 8 else 1
+    except struct.error:
+        return 1
+    return 1
 
 
 def jpeg_header(data: bytes | np.ndarray) -> JpegHeader | None:
@@ -59,6 +109,7 @@ def jpeg_header(data: bytes | np.ndarray) -> JpegHeader | None:
     pos = 2
     end = len(buf)
     exif = False
+    orientation = 1
     while pos + 9 < end:
         if buf[pos] != 0xFF:
             return None
@@ -72,9 +123,10 @@ def jpeg_header(data: bytes | np.ndarray) -> JpegHeader | None:
             width = (buf[pos + 7] << 8) | buf[pos + 8]
             if not (height and width):
                 return None
-            return JpegHeader(height, width, buf[pos + 9], exif)
-        if marker == _APP1 and bytes(buf[pos + 4 : pos + 10]) == _EXIF_ID:
+            return JpegHeader(height, width, buf[pos + 9], exif, orientation)
+        if marker == _APP1 and not exif and bytes(buf[pos + 4 : pos + 10]) == _EXIF_ID:
             exif = True
+            orientation = _exif_orientation(bytes(buf[pos + 10 : pos + 2 + length]))
         pos += 2 + length
     return None
 
@@ -84,6 +136,75 @@ def jpeg_size(data: bytes | np.ndarray) -> tuple[int, int] | None:
     (or the header is unreadable). Reads only the markers before the first frame."""
     header = jpeg_header(data)
     return None if header is None else (header[0], header[1])
+
+
+def image_size(data: bytes | np.ndarray) -> tuple[int, int] | None:
+    """``(height, width)`` as stored, read from the header only (JPEG, PNG; other formats
+    through PIL's header parser), or ``None`` when the header gives no size.
+
+    Raises:
+        DecodeError: PIL refuses the header as a decompression bomb.
+    """
+    header = jpeg_header(data)
+    if header is not None:
+        return header.height, header.width
+    raw = bytes(data[:24]) if isinstance(data, bytes) else data[:24].tobytes()
+    if raw[:8] == b"\x89PNG\r\n\x1a\n" and raw[12:16] == b"IHDR":
+        width, height = struct.unpack(">II", raw[16:24])
+        return height, width
+    if raw[:2] == b"\xff\xd8":  # a JPEG whose frame header is missing or unreadable
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            stream = io.BytesIO(data if isinstance(data, bytes) else data.tobytes())
+            with Image.open(stream) as pil:
+                width, height = pil.size
+    except Image.DecompressionBombError as exc:
+        raise DecodeError(f"image too large ({exc})", "<bytes>") from exc
+    except Exception:  # not a format PIL knows: the decoder decides
+        return None
+    return height, width
+
+
+def check_pixels(hw: tuple[int, int] | None, max_pixels: int | None, source: str) -> None:
+    """Refuse an image whose header claims more than ``max_pixels`` pixels (``None``: no
+    limit), before any memory is spent decoding it.
+
+    Raises:
+        DecodeError: Naming the size, the limit and how to raise it.
+    """
+    if hw is None or max_pixels is None:
+        return
+    if hw[0] * hw[1] > max_pixels:
+        raise DecodeError(
+            f"image header says {hw[1]}x{hw[0]} = {hw[0] * hw[1]:,} pixels, over the limit of "
+            f"{max_pixels:,} (max_pixels; raise it to accept such images)",
+            source,
+        )
+
+
+def orient(image: np.ndarray, orientation: int) -> np.ndarray:
+    """Apply an EXIF orientation (1-8) to ``(H, W[, C])`` pixels: the flip or rotation that
+    shows the image as displayed (the same as OpenCV and ``PIL.ImageOps.exif_transpose``).
+    Returns a C-contiguous array (``image`` itself for orientation 1)."""
+    if orientation == 2:
+        out = image[:, ::-1]
+    elif orientation == 3:
+        out = image[::-1, ::-1]
+    elif orientation == 4:
+        out = image[::-1]
+    elif orientation == 5:
+        out = image.swapaxes(0, 1)
+    elif orientation == 6:
+        out = image.swapaxes(0, 1)[:, ::-1]
+    elif orientation == 7:
+        out = image[::-1, ::-1].swapaxes(0, 1)
+    elif orientation == 8:
+        out = image.swapaxes(0, 1)[::-1]
+    else:
+        return image
+    return np.ascontiguousarray(out)
 
 
 def reduction_for(source_hw: tuple[int, int] | None, min_side: int | None) -> int:
@@ -106,6 +227,7 @@ def decode_image(
     min_side: int | None = None,
     grayscale: bool = False,
     exif_orientation: bool = True,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
     source: str = "<bytes>",
 ) -> np.ndarray:
     """Decode an encoded image (JPEG, PNG, BMP, WebP, TIFF…) to uint8 pixels.
@@ -119,16 +241,23 @@ def decode_image(
         exif_orientation: Rotate/flip as the EXIF orientation tag says (OpenCV's default).
             ``False`` keeps the stored orientation, like PIL, torchvision and DALI do by
             default, and keeps the pixels aligned with the frame header's size.
+        max_pixels: Refuse an image whose header claims more pixels (``None``: no limit).
         source: Where the bytes came from, for the error message.
 
     Returns:
         ``(H, W, 3)`` uint8 RGB, or ``(H, W)`` uint8 when ``grayscale``.
 
     Raises:
-        DecodeError: The bytes are not a decodable image (corrupt, truncated, empty).
+        DecodeError: The bytes are not a decodable image (corrupt, truncated, empty, or
+            larger than ``max_pixels``).
     """
     buf = np.frombuffer(data, dtype=np.uint8) if isinstance(data, bytes) else data
     header = jpeg_header(buf)
+    if header is None and buf.size:
+        try:
+            check_pixels(image_size(buf), max_pixels, source)
+        except DecodeError as exc:
+            raise DecodeError(str(exc).removesuffix(f": {exc.source}"), source) from exc
     factor = reduction_for(None if header is None else (header.height, header.width), min_side)
     return decode_reduced(
         buf,
@@ -137,6 +266,7 @@ def decode_image(
         grayscale=grayscale,
         exif_orientation=exif_orientation,
         source=source,
+        max_pixels=max_pixels,
     )
 
 
@@ -148,19 +278,25 @@ def decode_reduced(
     grayscale: bool,
     exif_orientation: bool,
     source: str,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> np.ndarray:
     """:func:`decode_image` for callers that already parsed the header (``None``: not a
     JPEG) and chose the reduction ``factor`` (1, 2, 4 or 8; JPEGs only)."""
     if buf.size == 0:
         raise DecodeError("empty image data", source)
-    if header is not None and header.components != 4 and not (exif_orientation and header.exif):
-        fast = _decode_simplejpeg(buf, header, factor, grayscale)
-        if fast is not None:
-            return fast
+    if header is not None:
+        check_pixels((header.height, header.width), max_pixels, source)
+        if header.components != 4:
+            fast = _decode_simplejpeg(buf, header, factor, grayscale, source)
+            if fast is not None:
+                return orient(fast, header.orientation) if exif_orientation else fast
     flag = (_REDUCED_GRAY if grayscale else _REDUCED_COLOR)[factor]
     if not exif_orientation:
         flag |= cv2.IMREAD_IGNORE_ORIENTATION
-    image = cv2.imdecode(buf, flag)
+    try:
+        image = cv2.imdecode(buf, flag)
+    except cv2.error as exc:  # e.g. a size over OpenCV's own limit
+        raise DecodeError(f"not a decodable image (OpenCV: {_first_line(exc)})", source) from exc
     if image is None:
         raise DecodeError("not a decodable image (corrupt, truncated or unknown format)", source)
     if not grayscale and _COLOR_RGB is None:
@@ -168,11 +304,21 @@ def decode_reduced(
     return image
 
 
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
+
 def _decode_simplejpeg(
-    buf: np.ndarray, header: JpegHeader, factor: int, grayscale: bool
+    buf: np.ndarray, header: JpegHeader, factor: int, grayscale: bool, source: str
 ) -> np.ndarray | None:
-    """The JPEG at ``1/factor`` scale, or ``None`` when simplejpeg rejects it (then OpenCV
-    decides, as it always has here: it decodes truncated data as far as it goes)."""
+    """The JPEG at ``1/factor`` scale as stored, or ``None`` when simplejpeg cannot handle
+    it (then OpenCV decides).
+
+    Raises:
+        DecodeError: The data is damaged or ends early (e.g. a frame header claiming a
+            larger image than the data holds): OpenCV would return grey blocks.
+    """
     try:
         image = simplejpeg.decode_jpeg(
             buf,
@@ -181,6 +327,16 @@ def _decode_simplejpeg(
             min_height=-(-header.height // factor),
             min_width=-(-header.width // factor),
         )
-    except ValueError:
-        return None
+    except ValueError as exc:
+        if not str(exc).startswith(_CORRUPT):
+            return None
+        if _HARMLESS not in str(exc):
+            raise DecodeError(f"corrupt or truncated JPEG ({exc})", source) from exc
+        image = simplejpeg.decode_jpeg(
+            buf,
+            colorspace="GRAY" if grayscale else "RGB",
+            min_height=-(-header.height // factor),
+            min_width=-(-header.width // factor),
+            strict=False,
+        )
     return image[:, :, 0] if grayscale else image

@@ -75,7 +75,7 @@ def _cmyk_jpeg() -> bytes:
 
 def test_jpeg_header_reports_components_and_exif() -> None:
     assert jpeg_header(rgb_jpeg(30, 40)) == JpegHeader(30, 40, 3, False)
-    assert jpeg_header(exif_rotated_jpeg(30, 40)) == JpegHeader(30, 40, 3, True)
+    assert jpeg_header(exif_rotated_jpeg(30, 40)) == JpegHeader(30, 40, 3, True, 6)
     assert jpeg_header(_cmyk_jpeg()) == JpegHeader(48, 64, 4, False)
     assert jpeg_header(_gray_jpeg()) == JpegHeader(48, 64, 1, False)
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fastdata._codec import DEFAULT_MAX_PIXELS
 from fastdata._system import format_bytes
 from fastdata.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from fastdata.preprocess import (
@@ -81,6 +82,13 @@ def register(subparsers: Any) -> None:
         help="skip (report, record) or fail on an unreadable input",
     )
     parser.add_argument(
+        "--max-pixels",
+        type=int,
+        default=DEFAULT_MAX_PIXELS,
+        help="refuse (skip or fail) an input whose header claims more pixels, before "
+        f"decoding (default {DEFAULT_MAX_PIXELS:,}, PIL's limit; 0: no limit)",
+    )
+    parser.add_argument(
         "--workers", type=int, help="processes (default: usable CPUs; CPUs of a local Ray)"
     )
     parser.add_argument(
@@ -119,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
         jpeg_quality=args.jpeg_quality,
         shard_bytes=max(1, int(args.shard_mb * 2**20)),
         on_error=args.on_error,
+        max_pixels=args.max_pixels or None,
     )
     summary = preprocess(
         args.src,

@@ -134,8 +134,9 @@ def decode_crop(
 ) -> np.ndarray:
     """Decode one image, cut its crop box and resize it to ``out_hw``.
 
-    The EXIF orientation tag is ignored, as PIL, torchvision and DALI do by default, so all
-    backends give the same pixels and the crop box matches the frame header's size.
+    A JPEG's EXIF orientation is applied before the crop box is placed, the rule of
+    preprocessing and ``RAMDataset`` (see :mod:`fastdata._codec`): the box is drawn on the
+    image as displayed.
 
     Returns:
         ``(H, W, C)`` uint8 RGB (C = 1 when ``grayscale``).
@@ -145,8 +146,9 @@ def decode_crop(
     """
     out = np.empty((*out_hw, 1 if grayscale else 3), dtype=np.uint8)
     header = jpeg_header(data)
-    if header is None:  # not a JPEG: decode first, then place the box on real pixels
-        image = decode_image(data, grayscale=grayscale, exif_orientation=False, source=source)
+    if header is None or header.orientation != 1:
+        # not a JPEG, or one to rotate: decode first, then place the box on real pixels
+        image = decode_image(data, grayscale=grayscale, source=source)
         resize_crop(image, crop_box(image.shape[:2], out_hw, crop, draws), out)
         return out
     box = crop_box((header.height, header.width), out_hw, crop, draws)
@@ -200,7 +202,8 @@ class CpuDecoder(Decoder):
         # The geometry of the whole batch first, vectorised in this thread, so that the
         # decoding threads run little Python between the calls that release the GIL.
         headers = [jpeg_header(data) for data in buffers]
-        jpegs = [i for i, header in enumerate(headers) if header is not None]
+        # JPEGs to rotate by their EXIF orientation go the decode-first way, like non-JPEGs
+        jpegs = [i for i, h in enumerate(headers) if h is not None and h.orientation == 1]
         sizes = [headers[i][:2] for i in jpegs]  # type: ignore[index]
         boxes = crop_boxes(sizes, self.size, self.random_crop, draws[jpegs])
         factors = reduction_factors(boxes, self.size)
@@ -214,7 +217,7 @@ class CpuDecoder(Decoder):
                 source = f"batch item {index}"
                 try:
                     planned, header = plan[index], headers[index]
-                    if planned is None or header is None:  # not a JPEG
+                    if planned is None or header is None:  # not a JPEG, or one to rotate
                         out[index] = decode_crop(
                             buffers[index],
                             self.size,
@@ -236,6 +239,8 @@ class CpuDecoder(Decoder):
                         )
                 except DecodeError as error:
                     errors[index] = error
+                except cv2.error as error:  # OpenCV refusing these pixels (a decoder error)
+                    errors[index] = DecodeError(f"OpenCV: {str(error).strip()[-200:]}", source)
 
         if self.num_threads == 1 or count < 2:
             work(0)  # every index when one thread; the only one when count < 2

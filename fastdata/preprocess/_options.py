@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from fastdata._codec import DEFAULT_MAX_PIXELS
 from fastdata.preprocess._transforms import RESIZE_MODES
 from fastdata.shards import COMPRESSIONS
 
@@ -34,6 +35,9 @@ class PreprocessOptions:
         shard_bytes: Target size of one shard file in bytes (default 1 GiB).
         on_error: A corrupt, truncated or non-image input is ``"skip"``-ped (reported and
             recorded in the manifest) or makes the job ``"fail"``.
+        max_pixels: An input whose header claims more pixels (width x height) is refused
+            before decoding, like any undecodable input (default PIL's limit, 89.5
+            megapixels; ``None``: no limit).
     """
 
     sizes: tuple[int, ...] = (224,)
@@ -44,6 +48,7 @@ class PreprocessOptions:
     jpeg_quality: int = 90
     shard_bytes: int = DEFAULT_SHARD_BYTES
     on_error: str = "skip"
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
 
     def __post_init__(self) -> None:
         sizes = tuple(self.sizes) if not isinstance(self.sizes, int) else (self.sizes,)
@@ -75,6 +80,12 @@ class PreprocessOptions:
             raise ValueError(f"shard_bytes must be a positive int, got {self.shard_bytes!r}")
         if self.on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
+        if self.max_pixels is not None and (
+            not isinstance(self.max_pixels, int)
+            or isinstance(self.max_pixels, bool)
+            or self.max_pixels < 1
+        ):
+            raise ValueError(f"max_pixels must be a positive int or None, got {self.max_pixels!r}")
 
     def to_json(self) -> dict[str, Any]:
         """The options as the manifest records them (what a resume compares)."""

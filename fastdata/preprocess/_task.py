@@ -10,6 +10,7 @@ pool and :func:`write_shard` in the parent. Both give byte-identical shards.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from fastdata._codec import decode_image, jpeg_size
+from fastdata._codec import JpegHeader, check_pixels, decode_image, jpeg_header, orient
 from fastdata.errors import DecodeError, PreprocessError
 from fastdata.preprocess._options import PreprocessOptions
 from fastdata.preprocess._sources import SourceItem, SourceListing
@@ -125,11 +126,34 @@ def _pixel_stats(pixels: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
     return count, mean * count, (std * std + mean * mean) * count
 
 
-def _read_mask(path: str, image_hw: tuple[int, int]) -> np.ndarray:
-    with Image.open(path) as pil:
-        if pil.mode not in ("L", "P", "1"):
-            raise DecodeError(f"mask must be single-channel (L or P mode), got {pil.mode}", path)
-        mask = np.asarray(pil.convert("L") if pil.mode == "1" else pil, dtype=np.uint8)
+def _read_mask(
+    path: str, header: JpegHeader | None, image_hw: tuple[int, int], max_pixels: int | None
+) -> np.ndarray:
+    """The mask of an image, aligned with the image as decoded (EXIF orientation applied).
+
+    One rule: the mask gets its image's EXIF flip/rotation, as the image does, unless its
+    size already is the image's displayed size and not its stored size (a mask drawn on
+    the displayed photo). Its size must then equal the displayed image's.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as pil:
+                check_pixels((pil.size[1], pil.size[0]), max_pixels, path)
+                if pil.mode not in ("L", "P", "1"):
+                    raise DecodeError(
+                        f"mask must be single-channel (L or P mode), got {pil.mode}", path
+                    )
+                mask = np.asarray(pil.convert("L") if pil.mode == "1" else pil, dtype=np.uint8)
+    except (DecodeError, MemoryError, OSError):  # OSError: unreadable, not an image
+        raise
+    except Exception as exc:  # PIL raises many types on crafted files (bombs, SyntaxError...)
+        raise DecodeError(f"cannot decode mask ({type(exc).__name__}: {exc})", path) from exc
+    orientation = 1 if header is None else header.orientation
+    if orientation != 1 and header is not None:
+        stored = (header.height, header.width)
+        if not (mask.shape == header.oriented_hw and mask.shape != stored):
+            mask = orient(mask, orientation)
     if mask.shape != image_hw:
         raise DecodeError(f"mask is {mask.shape}, its image is {image_hw}", path)
     return mask
@@ -150,16 +174,24 @@ def _encode(pixels: np.ndarray, ext: str, quality: int, source: str) -> bytes:
 def _process_image(item: SourceItem, job: ShardJob) -> SampleResult:
     options = job.options
     data = Path(item.path).read_bytes()
-    header_hw = jpeg_size(data)
+    header = jpeg_header(data)
     min_side = None
-    if header_hw is not None:
-        min_side = max(decode_min_side(s, options.resize, *header_hw) for s in options.sizes)
-    image = decode_image(data, min_side=min_side, grayscale=options.grayscale, source=item.path)
+    if header is not None:
+        hw = header.oriented_hw
+        min_side = max(decode_min_side(s, options.resize, *hw) for s in options.sizes)
+    image = decode_image(
+        data,
+        min_side=min_side,
+        grayscale=options.grayscale,
+        max_pixels=options.max_pixels,
+        source=item.path,
+    )
     if image.ndim == 2:
         image = image[..., None]
     mask = None
     if item.mask is not None:
-        mask = _read_mask(item.mask, header_hw or image.shape[:2])
+        full_hw = header.oriented_hw if header is not None else image.shape[:2]
+        mask = _read_mask(item.mask, header, full_hw, options.max_pixels)
     sample: dict[str, Any] = {}
     stats: PixelStats = {}
     names = field_names("image", options.sizes)
@@ -207,6 +239,8 @@ def process_sample(item: SourceItem, job: ShardJob) -> SampleResult:
             sample, stats = _process_image(item, job)  # type: ignore[misc]
     except DecodeError as exc:
         return SampleFailure(item.path, str(exc).removesuffix(f": {exc.source}"))
+    except cv2.error as exc:  # a decoder or resize refusing the pixels
+        return SampleFailure(item.path, f"cannot decode (OpenCV: {str(exc).strip()[-200:]})")
     except (OSError, ValueError) as exc:
         return SampleFailure(item.path, f"cannot read ({exc})")
     sample["path"] = item.name

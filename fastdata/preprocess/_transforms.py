@@ -66,6 +66,8 @@ def transform(image: np.ndarray, side: int, mode: str, *, nearest: bool = False)
     if mode == "exact":
         out = resize_to(image, side, side, nearest=nearest)
     elif mode == "shorter":
+        image = shorter_window(image, side)
+        h, w = image.shape[:2]
         new_h, new_w = scaled_size(h, w, side, longer=False)
         out = center_crop(resize_to(image, new_w, new_h, nearest=nearest), side, side)
     elif mode == "pad":
@@ -80,6 +82,27 @@ def transform(image: np.ndarray, side: int, mode: str, *, nearest: bool = False)
     else:
         raise ValueError(f"resize mode must be one of {RESIZE_MODES}, got {mode!r}")
     return np.ascontiguousarray(out)
+
+
+def shorter_window(image: np.ndarray, side: int) -> np.ndarray:
+    """Crop before resizing under ``shorter``, where scaling the whole image would make an
+    intermediate more than 16 times the output (a thin strip enlarged: a 1 x 10000 image
+    would become 224 x 2,240,000 to keep 224 x 224 of it): return the centred window of the
+    source that the centre crop reads, plus a margin; other images come back unchanged.
+
+    The window has the crop's centre and scale, so the result is the same centred crop:
+    identical where the scale is a whole number, else within the rounding of the scaled
+    size (under one output pixel).
+    """
+    h, w = image.shape[:2]
+    short, long = min(h, w), max(h, w)
+    if short >= side or long * side <= 16 * side * short:
+        return image
+    margin = 2  # source pixels beyond the crop that a bilinear output pixel may read
+    length = min(long, short + 2 * margin)
+    length += (long - length) % 2  # the window's centre is the image's centre
+    start = (long - length) // 2
+    return image[start : start + length] if h > w else image[:, start : start + length]
 
 
 def decode_min_side(side: int, mode: str, height: int, width: int) -> int:

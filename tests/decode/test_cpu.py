@@ -8,6 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
+from fastdata._codec import decode_image
 from fastdata._crop import DRAWS_PER_BOX
 from fastdata.decode import RandomResizedCrop, create_decoder
 from fastdata.decode._geometry import random_box
@@ -147,12 +148,17 @@ def test_reduced_random_crops_stay_on_their_box() -> None:
         assert diff.mean() <= 1.5
 
 
-def test_exif_orientation_is_ignored_like_pil() -> None:
-    """A JPEG tagged 'rotate 90' decodes as stored (as PIL, torchvision and DALI do)."""
+def test_exif_orientation_is_applied_like_preprocess_and_ram_dataset() -> None:
+    """A JPEG tagged 'rotate 90' decodes as displayed, the rule of every CPU path: the
+    same pixels as the displayed image stored losslessly (crop boxes drawn on it)."""
     data = exif_rotated_jpeg(120, 200, seed=8)
+    displayed = decode_image(data)
+    assert displayed.shape == (200, 120, 3)
+    ok, png = cv2.imencode(".png", cv2.cvtColor(displayed, cv2.COLOR_RGB2BGR))
+    assert ok
     for random_crop in (False, True):
-        got = create_decoder("cpu", size=(30, 50), random_crop=random_crop, seed=1)([data])
-        plain = create_decoder("cpu", size=(30, 50), random_crop=random_crop, seed=1)(
-            [rgb_jpeg(120, 200, seed=8)]
+        got = create_decoder("cpu", size=(50, 30), random_crop=random_crop, seed=1)([data])
+        want = create_decoder("cpu", size=(50, 30), random_crop=random_crop, seed=1)(
+            [png.tobytes()]
         )
-        assert (got.float() - plain.float()).abs().mean() <= MEAN_TOLERANCE
+        assert torch.equal(got, want)

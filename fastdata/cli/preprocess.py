@@ -73,7 +73,7 @@ def register(subparsers: Any) -> None:
         "--shard-mb",
         type=float,
         default=DEFAULT_SHARD_BYTES / 2**20,
-        help="target shard size in MiB (default 1024)",
+        help=f"target shard size in MiB (default {DEFAULT_SHARD_BYTES >> 20})",
     )
     parser.add_argument(
         "--on-error",

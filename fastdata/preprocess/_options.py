@@ -11,7 +11,10 @@ from fastdata.shards import COMPRESSIONS
 
 STORAGE_MODES = ("raw", "jpeg")
 ON_ERROR = ("skip", "fail")
-DEFAULT_SHARD_BYTES = 1 << 30
+# 64 MiB: ~440 raw 224x224 images per shard, so a few thousand images already make several
+# shards for shard-aware sampling and per-shard resume, at the read speed of 1 GiB shards
+# (benchmarks/bench_shard_size.py; MosaicML streaming and litdata default to 64 MB too).
+DEFAULT_SHARD_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class PreprocessOptions:
         compression: ``None`` (contiguous, memory-mappable), ``"gzip"`` or ``"lzf"``
             (lossless, ``raw`` only).
         jpeg_quality: JPEG quality 1-100 of ``jpeg`` storage.
-        shard_bytes: Target size of one shard file in bytes (default 1 GiB).
+        shard_bytes: Target size of one shard file in bytes (default 64 MiB).
         on_error: A corrupt, truncated or non-image input is ``"skip"``-ped (reported and
             recorded in the manifest) or makes the job ``"fail"``.
         max_pixels: An input whose header claims more pixels (width x height) is refused

@@ -13,7 +13,14 @@ from PIL import Image
 from fastdata import PreprocessOptions, ShardReader, load_manifest
 from fastdata.cli import main
 from fastdata.errors import PreprocessError
-from fastdata.preprocess import list_source, preprocess
+from fastdata.preprocess import (
+    SourceItem,
+    SourceListing,
+    build_fields,
+    list_source,
+    plan_tasks,
+    preprocess,
+)
 
 TINY = PreprocessOptions(sizes=(8,))
 
@@ -240,3 +247,12 @@ def test_unpaired_images_and_masks_follow_on_error(tmp_path: Path) -> None:
     fail = PreprocessOptions(sizes=(8,), on_error="fail")
     with pytest.raises(PreprocessError, match=r"without an image, e\.g\. .*z\.png"):
         preprocess(images, tmp_path / "o2", fail, masks=masks, show_progress=False)
+
+
+def test_default_shard_size_gives_several_shards_for_a_few_thousand_images() -> None:
+    items = [SourceItem(f"/x/{i}.jpg", f"c/{i}.jpg", 0) for i in range(3000)]
+    listing = SourceListing("imagefolder", "/x", items, ["c"])
+    options = PreprocessOptions(sizes=(224,))
+    tasks = plan_tasks(listing, build_fields(listing, options), options)
+    assert len(tasks) >= 6  # shard-aware sampling windows and per-shard resume have units
+    assert all(len(t.items) * 224 * 224 * 3 <= 64 << 20 for t in tasks)

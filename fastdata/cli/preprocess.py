@@ -40,6 +40,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--masks", help="mask folder of a segmentation source (matched by stem)")
     parser.add_argument(
         "--mask-suffix",
+        type=_mask_suffix,
         help="masks are named <image stem><suffix>.<ext>, e.g. _mask (in --masks, or beside "
         "the images without it)",
     )
@@ -83,7 +84,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--max-pixels",
-        type=int,
+        type=_max_pixels,
         default=DEFAULT_MAX_PIXELS,
         help="refuse (skip or fail) an input whose header claims more pixels, before "
         f"decoding (default {DEFAULT_MAX_PIXELS:,}, PIL's limit; 0: no limit)",
@@ -107,8 +108,43 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def _mask_suffix(value: str) -> str:
+    if not value or "/" in value:
+        raise argparse.ArgumentTypeError(
+            f"must be a non-empty part of a file name such as _mask, got {value!r}"
+        )
+    return value
+
+
+def _max_pixels(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a pixel count (0: no limit), e.g. 89478485, got {value!r}"
+        )
+    return number
+
+
 def run(args: argparse.Namespace) -> int:
     engine = None
+    columns = args.path_column is not None or args.label_column is not None
+    if columns and not (Path(args.src).is_file() and args.kind in ("auto", "list")):
+        print(
+            "fastdata preprocess: error: --path-column/--label-column are for a CSV/TSV list "
+            f"source, got {args.src!r}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    if args.mask_suffix is not None and args.kind not in ("auto", "segmentation"):
+        print(
+            f"fastdata preprocess: error: --mask-suffix is for image + mask pairs, got --kind "
+            f"{args.kind}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     if args.address is not None and args.engine != "ray":
         print("fastdata preprocess: error: --address needs --engine ray", file=sys.stderr)
         return EXIT_USAGE

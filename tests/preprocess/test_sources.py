@@ -256,3 +256,25 @@ def test_default_shard_size_gives_several_shards_for_a_few_thousand_images() -> 
     tasks = plan_tasks(listing, build_fields(listing, options), options)
     assert len(tasks) >= 6  # shard-aware sampling windows and per-shard resume have units
     assert all(len(t.items) * 224 * 224 * 3 <= 64 << 20 for t in tasks)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--path-column", "x"], "--path-column/--label-column are for a CSV/TSV list"),
+        (["--max-pixels", "-5"], "argument --max-pixels: must be a pixel count"),
+        (["--mask-suffix="], "argument --mask-suffix: must be a non-empty part"),
+        (["--kind", "npy", "--mask-suffix", "_m"], "--mask-suffix is for image + mask pairs"),
+    ],
+)
+def test_new_flags_reject_bad_values_in_one_line(
+    tmp_path: Path, capsys: Any, flags: list[str], message: str
+) -> None:
+    _images(tmp_path / "src", ["a/1.png"])
+    try:
+        code = main(["preprocess", str(tmp_path / "src"), str(tmp_path / "o"), "-q", *flags])
+    except SystemExit as exc:  # argparse's own usage errors
+        code = int(exc.code or 0)
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

@@ -23,7 +23,7 @@ from PIL import Image
 from fastdata._codec import JpegHeader, check_pixels, decode_image, jpeg_header, orient
 from fastdata.errors import DecodeError, PreprocessError
 from fastdata.preprocess._options import PreprocessOptions
-from fastdata.preprocess._sources import SourceItem, SourceListing
+from fastdata.preprocess._sources import SourceItem, SourceListing, display_name
 from fastdata.preprocess._transforms import decode_min_side, transform
 from fastdata.shards import FieldSpec, ShardInfo, ShardWriter
 
@@ -238,11 +238,13 @@ def process_sample(item: SourceItem, job: ShardJob) -> SampleResult:
         else:
             sample, stats = _process_image(item, job)  # type: ignore[misc]
     except DecodeError as exc:
-        return SampleFailure(item.path, str(exc).removesuffix(f": {exc.source}"))
+        reason = str(exc).removesuffix(f": {exc.source}")
+        return SampleFailure(display_name(item.path), display_name(reason))
     except cv2.error as exc:  # a decoder or resize refusing the pixels
-        return SampleFailure(item.path, f"cannot decode (OpenCV: {str(exc).strip()[-200:]})")
+        reason = f"cannot decode (OpenCV: {str(exc).strip()[-200:]})"
+        return SampleFailure(display_name(item.path), reason)
     except (OSError, ValueError) as exc:
-        return SampleFailure(item.path, f"cannot read ({exc})")
+        return SampleFailure(display_name(item.path), display_name(f"cannot read ({exc})"))
     sample["path"] = item.name
     if item.label >= 0:
         sample["label"] = item.label

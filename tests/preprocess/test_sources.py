@@ -155,11 +155,15 @@ def test_non_utf8_file_name_is_listed_and_stored(tmp_path: Path) -> None:
     raw = os.fsencode(src / "a") + b"/caf\xe9.png"
     with open(raw, "wb") as fh:
         fh.write((src / "a" / "ok.png").read_bytes())
+    with open(os.fsencode(src / "a") + b"/bad\xff.png", "wb") as fh:
+        fh.write(b"not an image")
     summary = preprocess(src, tmp_path / "o", TINY, show_progress=False)
-    assert summary.num_samples == 2
+    assert (summary.num_samples, summary.num_skipped) == (2, 1)
     reader = ShardReader(tmp_path / "o")
     names = sorted(bytes(reader.read("path", i)).decode() for i in range(2))
     assert names == ["a/caf\\xe9.png", "a/ok.png"]
+    skipped = (tmp_path / "o" / "index.json").read_text()
+    assert "bad\\\\xff.png" in skipped and "\\udc" not in skipped  # valid UTF-8 JSON
 
 
 def test_unreadable_class_folder_is_a_clear_error(

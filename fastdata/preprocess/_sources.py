@@ -278,7 +278,11 @@ def _image_folder(root: Path, walker: _Walker) -> SourceListing:
         for label, name in enumerate(classes)
         for path in walker.files_recursive(root / name)
     ]
-    return SourceListing("imagefolder", str(root), items, [display_name(c) for c in classes])
+    # files beside the class folders have no class: recorded, never dropped silently
+    reason = "not inside a class folder (an ImageFolder is SRC/<class>/<file>)"
+    skipped = [{"path": display_name(str(p)), "reason": reason} for p in walker.files(root)]
+    names = [display_name(c) for c in classes]
+    return SourceListing("imagefolder", str(root), items, names, skipped=skipped)
 
 
 def _sniff_delimiter(path: Path, first_line: str) -> str:
@@ -318,8 +322,15 @@ def _list_file(path: Path, path_column: str | None, label_column: str | None) ->
         raise PreprocessError(f"source has no inputs (list): {path}")
     first = [c.strip().lower() for c in numbered[0][1]]
     explicit = {c.strip().lower() for c in (path_column, label_column) if c is not None}
-    is_header = bool(explicit & set(first)) or any(
-        c in PATH_COLUMN_NAMES or c in LABEL_COLUMN_NAMES for c in first
+    # a header names a path column, or a label column while no cell looks like a file path
+    # (so that a first data row whose class is called "label" or "y" is still data)
+    is_header = (
+        bool(explicit & set(first))
+        or any(c in PATH_COLUMN_NAMES for c in first)
+        or (
+            any(c in LABEL_COLUMN_NAMES for c in first)
+            and not any("." in c or "/" in c or "\\" in c for c in first)
+        )
     )
     header = numbered[0][1] if is_header else None
     rows = numbered[1:] if is_header else numbered

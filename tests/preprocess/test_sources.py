@@ -282,3 +282,21 @@ def test_new_flags_reject_bad_values_in_one_line(
     assert code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_list_first_row_with_a_class_called_label_is_data(tmp_path: Path) -> None:
+    names = _twelve(tmp_path)
+    classes = ["label", "y"]
+    (tmp_path / "l.csv").write_text("".join(f"{n},{classes[i % 2]}\n" for i, n in enumerate(names)))
+    listing = list_source(tmp_path / "l.csv")
+    assert len(listing.items) == 12 and listing.class_names == ["label", "y"]
+
+
+def test_files_beside_class_folders_are_recorded_not_dropped(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    _images(src, ["a/1.png", "stray.png"])
+    summary = preprocess(src, tmp_path / "o", TINY, show_progress=False)
+    assert (summary.num_samples, summary.num_skipped) == (1, 1)
+    skipped = load_manifest(tmp_path / "o").skipped
+    assert Path(skipped[0]["path"]).name == "stray.png"
+    assert "not inside a class folder" in skipped[0]["reason"]

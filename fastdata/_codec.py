@@ -60,8 +60,8 @@ _ORIENTATION_TAG = 0x0112
 # bomb. An 89.5-megapixel RGB image is 268 MB decoded.
 DEFAULT_MAX_PIXELS = 89_478_485
 # simplejpeg's messages for data that ends early or is damaged (libjpeg "warnings" that
-# OpenCV would decode into grey blocks); other rejections fall back to OpenCV. Stray bytes
-# before a marker are harmless (common in camera files): such a JPEG is decoded leniently.
+# OpenCV would decode into grey blocks); other rejections fall back to OpenCV, and so do
+# stray bytes before a marker (harmless, common in camera files).
 _CORRUPT = ("Corrupt JPEG data", "Premature end of JPEG file")
 _HARMLESS = "extraneous bytes before marker"
 
@@ -328,15 +328,7 @@ def _decode_simplejpeg(
             min_width=-(-header.width // factor),
         )
     except ValueError as exc:
-        if not str(exc).startswith(_CORRUPT):
-            return None
-        if _HARMLESS not in str(exc):
+        if str(exc).startswith(_CORRUPT) and _HARMLESS not in str(exc):
             raise DecodeError(f"corrupt or truncated JPEG ({exc})", source) from exc
-        image = simplejpeg.decode_jpeg(
-            buf,
-            colorspace="GRAY" if grayscale else "RGB",
-            min_height=-(-header.height // factor),
-            min_width=-(-header.width // factor),
-            strict=False,
-        )
+        return None
     return image[:, :, 0] if grayscale else image

@@ -1,17 +1,22 @@
 from __future__ import annotations
 
+import io
+import struct
+
 import cv2
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageOps
 
 from fastdata import _codec as codec
 from fastdata._codec import (
     JpegHeader,
     decode_image,
     decode_reduced,
+    image_size,
     jpeg_header,
     jpeg_size,
+    orient,
     reduction_for,
 )
 from fastdata.errors import DecodeError
@@ -118,3 +123,51 @@ def test_cmyk_jpeg_decodes_to_rgb() -> None:
     rgb = decode_image(_cmyk_jpeg())
     assert rgb.shape == (48, 64, 3)
     assert np.abs(rgb.astype(int) - smooth_rgb(48, 64)).mean() < 4
+
+
+def _with_orientation(rgb: np.ndarray, orientation: int) -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    buffer = io.BytesIO()
+    Image.fromarray(rgb).save(buffer, "JPEG", quality=95, exif=exif)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_every_exif_orientation_matches_opencv_and_pil(orientation: int) -> None:
+    yy, xx = np.mgrid[0:30, 0:40]
+    rgb = np.stack([xx * 6, yy * 8, (xx + yy) * 3], axis=-1).astype(np.uint8)
+    data = _with_orientation(rgb, orientation)
+    header = jpeg_header(data)
+    assert header is not None and header.orientation == orientation
+    ours = decode_image(data)
+    assert ours.shape[:2] == header.oriented_hw
+    bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    np.testing.assert_array_equal(ours, cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
+    pil = ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB")
+    np.testing.assert_array_equal(ours, np.asarray(pil))
+    stored = decode_image(data, exif_orientation=False)
+    np.testing.assert_array_equal(orient(stored, orientation), ours)
+
+
+def test_corrupt_jpeg_data_is_an_error_but_stray_bytes_are_not() -> None:
+    good = rgb_jpeg(48, 64)
+    sof = good.index(b"\xff\xc0")
+    claims_more = bytearray(good)
+    claims_more[sof + 5 : sof + 9] = struct.pack(">HH", 480, 640)  # data for 48x64 only
+    with pytest.raises(DecodeError, match="corrupt or truncated JPEG"):
+        decode_image(bytes(claims_more))
+    dht = good.index(b"\xff\xc4")
+    stray = good[:dht] + b"\x00\x00\x00" + good[dht:]  # libjpeg: "extraneous bytes"
+    np.testing.assert_array_equal(decode_image(stray), decode_image(good))
+
+
+def test_max_pixels_reads_the_header_of_any_format() -> None:
+    png = encode(Image.fromarray(smooth_rgb(30, 40)), fmt="PNG")
+    bmp = encode(Image.fromarray(smooth_rgb(30, 40)), fmt="BMP")
+    for data in (rgb_jpeg(30, 40), png, bmp):
+        assert image_size(data) == (30, 40)
+        assert decode_image(data, max_pixels=1200).shape[:2] == (30, 40)
+        with pytest.raises(DecodeError, match=r"40x30 = 1,200 pixels, over the limit of 1,199"):
+            decode_image(data, max_pixels=1199, source="x")
+    assert image_size(b"not an image at all") is None

@@ -13,7 +13,7 @@ STORAGE_MODES = ("raw", "jpeg")
 ON_ERROR = ("skip", "fail")
 # 64 MiB: ~440 raw 224x224 images per shard, so a few thousand images already make several
 # shards for shard-aware sampling and per-shard resume, at the read speed of 1 GiB shards
-# (benchmarks/bench_shard_size.py; MosaicML streaming and litdata default to 64 MB too).
+# (benchmarks/bench_shard_size.py); MosaicML streaming's writers default to 64 MiB too.
 DEFAULT_SHARD_BYTES = 64 << 20
 
 

@@ -122,10 +122,9 @@ class _Walker:
     def _excluded_dir(self, path: str) -> bool:
         return os.path.realpath(path) in self.exclude or os.path.isdir(os.path.join(path, _JOB_DIR))
 
-    def _skip_file(self, folder: str, name: str) -> bool:
-        """The output set's own files, when the output folder is this very folder."""
-        if os.path.realpath(folder) not in self.exclude:
-            return False
+    @staticmethod
+    def _output_file(name: str) -> bool:
+        """A file of a shard set (skipped when the output folder is the listed folder)."""
         return name == _MANIFEST or (name.startswith("shard-") and name.endswith(".h5"))
 
     def _scandir(self, folder: str) -> list[os.DirEntry[str]]:
@@ -140,12 +139,13 @@ class _Walker:
 
     def files(self, folder: Path) -> list[Path]:
         """Visible files directly in ``folder``, sorted by name."""
+        is_out = os.path.realpath(folder) in self.exclude
         return [
             Path(e.path)
             for e in self._scandir(str(folder))
             if not e.name.startswith(".")
             and _is_file(e)
-            and not self._skip_file(str(folder), e.name)
+            and not (is_out and self._output_file(e.name))
         ]
 
     def subfolders(self, folder: Path) -> list[Path]:

@@ -109,12 +109,13 @@ def decode_jpeg_box(
     grayscale: bool,
     source: str,
 ) -> None:
-    """Decode a JPEG at ``1/factor`` scale and resample its ``box`` (full-resolution
-    pixels, e.g. from :func:`crop_boxes` and :func:`reduction_factors`) into ``out``."""
+    """Decode a JPEG at ``1/factor`` scale, turned as its EXIF orientation says, and
+    resample its ``box`` (full-resolution pixels of the displayed image, e.g. from
+    :func:`crop_boxes` on ``header.oriented_hw`` and :func:`reduction_factors`) into ``out``."""
     image = decode_reduced(
-        data, header, factor, grayscale=grayscale, exif_orientation=False, source=source
+        data, header, factor, grayscale=grayscale, exif_orientation=True, source=source
     )
-    source_hw = (header.height, header.width)
+    source_hw = header.oriented_hw
     decoded_hw = (image.shape[0], image.shape[1])
     if decoded_hw == source_hw:
         resize_crop(image, box, out)
@@ -146,12 +147,11 @@ def decode_crop(
     """
     out = np.empty((*out_hw, 1 if grayscale else 3), dtype=np.uint8)
     header = jpeg_header(data)
-    if header is None or header.orientation != 1:
-        # not a JPEG, or one to rotate: decode first, then place the box on real pixels
+    if header is None:  # not a JPEG: decode first, then place the box on real pixels
         image = decode_image(data, grayscale=grayscale, source=source)
         resize_crop(image, crop_box(image.shape[:2], out_hw, crop, draws), out)
         return out
-    box = crop_box((header.height, header.width), out_hw, crop, draws)
+    box = crop_box(header.oriented_hw, out_hw, crop, draws)
     factor = int(reduction_factors(np.array([box]), out_hw)[0])
     decode_jpeg_box(data, header, box, factor, out, grayscale=grayscale, source=source)
     return out
@@ -202,9 +202,9 @@ class CpuDecoder(Decoder):
         # The geometry of the whole batch first, vectorised in this thread, so that the
         # decoding threads run little Python between the calls that release the GIL.
         headers = [jpeg_header(data) for data in buffers]
-        # JPEGs to rotate by their EXIF orientation go the decode-first way, like non-JPEGs
-        jpegs = [i for i, h in enumerate(headers) if h is not None and h.orientation == 1]
-        sizes = [headers[i][:2] for i in jpegs]  # type: ignore[index]
+        jpegs = [i for i, header in enumerate(headers) if header is not None]
+        # crop boxes are drawn on the image as displayed (EXIF orientation applied)
+        sizes = [headers[i].oriented_hw for i in jpegs]  # type: ignore[union-attr]
         boxes = crop_boxes(sizes, self.size, self.random_crop, draws[jpegs])
         factors = reduction_factors(boxes, self.size)
         plan: list[tuple[Box, int] | None] = [None] * count
@@ -217,7 +217,7 @@ class CpuDecoder(Decoder):
                 source = f"batch item {index}"
                 try:
                     planned, header = plan[index], headers[index]
-                    if planned is None or header is None:  # not a JPEG, or one to rotate
+                    if planned is None or header is None:  # not a JPEG
                         out[index] = decode_crop(
                             buffers[index],
                             self.size,

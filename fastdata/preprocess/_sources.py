@@ -347,7 +347,7 @@ def _list_file(path: Path, path_column: str | None, label_column: str | None) ->
     elif width == 2:
         label_index = 1 - path_index
     else:
-        found = f"header {header!r}" if header is not None else f"{width} columns, no header"
+        found = f"header {header!r}" if header is not None else f"{width} column(s), no header"
         raise PreprocessError(
             f"{path}: cannot tell which column holds the labels ({found}); pass "
             "--label-column (label_column=) with a header name or 0-based column number"

@@ -190,6 +190,8 @@ class CpuDecoder(Decoder):
             seed=seed,
         )
         self.num_threads = resolve_num_threads(num_threads)
+        # The decode errors of the last batch, whatever on_error did with them.
+        self.last_errors: list[DecodeError] = []
         self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="fastdata-decode")
 
     def decode(self, encoded: Sequence[EncodedImage]) -> DecodedBatch:
@@ -242,6 +244,7 @@ class CpuDecoder(Decoder):
         else:
             list(self._pool.map(work, range(self.num_threads)))
         kept = [i for i, error in enumerate(errors) if error is None]
+        self.last_errors = [error for error in errors if error is not None]
         for error in errors:
             if error is not None:
                 apply_on_error(self.on_error, error)

@@ -5,10 +5,18 @@ the same geometry as the other backends, so a seed gives the same crops everywhe
 ``fn.decoders.image_slice`` decodes only that region (``device="mixed"`` on a GPU: nvJPEG;
 CPU-only with ``device_id=None``) and ``fn.resize`` brings it to the output size.
 
-A DALI batch fails whole when one image is bad, so a failed batch is retried image by image
-(the pipeline survives the error). Images that are not 1- or 3-component JPEGs (PNG, CMYK)
-and images DALI cannot decode go through the CPU decoder; what neither can decode is
-handled by ``on_error``.
+A DALI batch fails whole when one image is bad, so a failed batch is retried image by image;
+the pipeline is rebuilt after every failure (an error can leave it unusable). Images that
+are not 1- or 3-component JPEGs (PNG, CMYK) and images DALI cannot decode go through the
+CPU decoder (warned about once per decoder); what neither can decode is handled by
+``on_error``. Environment errors (CUDA out of memory) are raised.
+
+On a GPU the pipeline runs on the caller's current CUDA stream: ``run(stream)`` returns
+outputs ordered on it and the copy into the output tensor is queued on it, so the host
+does not wait for the GPU part of decoding.
+
+Truncated JPEGs: the CPU-only pipeline reports them as errors, like the ``cpu`` backend;
+the mixed (nvJPEG) decoder may decode them without an error, the missing rows left flat.
 """
 
 from __future__ import annotations
@@ -135,19 +143,37 @@ class DaliDecoder(Decoder):
         return self._pipeline
 
     def _run(self, items: list[tuple[np.ndarray, Box]]) -> torch.Tensor:
-        """Run the pipeline on ``(bytes, box)`` pairs: ``(K, H, W, C)`` uint8 on the device."""
-        pipeline = self._pipeline_for(len(items))
+        """Run the pipeline on ``(bytes, box)`` pairs: ``(K, H, W, C)`` uint8 on the device.
+
+        A failed run drops the pipeline, so the next run builds a fresh one.
+        """
+        try:
+            return self._run_pipeline(self._pipeline_for(len(items)), items)
+        except Exception:
+            self._pipeline = None
+            raise
+
+    def _run_pipeline(self, pipeline: Any, items: list[tuple[np.ndarray, Box]]) -> torch.Tensor:
         pipeline.feed_input("jpegs", [data for data, _ in items])
         pipeline.feed_input("anchor", [np.array([b.left, b.top], np.float32) for _, b in items])
         pipeline.feed_input("shape", [np.array([b.width, b.height], np.float32) for _, b in items])
-        (output,) = pipeline.run()
         if self.device.type == "cpu":
+            (output,) = pipeline.run()
             return torch.from_numpy(output.as_array())
+        # Outputs ordered on the caller's stream, and the copy queued there: no host sync.
+        stream = torch.cuda.current_stream(self.device)
+        (output,) = pipeline.run(stream)
         plugin = import_optional("nvidia.dali.plugin.pytorch", _PURPOSE)
         dense = output.as_tensor()
         target = torch.empty(dense.shape(), dtype=torch.uint8, device=self.device)
-        plugin.feed_ndarray(dense, target, cuda_stream=torch.cuda.current_stream(self.device))
+        plugin.feed_ndarray(dense, target, cuda_stream=stream)
         return target
+
+    def _on_batch_failure(self, error: Exception) -> None:
+        self.warn_fallback_once(
+            f"a batch failed in DALI ({error}); it is decoded image by image, and images "
+            "DALI cannot decode go to the CPU decoder (much slower)"
+        )
 
     def decode(self, encoded: Sequence[EncodedImage]) -> DecodedBatch:
         buffers = check_batch(encoded)
@@ -165,7 +191,17 @@ class DaliDecoder(Decoder):
             dense.append(self._run(batch))
             return list(dense[0].unbind(0))
 
-        results = decode_batch_or_each(items, run_batch, lambda item: self._run([item])[0])
+        if len(accelerated) < len(buffers):
+            self.warn_fallback_once(
+                f"{len(buffers) - len(accelerated)} of {len(buffers)} images in a batch are "
+                "not 1- or 3-component JPEGs (PNG, CMYK, ...) and go to the CPU decoder"
+            )
+        results = decode_batch_or_each(
+            items,
+            run_batch,
+            lambda item: self._run([item])[0],
+            on_batch_failure=self._on_batch_failure,
+        )
         if dense and len(accelerated) == len(buffers):  # the common case: no copy at all
             kept_all = torch.arange(len(buffers), dtype=torch.int64)
             return DecodedBatch(channels_last(dense[0]), kept_all)
@@ -178,6 +214,11 @@ class DaliDecoder(Decoder):
                 if isinstance(result, torch.Tensor):
                     images.append(result)
                 else:
+                    if index in decoded:
+                        self.warn_fallback_once(
+                            f"DALI could not decode batch item {index} ({result}); "
+                            "it goes to the CPU decoder"
+                        )
                     pixels = decode_crop(
                         data,
                         self.size,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -90,3 +91,86 @@ def test_batches_own_their_memory() -> None:
     kept = first.clone()
     second = decoder([rgb_jpeg(64, 64, seed=2)] * 2)
     assert torch.equal(first, kept) and not torch.equal(first, second)
+
+
+def test_pipeline_is_rebuilt_after_a_failure(
+    monkeypatch: pytest.MonkeyPatch, images: dict[str, bytes]
+) -> None:
+    built: list[object] = []
+    real_build = dali_module._build_pipeline
+
+    def counting_build(*args: object) -> object:
+        built.append(real_build(*args))
+        return built[-1]
+
+    monkeypatch.setattr(dali_module, "_build_pipeline", counting_build)
+    decoder = create_decoder("dali", size=24, device="cpu", on_error="skip")
+    assert decoder.decode([images["color"]] * 2).kept.tolist() == [0, 1]
+    assert len(built) == 1
+    # the batch fails (pipeline dropped), color alone runs on a new one, truncated alone
+    # fails on it (dropped again): the next batch gets a third pipeline
+    with pytest.warns(RuntimeWarning, match="a batch failed in DALI"):
+        decoded = decoder.decode([images["color"], images["truncated"]])
+    assert decoded.kept.tolist() == [0]
+    assert len(built) == 2 and decoder._pipeline is None
+    assert decoder.decode([images["color"]] * 2).kept.tolist() == [0, 1]
+    assert len(built) == 3 and decoder._pipeline is built[-1]
+
+
+def test_environment_errors_raise(
+    monkeypatch: pytest.MonkeyPatch, images: dict[str, bytes]
+) -> None:
+    def out_of_memory(*args: object) -> None:
+        raise RuntimeError("[/opt/dali/dali/core/mm] CUDA allocation failed")
+
+    decoder = create_decoder("dali", size=24, device="cpu", on_error="skip")
+    monkeypatch.setattr(decoder, "_run_pipeline", out_of_memory)
+    with pytest.raises(RuntimeError, match="CUDA allocation failed"):
+        decoder.decode([images["color"]])
+
+
+class _FakeTensor:
+    def shape(self) -> list[int]:
+        return [2, 4, 4, 3]
+
+
+class _FakeOutput:
+    def as_tensor(self) -> _FakeTensor:
+        return _FakeTensor()
+
+
+class _FakePipeline:
+    def __init__(self) -> None:
+        self.run_args: list[tuple[object, ...]] = []
+
+    def feed_input(self, name: str, data: object) -> None:
+        pass
+
+    def run(self, *args: object) -> tuple[_FakeOutput]:
+        self.run_args.append(args)
+        return (_FakeOutput(),)
+
+
+def test_gpu_pipeline_runs_and_copies_on_the_callers_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # CPU-side check of the CUDA path: the outputs are asked for on the caller's current
+    # stream (no host sync in run()) and the copy is queued on that same stream.
+    consumer = object()
+    copies: list[object] = []
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: consumer)
+
+    class FakePlugin:
+        @staticmethod
+        def feed_ndarray(tensor: object, target: torch.Tensor, cuda_stream: object = None) -> None:
+            copies.append(cuda_stream)
+
+    monkeypatch.setattr(dali_module, "import_optional", lambda module, purpose: FakePlugin)
+    decoder = dali_module.DaliDecoder(4, device="cpu")
+    decoder.device = torch.device("meta")  # not the CPU: the GPU code path, without a GPU
+    pipeline = _FakePipeline()
+    box = dali_module.Box(0, 0, 4, 4)
+    out = decoder._run_pipeline(pipeline, [(np.zeros(4, np.uint8), box)] * 2)
+    assert out.shape == (2, 4, 4, 3)
+    assert pipeline.run_args == [(consumer,)]
+    assert copies == [consumer]

@@ -101,7 +101,7 @@ def test_torchvision_before_0_20_is_refused_or_warned(
     cuda_and_torchvision.setattr(nvjpeg, "torchvision_version", lambda: "0.19.1+cu121")
     with pytest.raises(FastDataError, match=r"torchvision >= 0.20 .* found torchvision 0.19.1"):
         resolve_backend("nvjpeg")
-    with pytest.raises(FastDataError, match="found torchvision 0.19.1"):
+    with pytest.raises(FastDataError, match=r"found torchvision 0\.19\.1"):
         load_decode_jpeg(grayscale=False)
     with pytest.warns(RuntimeWarning, match="predates batched GPU decoding"):
         assert resolve_backend("auto") == "cpu"

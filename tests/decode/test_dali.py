@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 import torch
@@ -16,6 +19,14 @@ from tests.decode.conftest import BAD, GOOD, exif_rotated_jpeg, rgb_jpeg
 MEAN_TOLERANCE = 3.0
 
 pytestmark = pytest.mark.dali
+
+
+@pytest.fixture(autouse=True)
+def _collect_pipelines() -> Iterator[None]:
+    """Collect the DALI pipelines a test leaves behind here, in this process: collected in a
+    DataLoader worker forked later (their threads are not there), they crash it."""
+    yield
+    gc.collect()
 
 
 @pytest.mark.parametrize("random_crop", [False, True])

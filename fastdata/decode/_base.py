@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -186,6 +186,14 @@ class Decoder(ABC):
             DecodeError: A sample cannot be decoded and ``on_error="raise"``.
             TypeError: ``encoded`` is not a list of encoded images.
         """
+
+    def decode_stream(self, batches: Iterable[Sequence[EncodedImage]]) -> Iterator[DecodedBatch]:
+        """Decode ``batches`` in order, one :class:`DecodedBatch` each (what
+        :class:`~fastdata.decode.DecodingLoader` calls). Backends that can work ahead (DALI)
+        start a batch before the previous one is collected; by default each batch is
+        decoded with :meth:`decode` when it is asked for."""
+        for encoded in batches:
+            yield self.decode(encoded)
 
     def close(self) -> None:  # noqa: B027 - backends without resources keep the default
         """Release threads, pipelines or device buffers the backend holds."""

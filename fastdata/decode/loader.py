@@ -10,6 +10,7 @@ and ships one dense uint8 batch instead of a list of byte tensors.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -227,34 +228,47 @@ class DecodingLoader:
             self._worker_loader = _with_collate(loader, collate)
         return self._worker_loader
 
-    def _decode(self, batch: Any, position: int) -> tuple[torch.Tensor, list[Any], int]:
-        """``(images, fields, samples read)`` of one batch, decoded here or in a worker."""
-        if isinstance(batch, _WorkerBatch):
-            for message, source in batch.errors:
-                apply_on_error(self.decoder.on_error, DecodeError(message, source))
-            images = batch.images.to(self.decoder.device, non_blocking=True)
-            return images, batch.fields, batch.size
-        encoded, fields = _split(batch, position)
-        decoded = self.decoder.decode(encoded)
-        total = len(encoded)
-        taken = [_select(field, decoded.kept, total, i + 1) for i, field in enumerate(fields)]
-        return decoded.images, taken, total
-
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
-        batch_size = self.batch_size
-        for position, batch in enumerate(self._source()):
-            images, fields, total = self._decode(batch, position)
-            if batch_size is None:
-                batch_size = total
-            count = int(images.shape[0])
-            if count < batch_size:
-                if self.last_batch == "drop" or count == 0:
-                    continue
-                if self.last_batch == "pad":
-                    repeat = torch.arange(batch_size) % count
-                    images = images[repeat.to(images.device)].contiguous(
-                        memory_format=torch.channels_last
-                    )
-                    fields = [_take(field, repeat, i + 1) for i, field in enumerate(fields)]
-            out = [_to_device(field, self.decoder.device) for field in fields]
-            yield (images, *out)
+        full = [self.batch_size]  # the full batch size, once known (this pass only)
+        if self.decodes_in_workers:
+            for batch in self._source():
+                if not isinstance(batch, _WorkerBatch):
+                    raise TypeError(f"expected a batch decoded in a worker, got {type(batch)}")
+                for message, source in batch.errors:
+                    apply_on_error(self.decoder.on_error, DecodeError(message, source))
+                images = batch.images.to(self.decoder.device, non_blocking=True)
+                yield from self._finish(images, batch.fields, batch.size, full)
+            return
+        # Fields wait here while their images are decoded (a backend may start decoding
+        # the next batch before it hands out this one).
+        waiting: deque[tuple[list[Any], int]] = deque()
+
+        def encoded_batches() -> Iterator[Sequence[Any]]:
+            for position, batch in enumerate(self.batches):
+                encoded, fields = _split(batch, position)
+                waiting.append((fields, len(encoded)))
+                yield encoded
+
+        for decoded in self.decoder.decode_stream(encoded_batches()):
+            fields, total = waiting.popleft()
+            taken = [_select(field, decoded.kept, total, i + 1) for i, field in enumerate(fields)]
+            yield from self._finish(decoded.images, taken, total, full)
+
+    def _finish(
+        self, images: torch.Tensor, fields: list[Any], total: int, full: list[int | None]
+    ) -> Iterator[tuple[Any, ...]]:
+        """Apply ``last_batch`` to one decoded batch and move its fields to the device."""
+        batch_size = full[0] if full[0] is not None else total
+        full[0] = batch_size
+        count = int(images.shape[0])
+        if count < batch_size:
+            if self.last_batch == "drop" or count == 0:
+                return
+            if self.last_batch == "pad":
+                repeat = torch.arange(batch_size) % count
+                images = images[repeat.to(images.device)].contiguous(
+                    memory_format=torch.channels_last
+                )
+                fields = [_take(field, repeat, i + 1) for i, field in enumerate(fields)]
+        out = [_to_device(field, self.decoder.device) for field in fields]
+        yield (images, *out)

@@ -47,6 +47,7 @@ from fastdata._system import usable_cpus
 from fastdata.datasets import ShardDataset, passthrough_collate
 from fastdata.decode import DecodingLoader, RandomResizedCrop, create_decoder
 from fastdata.decode._geometry import center_box, random_box
+from fastdata.decode.nvjpeg import torchvision_too_old, torchvision_version
 from fastdata.shards import FieldSpec, Manifest, ShardReader, ShardWriter, save_manifest
 from fastdata.transforms import RandomResizedCrop as BatchRandomResizedCrop
 
@@ -150,7 +151,8 @@ def available_backends() -> list[str]:
     backends = ["cpu"]
     if importlib.util.find_spec("nvidia") and importlib.util.find_spec("nvidia.dali"):
         backends.append("dali")
-    if torch.cuda.is_available() and importlib.util.find_spec("torchvision"):
+    version = torchvision_version()
+    if torch.cuda.is_available() and version is not None and not torchvision_too_old(version):
         backends.append("nvjpeg")
     return backends
 

@@ -116,7 +116,7 @@ def test_handed_out_memory_is_not_reused_while_the_consumer_reads_it() -> None:
     # record_stream keeps the allocator from handing it batch i's memory.
     pointers, sums = [], []
     for images, labels in DevicePrefetcher(_batches(10, size=256), "cuda"):
-        torch.cuda._sleep(5 * SPIN_CYCLES)
+        torch.cuda._sleep(20 * SPIN_CYCLES)  # ~20 ms: far longer than a host step
         sums.append(images.float().mean())
         pointers.append(images.data_ptr())
         del images, labels

@@ -1,4 +1,5 @@
-"""Decode throughput (images/s) of each decoder backend on JPEG shards of the sample dataset.
+"""Decode throughput (images/s) of each decoder backend on JPEG shards of the sample dataset,
+bare and through a DataLoader.
 
 Builds (once, under ``--workdir``, default ``$TMPDIR/fastdata-bench``) the sample
 ImageFolder with ``tools/make_sample_dataset.py`` and two JPEG-mode shard sets from it: the
@@ -8,8 +9,19 @@ with one worker per CPU), it decodes one pass over each set to the same output (
 resized crop or centre crop to ``--size``) and reports images/s and the ratio to the PIL
 pipeline. Results go to a JSON file with machine and version metadata.
 
+Then, through a DataLoader with one worker per CPU on the max-side-256 set (random resized
+crop to ``--size``), back to back in one run: ``ShardDataset`` decoding in the workers,
+``DecodingLoader`` with the ``cpu`` decoder (which decodes in the workers), the same with
+``decode_in_workers=False`` (decoding in the main process), and FFCV's JPEG mode on the
+same images when ``ffcv`` is installed (skipped with a note otherwise); ratios are to the
+``ShardDataset`` worker path.
+
     python benchmarks/bench_decode.py                      # 2000 images, batch 256, 224x224
     python benchmarks/bench_decode.py --num-images 200 --quick
+    python benchmarks/bench_decode.py --only-loaders       # only the DataLoader comparison
+
+A whole run writes ``results/decode.json``; ``--only-loaders`` writes
+``results/decode_loaders.json``.
 """
 
 from __future__ import annotations
@@ -32,19 +44,20 @@ from torch.utils.data import DataLoader, Dataset
 
 from fastdata._crop import DRAWS_PER_BOX
 from fastdata._system import usable_cpus
-from fastdata.decode import RandomResizedCrop, create_decoder
+from fastdata.datasets import ShardDataset, passthrough_collate
+from fastdata.decode import DecodingLoader, RandomResizedCrop, create_decoder
 from fastdata.decode._geometry import center_box, random_box
+from fastdata.decode.nvjpeg import torchvision_too_old, torchvision_version
 from fastdata.shards import FieldSpec, Manifest, ShardReader, ShardWriter, save_manifest
+from fastdata.transforms import RandomResizedCrop as BatchRandomResizedCrop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import load_tool, save
+from _harness import images_per_second, load_tool, save
 
 FIELDS = [
     FieldSpec("image", "encoded", "uint8", encoding="jpeg"),
     FieldSpec("label", "array", "int64"),
 ]
-# Reference figures for this machine kind (2 CPU cores), from issue 5: not measured here.
-REFERENCES = {"pil_per_sample": 550, "dali_cpu": 840, "ffcv_jpeg": 2100}
 
 
 def _write_shards(root: Path, blobs: Sequence[bytes], labels: Sequence[int]) -> None:
@@ -138,9 +151,104 @@ def available_backends() -> list[str]:
     backends = ["cpu"]
     if importlib.util.find_spec("nvidia") and importlib.util.find_spec("nvidia.dali"):
         backends.append("dali")
-    if torch.cuda.is_available() and importlib.util.find_spec("torchvision"):
+    version = torchvision_version()
+    if torch.cuda.is_available() and version is not None and not torchvision_too_old(version):
         backends.append("nvjpeg")
     return backends
+
+
+def _ffcv_beton(root: Path, out: Path) -> Path:
+    """The shard set's images written as an FFCV dataset in JPEG mode (quality 90)."""
+    fields_module = importlib.import_module("ffcv.fields")
+    writer_module = importlib.import_module("ffcv.writer")
+    if out.exists():
+        return out
+    reader = ShardReader(root)
+
+    class Images:
+        def __len__(self) -> int:
+            return len(reader)
+
+        def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+            blob = np.asarray(reader.read("image", index))
+            bgr = cv2.imdecode(blob, cv2.IMREAD_COLOR)
+            return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), int(reader.read("label", index))
+
+    fields = {
+        "image": fields_module.RGBImageField(write_mode="jpg", jpeg_quality=90),
+        "label": fields_module.IntField(),
+    }
+    partial = out.with_suffix(".partial")
+    writer = writer_module.DatasetWriter(str(partial), fields, num_workers=1)
+    writer.from_indexed_dataset(Images())
+    partial.rename(out)
+    return out
+
+
+def _ffcv_loader(beton: Path, size: int, batch: int, workers: int) -> Any:
+    decoders = importlib.import_module("ffcv.fields.decoders")
+    loading = importlib.import_module("ffcv.loader")
+    transforms = importlib.import_module("ffcv.transforms")
+    pipelines = {
+        "image": [
+            decoders.RandomResizedCropRGBImageDecoder((size, size)),
+            transforms.ToTensor(),
+            transforms.ToTorchImage(),
+        ],
+        "label": [decoders.IntDecoder(), transforms.ToTensor()],
+    }
+    return loading.Loader(str(beton), batch_size=batch, num_workers=workers,
+                          order=loading.OrderOption.RANDOM, pipelines=pipelines,
+                          os_cache=True)  # fmt: skip
+
+
+def loader_rows(root: Path, workdir: Path, size: int, batch: int, repeats: int) -> dict[str, Any]:
+    """Images/s through a DataLoader (one worker per CPU, shuffled, random resized crop),
+    each loader built once and measured in round-robin passes, best of ``repeats``."""
+    workers = usable_cpus()
+    common = {"batch_size": batch, "shuffle": True, "num_workers": workers,
+              "persistent_workers": True, "collate_fn": passthrough_collate}  # fmt: skip
+    worker_path = DataLoader(
+        ShardDataset(root, transform=BatchRandomResizedCrop(size), show_progress=False), **common
+    )
+    encoded = ShardDataset(root, decode=False, show_progress=False)
+
+    def decoding(in_workers: bool) -> DecodingLoader:
+        decoder = create_decoder("cpu", size=size, random_crop=True, seed=0)
+        return DecodingLoader(DataLoader(encoded, **common), decoder, decode_in_workers=in_workers)
+
+    loaders: dict[str, Any] = {
+        "ShardDataset, decode in workers": worker_path,
+        "DecodingLoader + cpu": decoding(True),
+        "DecodingLoader + cpu, decode_in_workers=False": decoding(False),
+    }
+    notes: list[str] = []
+    if importlib.util.find_spec("ffcv") is None:
+        notes.append("FFCV not installed: its JPEG mode was not measured (pip install ffcv)")
+    else:
+        beton = _ffcv_beton(root, workdir / f"{root.name}.beton")
+        loaders["FFCV JPEG mode"] = _ffcv_loader(beton, size, batch, workers)
+    best: dict[str, float] = {}
+    for _ in range(repeats):
+        for name, loader in loaders.items():
+            rate = images_per_second(loader, warm_epochs=1, min_seconds=3.0)
+            best[name] = max(best.get(name, 0.0), rate)
+    reference = best["ShardDataset, decode in workers"]
+    rows = [
+        {
+            "loader": name,
+            "images_per_s": round(rate, 1),
+            "x_worker_path": round(rate / reference, 2),
+        }
+        for name, rate in best.items()
+    ]
+    return {
+        "set": root.name,
+        "workers": workers,
+        "output": [size, size],
+        "rows": rows,
+        "notes": notes,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,9 +261,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--repeats", type=int, default=3, help="passes per backend (best kept)")
     parser.add_argument("--quick", action="store_true", help="skip the slow PIL baseline")
+    parser.add_argument(
+        "--only-loaders", action="store_true", help="only the DataLoader comparison"
+    )
     args = parser.parse_args(argv)
 
     sets = build_datasets(args.workdir, args.num_images)
+    loaders = loader_rows(sets["max256"], args.workdir, args.size, args.batch_size, args.repeats)
+    for row in loaders["rows"]:
+        print(f"{row['loader']:>46} {row['images_per_s']:>9.1f} images/s "
+              f"{row['x_worker_path']:>5.2f}x the worker path")  # fmt: skip
+    for note in loaders["notes"]:
+        print(note)
+    if args.only_loaders:
+        summary = {"num_images": args.num_images, "batch_size": args.batch_size,
+                   "repeats_best_of": args.repeats, "dataloader": loaders}  # fmt: skip
+        print(f"results: {save('decode_loaders', summary)}")
+        return 0
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows: list[dict[str, Any]] = []
     for set_name, path in sets.items():
@@ -184,7 +306,6 @@ def main(argv: list[str] | None = None) -> int:
                     "backend": backend,
                     "device": str(used.device) if used else "cpu",
                     "images_per_s": round(rate, 1),
-                    "x_ffcv_reference": round(rate / REFERENCES["ffcv_jpeg"], 2),
                 }
                 if "pil_per_sample" in best:
                     row["x_pil"] = round(rate / best["pil_per_sample"], 2)
@@ -199,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         "repeats_best_of": args.repeats,
         "output": [args.size, args.size],
         "rows": rows,
-        "references_not_measured": REFERENCES,
+        "dataloader": loaders,
     }
     save("decode", result, partial=args.quick)
     for row in rows:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -143,6 +143,7 @@ class Decoder(ABC):
         self.on_error = check_on_error(on_error)
         self.grayscale = bool(grayscale)
         self._rng = np.random.default_rng(seed)
+        self._warned_fallback = False
 
     @property
     def channels(self) -> int:
@@ -154,6 +155,17 @@ class Decoder(ABC):
         if self.random_crop is None:
             return np.zeros((count, DRAWS_PER_BOX))
         return self._rng.random((count, DRAWS_PER_BOX))
+
+    def warn_fallback_once(self, message: str) -> None:
+        """Warn, once per decoder, that work fell back to a slower path (``message`` says
+        which); later fallbacks are silent."""
+        if not self._warned_fallback:
+            self._warned_fallback = True
+            warnings.warn(
+                f"{self.backend} decoder: {message} (warned once per decoder)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def __call__(self, encoded: Sequence[EncodedImage]) -> torch.Tensor:
         """Decode ``encoded`` and return ``(K, C, H, W)`` uint8 images (see :meth:`decode`)."""
@@ -174,6 +186,14 @@ class Decoder(ABC):
             DecodeError: A sample cannot be decoded and ``on_error="raise"``.
             TypeError: ``encoded`` is not a list of encoded images.
         """
+
+    def decode_stream(self, batches: Iterable[Sequence[EncodedImage]]) -> Iterator[DecodedBatch]:
+        """Decode ``batches`` in order, one :class:`DecodedBatch` each (what
+        :class:`~fastdata.decode.DecodingLoader` calls). Backends that can work ahead (DALI)
+        start a batch before the previous one is collected; by default each batch is
+        decoded with :meth:`decode` when it is asked for."""
+        for encoded in batches:
+            yield self.decode(encoded)
 
     def close(self) -> None:  # noqa: B027 - backends without resources keep the default
         """Release threads, pipelines or device buffers the backend holds."""

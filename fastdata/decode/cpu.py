@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import cv2
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 from fastdata._codec import JpegHeader, decode_image, decode_reduced, jpeg_header
 from fastdata.decode._base import (
@@ -157,6 +158,15 @@ def decode_crop(
     return out
 
 
+def _batch_buffer(shape: tuple[int, ...]) -> torch.Tensor:
+    """The uint8 output batch; inside a DataLoader worker it is allocated in shared memory,
+    so sending it to the main process copies nothing more."""
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=torch.uint8)
+    storage = torch.UntypedStorage._new_shared(int(np.prod(shape, dtype=np.int64)))
+    return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
+
+
 class CpuDecoder(Decoder):
     """Decode on CPU threads with OpenCV; see :func:`fastdata.decode.create_decoder`.
 
@@ -192,13 +202,16 @@ class CpuDecoder(Decoder):
             seed=seed,
         )
         self.num_threads = resolve_num_threads(num_threads)
+        # The decode errors of the last batch, whatever on_error did with them.
+        self.last_errors: list[DecodeError] = []
         self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="fastdata-decode")
 
     def decode(self, encoded: Sequence[EncodedImage]) -> DecodedBatch:
         buffers = check_batch(encoded)
         count = len(buffers)
         draws = self._draws(count)
-        out = np.empty((count, *self.size, self.channels), dtype=np.uint8)
+        batch = _batch_buffer((count, *self.size, self.channels))
+        out = batch.numpy()
         # The geometry of the whole batch first, vectorised in this thread, so that the
         # decoding threads run little Python between the calls that release the GIL.
         headers = [jpeg_header(data) for data in buffers]
@@ -247,10 +260,11 @@ class CpuDecoder(Decoder):
         else:
             list(self._pool.map(work, range(self.num_threads)))
         kept = [i for i, error in enumerate(errors) if error is None]
+        self.last_errors = [error for error in errors if error is not None]
         for error in errors:
             if error is not None:
                 apply_on_error(self.on_error, error)
-        pixels = torch.from_numpy(out if len(kept) == count else out[kept])
+        pixels = batch if len(kept) == count else torch.from_numpy(out[kept])
         images = channels_last(pixels)
         if self.device.type != "cpu":
             images = images.to(self.device, non_blocking=False)

@@ -5,16 +5,32 @@ the same geometry as the other backends, so a seed gives the same crops everywhe
 ``fn.decoders.image_slice`` decodes only that region (``device="mixed"`` on a GPU: nvJPEG;
 CPU-only with ``device_id=None``) and ``fn.resize`` brings it to the output size.
 
-A DALI batch fails whole when one image is bad, so a failed batch is retried image by image
-(the pipeline survives the error). Images that are not 1- or 3-component JPEGs (PNG, CMYK)
-and images DALI cannot decode go through the CPU decoder; what neither can decode is
-handled by ``on_error``.
+A DALI batch fails whole when one image is bad, so a failed batch is retried image by image;
+the pipeline is rebuilt after every failure (an error can leave it unusable). Images that
+are not 1- or 3-component JPEGs (PNG, CMYK) and images DALI cannot decode go through the
+CPU decoder (warned about once per decoder); what neither can decode is handled by
+``on_error``. Environment errors (CUDA out of memory) are raised.
+
+On a GPU the pipeline runs on the caller's current CUDA stream: ``run(stream)`` returns
+outputs ordered on it and the copy into the output tensor is queued on it, so the host
+does not wait for the GPU part of decoding.
+
+Scheduling ahead: :meth:`DaliDecoder.decode_stream` (what :class:`DecodingLoader` uses)
+runs a second pipeline with two iterations in flight: batch ``i + 1`` is fed and scheduled
+before batch ``i``'s outputs are taken, so DALI decodes it while the caller works on batch
+``i``. A batch with images DALI does not take (PNG, CMYK), or larger than the pipeline,
+drains the queue and is decoded alone; a batch that fails takes the pipeline down with the
+batch queued behind it, and both are decoded alone (image by image where needed).
+
+Truncated JPEGs: the CPU-only pipeline reports them as errors, like the ``cpu`` backend;
+the mixed (nvJPEG) decoder may decode them without an error, the missing rows left flat.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -30,7 +46,7 @@ from fastdata.decode._base import (
     check_batch,
     resolve_num_threads,
 )
-from fastdata.decode._batching import decode_batch_or_each
+from fastdata.decode._batching import decode_batch_or_each, is_environment_error
 from fastdata.decode._geometry import Box, RandomResizedCrop, crop_boxes
 from fastdata.decode.cpu import decode_crop
 from fastdata.errors import DecodeError
@@ -45,15 +61,18 @@ def _build_pipeline(
     device_id: int | None,
     out_hw: tuple[int, int],
     grayscale: bool,
+    *,
+    depth: int = 1,
 ) -> Any:
-    """A built DALI pipeline with inputs ``jpegs``, ``anchor`` (x, y) and ``shape`` (w, h)."""
+    """A built DALI pipeline with inputs ``jpegs``, ``anchor`` (x, y) and ``shape`` (w, h),
+    ``depth`` iterations in flight (2: the next batch runs while this one is collected)."""
     dali = import_optional("nvidia.dali", _PURPOSE)
     fn, types = dali.fn, dali.types
     pipeline = dali.Pipeline(
         batch_size=max_batch_size,
         num_threads=num_threads,
         device_id=device_id,
-        prefetch_queue_depth=1,
+        prefetch_queue_depth=depth,
     )
     with pipeline:
         jpegs = fn.external_source(name="jpegs", dtype=types.UINT8, ndim=1)
@@ -73,6 +92,16 @@ def _build_pipeline(
         pipeline.set_outputs(images)
     pipeline.build()
     return pipeline
+
+
+class _Plan(NamedTuple):
+    """One batch ready for DALI: its buffers, crop draws, the indices DALI takes and their
+    ``(bytes, box)`` items."""
+
+    buffers: list[np.ndarray]
+    draws: np.ndarray
+    accelerated: list[int]
+    items: list[tuple[np.ndarray, Box]]
 
 
 class DaliDecoder(Decoder):
@@ -121,6 +150,11 @@ class DaliDecoder(Decoder):
         import_optional("nvidia.dali", _PURPOSE)  # fail now, with the pip command
         self._max_batch_size = max_batch_size
         self._pipeline: Any = None
+        # decode_stream's pipeline (two iterations in flight) and whether its first
+        # schedule_run (which prefetches both) has happened.
+        self._ahead: Any = None
+        self._ahead_size = 0
+        self._ahead_started = False
 
     def _pipeline_for(self, count: int) -> Any:
         if self._pipeline is None or count > self._max_batch_size:
@@ -135,21 +169,56 @@ class DaliDecoder(Decoder):
         return self._pipeline
 
     def _run(self, items: list[tuple[np.ndarray, Box]]) -> torch.Tensor:
-        """Run the pipeline on ``(bytes, box)`` pairs: ``(K, H, W, C)`` uint8 on the device."""
-        pipeline = self._pipeline_for(len(items))
+        """Run the pipeline on ``(bytes, box)`` pairs: ``(K, H, W, C)`` uint8 on the device.
+
+        A failed run drops the pipeline, so the next run builds a fresh one.
+        """
+        try:
+            return self._run_pipeline(self._pipeline_for(len(items)), items)
+        except Exception:
+            self._pipeline = None
+            raise
+
+    @staticmethod
+    def _feed(pipeline: Any, items: list[tuple[np.ndarray, Box]]) -> None:
         pipeline.feed_input("jpegs", [data for data, _ in items])
         pipeline.feed_input("anchor", [np.array([b.left, b.top], np.float32) for _, b in items])
         pipeline.feed_input("shape", [np.array([b.width, b.height], np.float32) for _, b in items])
-        (output,) = pipeline.run()
+
+    def _run_pipeline(self, pipeline: Any, items: list[tuple[np.ndarray, Box]]) -> torch.Tensor:
+        self._feed(pipeline, items)
         if self.device.type == "cpu":
+            (output,) = pipeline.run()
             return torch.from_numpy(output.as_array())
+        # Outputs ordered on the caller's stream, and the copy queued there: no host sync.
+        stream = torch.cuda.current_stream(self.device)
+        (output,) = pipeline.run(stream)
+        return self._to_device(output, stream)
+
+    def _to_device(self, output: Any, stream: Any) -> torch.Tensor:
+        """A GPU pipeline output copied into a new tensor on ``stream`` (no host sync)."""
         plugin = import_optional("nvidia.dali.plugin.pytorch", _PURPOSE)
         dense = output.as_tensor()
         target = torch.empty(dense.shape(), dtype=torch.uint8, device=self.device)
-        plugin.feed_ndarray(dense, target, cuda_stream=torch.cuda.current_stream(self.device))
+        plugin.feed_ndarray(dense, target, cuda_stream=stream)
         return target
 
-    def decode(self, encoded: Sequence[EncodedImage]) -> DecodedBatch:
+    def _collect_ahead(self) -> torch.Tensor:
+        """The oldest scheduled batch of the look-ahead pipeline: ``(K, H, W, C)`` uint8."""
+        if self.device.type == "cpu":
+            (output,) = self._ahead.outputs()
+            return torch.from_numpy(output.as_array())
+        stream = torch.cuda.current_stream(self.device)
+        (output,) = self._ahead.outputs(stream)
+        return self._to_device(output, stream)
+
+    def _on_batch_failure(self, error: Exception) -> None:
+        self.warn_fallback_once(
+            f"a batch failed in DALI ({error}); it is decoded image by image, and images "
+            "DALI cannot decode go to the CPU decoder (much slower)"
+        )
+
+    def _plan(self, encoded: Sequence[EncodedImage]) -> _Plan:
         buffers = check_batch(encoded)
         draws = self._draws(len(buffers))
         headers = [jpeg_header(buf) for buf in buffers]
@@ -159,13 +228,95 @@ class DaliDecoder(Decoder):
         sizes = [headers[i][:2] for i in accelerated]  # type: ignore[index]
         boxes = crop_boxes(sizes, self.size, self.random_crop, draws[accelerated]).tolist()
         items = [(buffers[i], Box(*box)) for i, box in zip(accelerated, boxes, strict=True)]
+        return _Plan(buffers, draws, accelerated, items)
+
+    def decode(self, encoded: Sequence[EncodedImage]) -> DecodedBatch:
+        return self._decode_planned(self._plan(encoded))
+
+    def decode_stream(self, batches: Iterable[Sequence[EncodedImage]]) -> Iterator[DecodedBatch]:
+        """Decode ``batches`` in order with batch ``i + 1`` in flight while batch ``i`` is
+        collected (see the module docstring); same results as :meth:`decode` per batch."""
+        queue: deque[_Plan] = deque()
+        try:
+            for encoded in batches:
+                plan = self._plan(encoded)
+                streamable = plan.items and len(plan.accelerated) == len(plan.buffers)
+                if not streamable:
+                    yield from self._drain(queue)
+                    yield self._decode_planned(plan)
+                    continue
+                if self._ahead is not None and len(plan.items) > self._ahead_size:
+                    yield from self._drain(queue)
+                    self._ahead = None  # rebuilt below, large enough
+                if self._ahead is None:
+                    self._ahead_size = max(len(plan.items), self._max_batch_size)
+                    self._ahead = _build_pipeline(
+                        self._ahead_size,
+                        self.num_threads,
+                        self.device.index if self.device.type == "cuda" else None,
+                        self.size,
+                        self.grayscale,
+                        depth=2,
+                    )
+                    self._ahead_started = False
+                self._feed(self._ahead, plan.items)
+                queue.append(plan)
+                if self._ahead_started:
+                    self._ahead.schedule_run()
+                elif len(queue) == 2:
+                    self._ahead.schedule_run()  # the first call runs both fed batches
+                    self._ahead_started = True
+                if len(queue) == 2:
+                    yield from self._collect(queue)
+            yield from self._drain(queue)
+        finally:
+            if queue:  # left early: scheduled outputs nobody will collect
+                self._ahead = None
+
+    def _collect(self, queue: deque[_Plan]) -> list[DecodedBatch]:
+        """The oldest queued batch. If DALI fails on it, the pipeline is dropped along with
+        the batches queued behind it, and they are all decoded alone (in order)."""
+        plan = queue[0]
+        try:
+            dense = self._collect_ahead()
+        except Exception as error:
+            self._ahead = None
+            if is_environment_error(error):
+                raise
+            self._on_batch_failure(error)
+            retried = list(queue)
+            queue.clear()
+            return [self._decode_planned(p) for p in retried]
+        queue.popleft()
+        return [DecodedBatch(channels_last(dense), torch.arange(len(plan.buffers)))]
+
+    def _drain(self, queue: deque[_Plan]) -> Iterator[DecodedBatch]:
+        """Collect every queued batch (a lone fed batch never scheduled runs on its own)."""
+        if queue and not self._ahead_started:
+            self._ahead = None  # one fed batch and no schedule_run: decode it alone
+            yield self._decode_planned(queue.popleft())
+        while queue:
+            yield from self._collect(queue)
+
+    def _decode_planned(self, plan: _Plan) -> DecodedBatch:
+        buffers, draws, accelerated, items = plan
         dense: list[torch.Tensor] = []
 
         def run_batch(batch: list[tuple[np.ndarray, Box]]) -> list[torch.Tensor]:
             dense.append(self._run(batch))
             return list(dense[0].unbind(0))
 
-        results = decode_batch_or_each(items, run_batch, lambda item: self._run([item])[0])
+        if len(accelerated) < len(buffers):
+            self.warn_fallback_once(
+                f"{len(buffers) - len(accelerated)} of {len(buffers)} images in a batch are "
+                "not 1- or 3-component JPEGs (PNG, CMYK, ...) and go to the CPU decoder"
+            )
+        results = decode_batch_or_each(
+            items,
+            run_batch,
+            lambda item: self._run([item])[0],
+            on_batch_failure=self._on_batch_failure,
+        )
         if dense and len(accelerated) == len(buffers):  # the common case: no copy at all
             kept_all = torch.arange(len(buffers), dtype=torch.int64)
             return DecodedBatch(channels_last(dense[0]), kept_all)
@@ -178,6 +329,11 @@ class DaliDecoder(Decoder):
                 if isinstance(result, torch.Tensor):
                     images.append(result)
                 else:
+                    if index in decoded:
+                        self.warn_fallback_once(
+                            f"DALI could not decode batch item {index} ({result}); "
+                            "it goes to the CPU decoder"
+                        )
                     pixels = decode_crop(
                         data,
                         self.size,
@@ -200,5 +356,6 @@ class DaliDecoder(Decoder):
         return DecodedBatch(channels_last(batch), torch.tensor(kept, dtype=torch.int64))
 
     def close(self) -> None:
-        """Release the DALI pipeline."""
+        """Release the DALI pipelines."""
         self._pipeline = None
+        self._ahead = None

@@ -1,37 +1,151 @@
-"""Decode batches of encoded images in the main process, as they come out of a DataLoader.
+"""Decode batches of encoded images as they come out of a DataLoader.
 
-CUDA cannot run in forked DataLoader workers, so workers only read encoded bytes (cheap)
-and the main process decodes each batch on the device (nvJPEG, DALI) or on its threads.
+CUDA cannot run in forked DataLoader workers, so with a GPU decoder the workers only read
+encoded bytes (cheap) and the main process decodes each batch on the device (nvJPEG,
+DALI). With the ``cpu`` decoder and a ``DataLoader`` that has workers, decoding runs in
+the workers instead (one decoding thread each), so that every worker decodes in parallel
+and ships one dense uint8 batch instead of a list of byte tensors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from fastdata.decode._base import Decoder
+from fastdata.decode._base import Decoder, apply_on_error
+from fastdata.decode.cpu import CpuDecoder
+from fastdata.errors import DecodeError
 
 LAST_BATCH = ("partial", "drop", "pad")
 
 
+def _check_field(field: Any, position: int) -> None:
+    if not isinstance(field, torch.Tensor | list | tuple):
+        raise TypeError(
+            f"batch element {position} must be a tensor or a list with one entry per sample, "
+            f"got {type(field).__name__}"
+        )
+
+
 def _take(field: Any, kept: torch.Tensor, position: int) -> Any:
     """The rows ``kept`` of a per-sample field (tensor, or list/tuple of per-sample items)."""
+    _check_field(field, position)
     if isinstance(field, torch.Tensor):
         return field.index_select(0, kept.to(field.device))
-    if isinstance(field, list | tuple):
-        return [field[i] for i in kept.tolist()]
-    raise TypeError(
-        f"batch element {position} must be a tensor or a list with one entry per sample, "
-        f"got {type(field).__name__}"
-    )
+    return [field[i] for i in kept.tolist()]
+
+
+def _select(field: Any, kept: torch.Tensor, total: int, position: int) -> Any:
+    """The rows ``kept`` of ``field``; the field itself when every sample was kept, so a
+    pinned tensor stays pinned (and is not copied)."""
+    if int(kept.numel()) == total:
+        _check_field(field, position)
+        return field
+    return _take(field, kept, position)
 
 
 def _to_device(field: Any, device: torch.device) -> Any:
     if isinstance(field, torch.Tensor):
         return field.to(device, non_blocking=True)
     return field
+
+
+def _split(batch: Any, position: int) -> tuple[Sequence[Any], list[Any]]:
+    if not isinstance(batch, list | tuple) or not batch:
+        raise TypeError(
+            f"batch {position} must be a tuple (encoded_images, *fields), "
+            f"got {type(batch).__name__}"
+        )
+    encoded, *fields = batch
+    return encoded, fields
+
+
+class _WorkerBatch(NamedTuple):
+    """A batch decoded in a DataLoader worker: images, fields indexed alike, the number of
+    samples read, and each decode error as ``(message, source)`` for the main process."""
+
+    images: torch.Tensor
+    fields: list[Any]
+    size: int
+    errors: list[tuple[str, str]]
+
+
+class _DecodeInWorkers:
+    """``collate_fn`` that collates as the loader did, then decodes with a one-thread
+    :class:`CpuDecoder` of the same settings, built once per worker process."""
+
+    def __init__(self, collate: Callable[[Any], Any], decoder: CpuDecoder) -> None:
+        self.collate = collate
+        self.settings = {
+            "size": decoder.size,
+            "random_crop": decoder.random_crop,
+            "grayscale": decoder.grayscale,
+        }
+        # The main process's crop draws seed the workers' (mixed with each worker's seed).
+        self.seed = int(decoder._rng.integers(2**62))
+        self._decoder: CpuDecoder | None = None
+        self._pid = -1
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_decoder": None, "_pid": -1}
+
+    def _worker_decoder(self) -> CpuDecoder:
+        if self._decoder is None or self._pid != os.getpid():
+            decoder = CpuDecoder(**self.settings, on_error="skip", num_threads=1)  # type: ignore[arg-type]
+            info = get_worker_info()
+            worker_seed = info.seed if info is not None else 0
+            decoder._rng = np.random.default_rng([self.seed, worker_seed % 2**63])
+            self._decoder, self._pid = decoder, os.getpid()
+        return self._decoder
+
+    def __call__(self, samples: Any) -> _WorkerBatch:
+        encoded, fields = _split(self.collate(samples), 0)
+        decoder = self._worker_decoder()
+        decoded = decoder.decode(encoded)
+        errors = [(_message_of(error), error.source) for error in decoder.last_errors]
+        taken = [
+            _select(field, decoded.kept, len(encoded), i + 1) for i, field in enumerate(fields)
+        ]
+        return _WorkerBatch(decoded.images, taken, len(encoded), errors)
+
+
+def _message_of(error: DecodeError) -> str:
+    text = str(error)
+    suffix = f": {error.source}"
+    return text[: -len(suffix)] if text.endswith(suffix) else text
+
+
+def _with_collate(loader: DataLoader[Any], collate: Callable[[Any], Any]) -> DataLoader[Any]:
+    """A DataLoader like ``loader`` (same dataset, sampler objects and worker settings)
+    whose workers run ``collate``."""
+    options: dict[str, Any] = {
+        "num_workers": loader.num_workers,
+        "collate_fn": collate,
+        "pin_memory": loader.pin_memory,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "multiprocessing_context": loader.multiprocessing_context,
+        "generator": loader.generator,
+        "prefetch_factor": loader.prefetch_factor,
+        "persistent_workers": loader.persistent_workers,
+    }
+    if getattr(loader, "pin_memory_device", ""):
+        options["pin_memory_device"] = loader.pin_memory_device
+    if hasattr(loader, "in_order"):
+        options["in_order"] = loader.in_order
+    if isinstance(loader.dataset, IterableDataset):
+        options.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
+    elif loader.batch_sampler is not None:
+        options["batch_sampler"] = loader.batch_sampler
+    else:
+        options.update(sampler=loader.sampler, batch_size=None)
+    return DataLoader(loader.dataset, **options)
 
 
 class DecodingLoader:
@@ -41,9 +155,17 @@ class DecodingLoader:
     (1-D uint8 tensors, arrays or bytes), e.g. what ``ShardDataset(decode=False)`` and
     ``RAMDataset`` of file bytes give through a pass-through collate; ``fields`` anything
     with one entry per sample (``(B,)`` int64 labels, ``(B, H, W)`` masks, lists), which
-    follow the images: samples dropped by ``on_error`` are dropped from them too, and
+    follow the images: samples dropped by ``on_error`` are dropped from them too (when
+    none is dropped, the fields are passed on as they are, pinned memory included), and
     tensors are moved to the decoder's device. Fields are not cropped or resized: masks
     must already match the decoded images' geometry.
+
+    With the ``cpu`` decoder and a ``torch.utils.data.DataLoader`` with ``num_workers >
+    0``, the batches are decoded in the workers: an equivalent DataLoader (same dataset,
+    sampler objects and worker options) is built whose ``collate_fn`` collates as the
+    original did and then decodes with one thread per worker, seeded from the decoder's
+    seed and each worker's seed. ``on_error`` still applies in this process. Elsewhere
+    (GPU decoders, no workers, other iterables) the batches are decoded here.
 
     Args:
         batches: Any iterable of such batches, typically a ``torch.utils.data.DataLoader``.
@@ -54,6 +176,9 @@ class DecodingLoader:
             samples (cyclically) up to ``batch_size``. A batch in which no sample decoded
             is always left out.
         batch_size: The full batch size; by default the size of the first batch read.
+        decode_in_workers: Decode in the DataLoader's workers when the decoder is the
+            ``cpu`` one and there are workers (default); ``False``: always decode in this
+            process.
 
     Yields:
         ``(images, *fields)``: images ``(K, C, H, W)`` uint8 on the decoder's device
@@ -67,6 +192,7 @@ class DecodingLoader:
         *,
         last_batch: str = "partial",
         batch_size: int | None = None,
+        decode_in_workers: bool = True,
     ) -> None:
         if not isinstance(decoder, Decoder):
             raise TypeError(f"decoder must come from create_decoder, got {type(decoder).__name__}")
@@ -80,40 +206,69 @@ class DecodingLoader:
         self.decoder = decoder
         self.last_batch = last_batch
         self.batch_size = batch_size
+        self.decodes_in_workers = (
+            bool(decode_in_workers)
+            and isinstance(decoder, CpuDecoder)
+            and isinstance(batches, DataLoader)
+            and batches.num_workers > 0
+        )
+        self._worker_loader: DataLoader[Any] | None = None
 
     def __len__(self) -> int:
         """Number of input batches (an upper bound under ``last_batch="drop"``)."""
         return len(self.batches)  # type: ignore[arg-type]
 
+    def _source(self) -> Iterable[Any]:
+        if not self.decodes_in_workers:
+            return self.batches
+        if self._worker_loader is None:  # built once: persistent workers stay alive
+            loader = self.batches
+            assert isinstance(loader, DataLoader) and isinstance(self.decoder, CpuDecoder)
+            collate = _DecodeInWorkers(loader.collate_fn, self.decoder)
+            self._worker_loader = _with_collate(loader, collate)
+        return self._worker_loader
+
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
-        batch_size = self.batch_size
-        for position, batch in enumerate(self.batches):
-            if not isinstance(batch, list | tuple) or not batch:
-                raise TypeError(
-                    f"batch {position} must be a tuple (encoded_images, *fields), "
-                    f"got {type(batch).__name__}"
+        full = [self.batch_size]  # the full batch size, once known (this pass only)
+        if self.decodes_in_workers:
+            for batch in self._source():
+                if not isinstance(batch, _WorkerBatch):
+                    raise TypeError(f"expected a batch decoded in a worker, got {type(batch)}")
+                for message, source in batch.errors:
+                    apply_on_error(self.decoder.on_error, DecodeError(message, source))
+                images = batch.images.to(self.decoder.device, non_blocking=True)
+                yield from self._finish(images, batch.fields, batch.size, full)
+            return
+        # Fields wait here while their images are decoded (a backend may start decoding
+        # the next batch before it hands out this one).
+        waiting: deque[tuple[list[Any], int]] = deque()
+
+        def encoded_batches() -> Iterator[Sequence[Any]]:
+            for position, batch in enumerate(self.batches):
+                encoded, fields = _split(batch, position)
+                waiting.append((fields, len(encoded)))
+                yield encoded
+
+        for decoded in self.decoder.decode_stream(encoded_batches()):
+            fields, total = waiting.popleft()
+            taken = [_select(field, decoded.kept, total, i + 1) for i, field in enumerate(fields)]
+            yield from self._finish(decoded.images, taken, total, full)
+
+    def _finish(
+        self, images: torch.Tensor, fields: list[Any], total: int, full: list[int | None]
+    ) -> Iterator[tuple[Any, ...]]:
+        """Apply ``last_batch`` to one decoded batch and move its fields to the device."""
+        batch_size = full[0] if full[0] is not None else total
+        full[0] = batch_size
+        count = int(images.shape[0])
+        if count < batch_size:
+            if self.last_batch == "drop" or count == 0:
+                return
+            if self.last_batch == "pad":
+                repeat = torch.arange(batch_size) % count
+                images = images[repeat.to(images.device)].contiguous(
+                    memory_format=torch.channels_last
                 )
-            encoded, *fields = batch
-            if batch_size is None:
-                batch_size = len(encoded)
-            decoded = self.decoder.decode(encoded)
-            kept = decoded.kept
-            count = int(kept.numel())
-            if count < batch_size:
-                if self.last_batch == "drop" or count == 0:
-                    continue
-                if self.last_batch == "pad":
-                    repeat = torch.arange(batch_size) % count
-                    kept = kept[repeat]
-                    images = decoded.images[repeat.to(decoded.images.device)].contiguous(
-                        memory_format=torch.channels_last
-                    )
-                else:
-                    images = decoded.images
-            else:
-                images = decoded.images
-            out = [
-                _to_device(_take(field, kept, i + 1), self.decoder.device)
-                for i, field in enumerate(fields)
-            ]
-            yield (images, *out)
+                fields = [_take(field, repeat, i + 1) for i, field in enumerate(fields)]
+        out = [_to_device(field, self.decoder.device) for field in fields]
+        yield (images, *out)

@@ -1,21 +1,31 @@
 """The ``nvjpeg`` backend: batched nvJPEG through ``torchvision.io.decode_jpeg`` on a CUDA
 device, then crop and resize on the device.
 
-Streams: decoding and resizing run on a side stream of the decoder's own; the caller's
-current stream is made to wait for it and the output is recorded on the caller's stream, so
-the batch can be used right away on that stream. torchvision decodes on a private stream
-that does not wait for the current one (pytorch/vision#9606), so the side stream is
-synchronized before each decode: the memory nvJPEG writes into is then idle.
+Streams: decoding and resizing run on a side stream of the decoder's own, which never
+waits for the caller's stream (the inputs are host bytes), so decoding overlaps the
+caller's queued work. An event is recorded on the side stream after each batch; the
+caller's current stream waits for it and the output is ``record_stream``-ed on the
+caller's stream, so the batch can be used right away on that stream. torchvision decodes
+on a private stream that does not wait for the current one (pytorch/vision#9606): the
+memory it is handed must not be read by queued work, so before each decode the host
+waits for the previous batch's event (only this decoder's own work, never the caller's).
 
 Errors: a batched ``decode_jpeg`` returns nothing when any image is bad, so a failed batch
 is retried image by image; images nvJPEG cannot decode (non-JPEG bytes, CMYK, failures) go
 through the CPU decoder, and only what neither can decode is handled by ``on_error``.
+Environment errors (CUDA out of memory, a torchvision built without nvJPEG) are raised,
+never turned into CPU decoding. Any fallback to the CPU is warned about once per decoder.
+
+Truncated JPEGs: nvJPEG may decode a truncated file without an error, the missing rows
+left grey or black, where the ``cpu`` backend raises a :class:`~fastdata.DecodeError`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Sequence
+from importlib import metadata
 from typing import Any
 
 import numpy as np
@@ -30,17 +40,59 @@ from fastdata.decode._base import (
     apply_on_error,
     check_batch,
 )
-from fastdata.decode._batching import crop_resize_chw, decode_batch_or_each
-from fastdata.decode._geometry import RandomResizedCrop, crop_box
+from fastdata.decode._batching import crop_resize_batch, decode_batch_or_each
+from fastdata.decode._geometry import Box, RandomResizedCrop, crop_box
 from fastdata.decode.cpu import decode_crop
-from fastdata.errors import DecodeError
+from fastdata.errors import DecodeError, FastDataError
+from fastdata.gpu.prefetch import resolve_device
 
 # Component counts nvJPEG decodes to the right colours (gray, YCbCr); CMYK goes to the CPU.
 _NVJPEG_COMPONENTS = (1, 3)
+# decode_jpeg takes a list of images (one batched nvJPEG call) from torchvision 0.20 on.
+MIN_TORCHVISION = (0, 20)
+
+
+def torchvision_version() -> str | None:
+    """The installed torchvision's version string (read from its metadata, no import)."""
+    try:
+        return metadata.version("torchvision")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def torchvision_too_old(version: str) -> bool:
+    """Whether ``version`` predates batched ``decode_jpeg`` (0.20)."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return match is not None and (int(match[1]), int(match[2])) < MIN_TORCHVISION
+
+
+def check_torchvision() -> None:
+    """Raise when the installed torchvision cannot decode batches on the GPU.
+
+    Raises:
+        ModuleNotFoundError: torchvision is missing (the message gives the pip command).
+        FastDataError: torchvision is older than 0.20.
+    """
+    version = torchvision_version()
+    if version is None:
+        import_optional("torchvision.io", "The nvjpeg decoder backend")
+        return
+    if torchvision_too_old(version):
+        raise FastDataError(
+            f"the nvjpeg decoder backend needs torchvision >= 0.20 (batched decode_jpeg), "
+            f"found torchvision {version}: pip install 'torchvision>=0.20' (or "
+            "pip install 'fastdata[gpu]'), or use backend='cpu'"
+        )
 
 
 def load_decode_jpeg(grayscale: bool) -> Callable[..., Any]:
-    """``torchvision.io.decode_jpeg`` bound to the RGB or GRAY read mode."""
+    """``torchvision.io.decode_jpeg`` bound to the RGB or GRAY read mode.
+
+    Raises:
+        ModuleNotFoundError: torchvision is missing.
+        FastDataError: torchvision is older than 0.20.
+    """
+    check_torchvision()
     tv_io = import_optional("torchvision.io", "The nvjpeg decoder backend")
     mode = tv_io.ImageReadMode.GRAY if grayscale else tv_io.ImageReadMode.RGB
     decode_jpeg = tv_io.decode_jpeg
@@ -51,13 +103,19 @@ def load_decode_jpeg(grayscale: bool) -> Callable[..., Any]:
     return decode
 
 
+def _like(tensor: torch.Tensor) -> dict[str, Any]:
+    return {"dtype": tensor.dtype, "device": tensor.device}
+
+
 class NvJpegDecoder(Decoder):
     """Decode JPEGs with nvJPEG on a CUDA device; see :func:`fastdata.decode.create_decoder`.
 
     Args:
         size: Output ``(height, width)``, or an int for a square.
         random_crop: Random resized crop parameters (training), or ``None`` for a centred crop.
-        device: The CUDA device that decodes and holds the output.
+        device: The CUDA device that decodes and holds the output: ``"cuda:1"``, an int
+            (``local_rank`` under DDP), or ``"cuda"`` for the current device when the
+            decoder is built (under DDP, build it after ``torch.cuda.set_device``).
         on_error: ``"raise"``, ``"skip"`` or ``"warn"``.
         grayscale: Decode to one channel.
         seed: Seed of the random crops.
@@ -70,7 +128,7 @@ class NvJpegDecoder(Decoder):
         size: int | tuple[int, int],
         *,
         random_crop: RandomResizedCrop | bool | None = None,
-        device: torch.device | str = "cuda",
+        device: torch.device | str | int = "cuda",
         on_error: str = "raise",
         grayscale: bool = False,
         seed: int | None = None,
@@ -78,13 +136,15 @@ class NvJpegDecoder(Decoder):
         super().__init__(
             size,
             random_crop=random_crop,
-            device=torch.device(device),
+            device=resolve_device(device),
             on_error=on_error,
             grayscale=grayscale,
             seed=seed,
         )
         self._decode_jpeg = load_decode_jpeg(self.grayscale)
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # Recorded on the side stream after the last batch's work (see the module docstring).
+        self._done: Any = None
 
     def _fallback(self, data: np.ndarray, draws: np.ndarray, index: int) -> torch.Tensor:
         """Decode one image on the CPU, with the same geometry, and upload it."""
@@ -98,52 +158,83 @@ class NvJpegDecoder(Decoder):
         )
         return torch.from_numpy(pixels).permute(2, 0, 1).to(self.device)
 
+    def _on_batch_failure(self, error: Exception) -> None:
+        self.warn_fallback_once(
+            f"a batch failed in nvJPEG ({error}); it is decoded image by image, and images "
+            "nvJPEG cannot decode go to the CPU decoder (much slower)"
+        )
+
     def decode(self, encoded: Sequence[EncodedImage]) -> DecodedBatch:
         buffers = check_batch(encoded)
         draws = self._draws(len(buffers))
         headers = [jpeg_header(buf) for buf in buffers]
         on_gpu = [i for i, h in enumerate(headers) if h is not None and h[2] in _NVJPEG_COMPONENTS]
+        if len(on_gpu) < len(buffers):
+            self.warn_fallback_once(
+                f"{len(buffers) - len(on_gpu)} of {len(buffers)} images in a batch are not "
+                "1- or 3-component JPEGs (PNG, CMYK, ...) and go to the CPU decoder"
+            )
         # decode_jpeg wants CPU uint8 tensors; bytes arrive read-only, which torch refuses.
         tensors = [
             torch.from_numpy(buffers[i] if buffers[i].flags.writeable else buffers[i].copy())
             for i in on_gpu
         ]
         caller = torch.cuda.current_stream(self.device) if self._stream is not None else None
+        if self._done is not None:
+            # nvJPEG's private stream may be handed memory our last batch's queued kernels
+            # still read: wait for that work (ours only), not for the caller's stream.
+            self._done.synchronize()
         context = torch.cuda.stream(self._stream) if self._stream is not None else None
         with context or contextlib.nullcontext():
-            if self._stream is not None and caller is not None:
-                self._stream.wait_stream(caller)
-                self._stream.synchronize()
             results = decode_batch_or_each(
                 tensors,
                 lambda batch: self._decode_jpeg(batch, self.device),
                 lambda one: self._decode_jpeg(one, self.device),
+                on_batch_failure=self._on_batch_failure,
             )
             decoded: dict[int, torch.Tensor | Exception] = dict(zip(on_gpu, results, strict=True))
-            images: list[torch.Tensor] = []
+            on_device: list[torch.Tensor] = []
+            boxes: list[Box] = []
+            fallen: dict[int, torch.Tensor] = {}
             kept: list[int] = []
             for index, data in enumerate(buffers):
                 result = decoded.get(index)
                 try:
                     if isinstance(result, torch.Tensor):
                         source_hw = (int(result.shape[-2]), int(result.shape[-1]))
-                        box = crop_box(source_hw, self.size, self.random_crop, draws[index])
-                        images.append(crop_resize_chw(result, box, self.size))
+                        boxes.append(crop_box(source_hw, self.size, self.random_crop, draws[index]))
+                        on_device.append(result)
                     else:
-                        images.append(self._fallback(data, draws[index], index))
+                        if index in decoded:
+                            self.warn_fallback_once(
+                                f"nvJPEG could not decode batch item {index} ({result}); "
+                                "it goes to the CPU decoder"
+                            )
+                        fallen[len(kept)] = self._fallback(data, draws[index], index)
                 except DecodeError as error:
                     apply_on_error(self.on_error, error)
                     continue
                 kept.append(index)
             batch = torch.empty(
-                (len(images), self.channels, *self.size),
+                (len(kept), self.channels, *self.size),
                 dtype=torch.uint8,
                 device=self.device,
                 memory_format=torch.channels_last,
             )
-            for row, image in enumerate(images):
-                batch[row] = image
+            gpu_rows = [row for row in range(len(kept)) if row not in fallen]
+            if fallen:
+                resized = torch.empty((len(gpu_rows), *batch.shape[1:]), **_like(batch))
+                crop_resize_batch(on_device, boxes, resized)
+                batch[gpu_rows] = resized
+                for row, image in fallen.items():
+                    batch[row] = image
+            else:
+                crop_resize_batch(on_device, boxes, batch)
+            if self._stream is not None:
+                done = torch.cuda.Event()
+                done.record(self._stream)
+                self._done = done
         if self._stream is not None and caller is not None:
-            caller.wait_stream(self._stream)
+            caller.wait_event(self._done)
             batch.record_stream(caller)
         return DecodedBatch(batch, torch.tensor(kept, dtype=torch.int64))

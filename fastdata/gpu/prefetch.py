@@ -230,6 +230,9 @@ class _PrefetchIterator:
         self._owner: DevicePrefetcher | None = owner
         self._source: Iterator[Batch] | None = source
         self._pending: _Pending | None = None
+        # An error raised while preparing the next batch: raised by the next __next__, after
+        # the batch already prepared has been handed out.
+        self._error: BaseException | None = None
         # Host batches whose copy may still be running: kept alive until its event is done.
         self._copying: list[_Pending] = []
         # Consumer-stream marks of the last hand-outs (CUDA): bound how far the host runs ahead.
@@ -240,19 +243,25 @@ class _PrefetchIterator:
         return self
 
     def _advance(self) -> None:
+        """Start the next batch; an error doing so is kept for the next ``__next__``."""
         if self._source is None or self._owner is None:
             return
         try:
             host_batch = next(self._source)
+            self._pending = self._owner._start(host_batch)
         except StopIteration:
             self._source = None
-            return
-        self._pending = self._owner._start(host_batch)
+        except Exception as error:
+            self._source = None
+            self._error = error
 
     def __next__(self) -> Batch:
         current, self._pending = self._pending, None
         if current is None or self._owner is None:
+            error, self._error = self._error, None
             self.close()
+            if error is not None:
+                raise error
             raise StopIteration
         mark = self._owner._mark_consumer()
         if mark is not None:

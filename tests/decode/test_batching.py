@@ -5,7 +5,14 @@ import numpy as np
 import pytest
 import torch
 
-from fastdata.decode._batching import crop_resize_chw, decode_batch_or_each
+from fastdata.decode import _batching as batching
+from fastdata.decode._batching import (
+    MAX_INTERPOLATION_SHRINK,
+    crop_resize_batch,
+    crop_resize_chw,
+    decode_batch_or_each,
+    is_environment_error,
+)
 from fastdata.decode._geometry import Box
 from tests.decode.conftest import smooth_rgb
 
@@ -60,3 +67,98 @@ def test_torch_crop_resize_matches_opencv(box: Box, out_hw: tuple[int, int]) -> 
 def test_torch_crop_without_resize_is_exact() -> None:
     image = torch.arange(3 * 8 * 8, dtype=torch.uint8).reshape(3, 8, 8)
     assert torch.equal(crop_resize_chw(image, Box(2, 1, 4, 5), (4, 5)), image[:, 2:6, 1:6])
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        RuntimeError("decode_jpegs_cuda: torchvision not compiled with nvJPEG support"),
+        TypeError("decode_jpeg() expected a Tensor, got list"),
+    ],
+)
+def test_environment_errors_raise_instead_of_per_image_failures(error: Exception) -> None:
+    retried: list[int] = []
+
+    def many(items: list[int]) -> list[int]:
+        raise error
+
+    def one(item: int) -> int:
+        retried.append(item)
+        return item
+
+    with pytest.raises(type(error)):
+        decode_batch_or_each([1, 2], many, one)
+    assert retried == []
+
+    # ... and from a lone retry after a batch that failed on a bad image
+    def one_fails(item: int) -> int:
+        raise error
+
+    with pytest.raises(type(error)):
+        decode_batch_or_each([1, -1], _strict_double, one_fails)
+
+
+def test_batch_failure_callback_sees_the_decode_error() -> None:
+    seen: list[Exception] = []
+    decode_batch_or_each([1, -1], _strict_double, _double_one, on_batch_failure=seen.append)
+    assert [str(e) for e in seen] == ["bad item in batch"]
+    assert not is_environment_error(seen[0])
+
+
+@pytest.fixture
+def interpolate_calls(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, object]]:
+    calls: list[dict[str, object]] = []
+    real = batching.F.interpolate
+
+    def spy(input: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        calls.append({"in": tuple(input.shape[-2:]), "n": input.shape[0], **kwargs})
+        return real(input, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(batching.F, "interpolate", spy)
+    return calls
+
+
+@pytest.mark.parametrize(("box", "out_hw"), [(Box(0, 0, 2000, 30), (10, 60)),   # y 200x, x grows
+                                             (Box(0, 0, 1500, 1900), (7, 9)),   # ~210x both
+                                             (Box(0, 0, 40, 300), (80, 20))])  # fmt: skip
+def test_interpolation_is_always_antialiased_and_never_shrinks_too_far(
+    interpolate_calls: list[dict[str, object]], box: Box, out_hw: tuple[int, int]
+) -> None:
+    # CUDA's antialiased kernel fails beyond ~94x per axis; an axis that shrinks must be
+    # antialiased even when the other grows.
+    rng = np.random.default_rng(0)
+    image = torch.from_numpy(rng.integers(0, 256, (3, box.height, box.width), dtype=np.uint8))
+    got = crop_resize_chw(image, box, out_hw)
+    assert got.shape == (3, *out_hw)
+    assert interpolate_calls and all(call["antialias"] is True for call in interpolate_calls)
+    for call in interpolate_calls:
+        in_h, in_w = call["in"]  # type: ignore[misc]
+        assert in_h <= MAX_INTERPOLATION_SHRINK * out_hw[0]
+        assert in_w <= MAX_INTERPOLATION_SHRINK * out_hw[1]
+
+
+def test_pre_reduction_matches_one_antialiased_pass() -> None:
+    # On the CPU one antialiased pass works at any factor: the area pre-reduction that CUDA
+    # needs beyond ~94x must give nearly the same pixels.
+    rgb = torch.from_numpy(smooth_rgb(1600, 1200, seed=3)).permute(2, 0, 1)
+    for out_hw in ((8, 6), (16, 12), (100, 75)):
+        got = crop_resize_chw(rgb, Box(0, 0, 1600, 1200), out_hw).float()
+        one_pass = torch.nn.functional.interpolate(
+            rgb[None].float(), size=out_hw, mode="bilinear", antialias=True
+        )[0].round()
+        assert (got - one_pass).abs().mean() <= 1.0
+
+
+def test_batch_resize_runs_once_per_region_size(
+    interpolate_calls: list[dict[str, object]],
+) -> None:
+    rgb = torch.from_numpy(smooth_rgb(120, 160, seed=2)).permute(2, 0, 1)
+    boxes = [Box(0, 0, 100, 100), Box(10, 20, 100, 100), Box(5, 5, 60, 90), Box(1, 2, 100, 100)]
+    out = torch.empty((4, 3, 32, 32), dtype=torch.uint8).contiguous(
+        memory_format=torch.channels_last
+    )
+    crop_resize_batch([rgb] * 4, boxes, out)
+    assert sorted(call["n"] for call in interpolate_calls) == [1, 3]  # type: ignore[type-var]
+    for row, box in enumerate(boxes):
+        assert torch.equal(out[row], crop_resize_chw(rgb, box, (32, 32)))

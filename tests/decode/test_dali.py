@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+
+import numpy as np
 import pytest
 import torch
 
-from fastdata.decode import create_decoder
+from fastdata.decode import DecodingLoader, create_decoder
 from fastdata.decode import dali as dali_module
 from fastdata.errors import DecodeError
 from tests.decode.conftest import BAD, GOOD, exif_rotated_jpeg, rgb_jpeg
@@ -15,6 +19,14 @@ from tests.decode.conftest import BAD, GOOD, exif_rotated_jpeg, rgb_jpeg
 MEAN_TOLERANCE = 3.0
 
 pytestmark = pytest.mark.dali
+
+
+@pytest.fixture(autouse=True)
+def _collect_pipelines() -> Iterator[None]:
+    """Collect the DALI pipelines a test leaves behind here, in this process: collected in a
+    DataLoader worker forked later (their threads are not there), they crash it."""
+    yield
+    gc.collect()
 
 
 @pytest.mark.parametrize("random_crop", [False, True])
@@ -90,3 +102,153 @@ def test_batches_own_their_memory() -> None:
     kept = first.clone()
     second = decoder([rgb_jpeg(64, 64, seed=2)] * 2)
     assert torch.equal(first, kept) and not torch.equal(first, second)
+
+
+def test_pipeline_is_rebuilt_after_a_failure(
+    monkeypatch: pytest.MonkeyPatch, images: dict[str, bytes]
+) -> None:
+    built: list[object] = []
+    real_build = dali_module._build_pipeline
+
+    def counting_build(*args: object) -> object:
+        built.append(real_build(*args))
+        return built[-1]
+
+    monkeypatch.setattr(dali_module, "_build_pipeline", counting_build)
+    decoder = create_decoder("dali", size=24, device="cpu", on_error="skip")
+    assert decoder.decode([images["color"]] * 2).kept.tolist() == [0, 1]
+    assert len(built) == 1
+    # the batch fails (pipeline dropped), color alone runs on a new one, truncated alone
+    # fails on it (dropped again): the next batch gets a third pipeline
+    with pytest.warns(RuntimeWarning, match="a batch failed in DALI"):
+        decoded = decoder.decode([images["color"], images["truncated"]])
+    assert decoded.kept.tolist() == [0]
+    assert len(built) == 2 and decoder._pipeline is None
+    assert decoder.decode([images["color"]] * 2).kept.tolist() == [0, 1]
+    assert len(built) == 3 and decoder._pipeline is built[-1]
+
+
+def test_environment_errors_raise(
+    monkeypatch: pytest.MonkeyPatch, images: dict[str, bytes]
+) -> None:
+    def out_of_memory(*args: object) -> None:
+        raise RuntimeError("[/opt/dali/dali/core/mm] CUDA allocation failed")
+
+    decoder = create_decoder("dali", size=24, device="cpu", on_error="skip")
+    monkeypatch.setattr(decoder, "_run_pipeline", out_of_memory)
+    with pytest.raises(RuntimeError, match="CUDA allocation failed"):
+        decoder.decode([images["color"]])
+
+
+class _FakeTensor:
+    def shape(self) -> list[int]:
+        return [2, 4, 4, 3]
+
+
+class _FakeOutput:
+    def as_tensor(self) -> _FakeTensor:
+        return _FakeTensor()
+
+
+class _FakePipeline:
+    def __init__(self) -> None:
+        self.run_args: list[tuple[object, ...]] = []
+
+    def feed_input(self, name: str, data: object) -> None:
+        pass
+
+    def run(self, *args: object) -> tuple[_FakeOutput]:
+        self.run_args.append(args)
+        return (_FakeOutput(),)
+
+
+def test_gpu_pipeline_runs_and_copies_on_the_callers_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # CPU-side check of the CUDA path: the outputs are asked for on the caller's current
+    # stream (no host sync in run()) and the copy is queued on that same stream.
+    consumer = object()
+    copies: list[object] = []
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: consumer)
+
+    class FakePlugin:
+        @staticmethod
+        def feed_ndarray(tensor: object, target: torch.Tensor, cuda_stream: object = None) -> None:
+            copies.append(cuda_stream)
+
+    monkeypatch.setattr(dali_module, "import_optional", lambda module, purpose: FakePlugin)
+    decoder = dali_module.DaliDecoder(4, device="cpu")
+    decoder.device = torch.device("meta")  # not the CPU: the GPU code path, without a GPU
+    pipeline = _FakePipeline()
+    box = dali_module.Box(0, 0, 4, 4)
+    out = decoder._run_pipeline(pipeline, [(np.zeros(4, np.uint8), box)] * 2)
+    assert out.shape == (2, 4, 4, 3)
+    assert pipeline.run_args == [(consumer,)]
+    assert copies == [consumer]
+
+
+def _batches(images: dict[str, bytes]) -> list[list[bytes]]:
+    good = [rgb_jpeg(60 + 8 * s, 80, seed=s) for s in range(4)]
+    return [
+        good[:3],
+        [good[0], images["truncated"], good[1]],  # fails in DALI: queue dropped, decoded alone
+        good[1:4],
+        [images["png"], good[2]],  # not for DALI: drains the queue, decoded alone
+        good[:3],
+        good * 2,  # larger than the pipeline: drained, rebuilt larger
+        good[:2],
+    ]
+
+
+def test_decode_stream_gives_what_decode_gives(images: dict[str, bytes]) -> None:
+    batches = _batches(images)
+    ahead = dali_module.DaliDecoder(24, device="cpu", on_error="skip", seed=3, max_batch_size=4)
+    alone = dali_module.DaliDecoder(24, device="cpu", on_error="skip", seed=3, max_batch_size=4)
+    with pytest.warns(RuntimeWarning):
+        streamed = list(ahead.decode_stream(iter(batches)))
+        one_by_one = [alone.decode(batch) for batch in batches]
+    assert len(streamed) == len(batches)
+    for got, want in zip(streamed, one_by_one, strict=True):
+        assert got.kept.tolist() == want.kept.tolist()
+        assert torch.equal(got.images, want.images)
+        assert got.images.is_contiguous(memory_format=torch.channels_last)
+    for count in (0, 1):  # empty and single-batch streams
+        assert len(list(ahead.decode_stream(iter(batches[:count])))) == count
+
+
+def test_decode_stream_feeds_the_next_batch_before_collecting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    decoder = dali_module.DaliDecoder(16, device="cpu", seed=0)
+    log: list[str] = []
+    real_feed, real_collect = decoder._feed, decoder._collect_ahead
+    monkeypatch.setattr(
+        decoder, "_feed", lambda pipe, items: (log.append("feed"), real_feed(pipe, items))[1]
+    )
+    monkeypatch.setattr(
+        decoder, "_collect_ahead", lambda: (log.append("collect"), real_collect())[1]
+    )
+    batches = [[rgb_jpeg(40, 40, seed=s)] * 2 for s in range(4)]
+    for decoded in decoder.decode_stream(iter(batches)):
+        log.append(f"got {len(decoded.kept)}")
+    assert log == ["feed", "feed", "collect", "got 2", "feed", "collect", "got 2",
+                   "feed", "collect", "got 2", "collect", "got 2"]  # fmt: skip
+
+
+def test_leaving_a_stream_early_then_streaming_again(images: dict[str, bytes]) -> None:
+    decoder = dali_module.DaliDecoder(16, device="cpu", seed=0)
+    batches = [[rgb_jpeg(40, 40, seed=s)] * 2 for s in range(5)]
+    for _ in decoder.decode_stream(iter(batches)):
+        break
+    assert decoder._ahead is None  # its scheduled outputs were dropped with it
+    assert [len(d.kept) for d in decoder.decode_stream(iter(batches))] == [2] * 5
+
+
+def test_decoding_loader_streams_through_dali() -> None:
+    decoder = create_decoder("dali", size=16, device="cpu", seed=1)
+    batches = [([rgb_jpeg(40, 48, seed=s)] * 3, torch.arange(3) + 10 * s) for s in range(3)]
+    out = list(DecodingLoader(batches, decoder))
+    assert [labels.tolist() for _, labels in out] == [[0, 1, 2], [10, 11, 12], [20, 21, 22]]
+    want = create_decoder("dali", size=16, device="cpu", seed=1)
+    for (images, _), (encoded, _) in zip(out, batches, strict=True):
+        assert torch.equal(images, want(encoded))

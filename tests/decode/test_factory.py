@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import subprocess
 import sys
 from typing import Any
@@ -8,8 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from fastdata.decode import Decoder, create_decoder, dali, factory, resolve_backend
+from fastdata.decode import Decoder, create_decoder, dali, factory, nvjpeg, resolve_backend
 from fastdata.decode.nvjpeg import load_decode_jpeg
+from fastdata.errors import FastDataError
 
 
 def test_auto_picks_nvjpeg_only_with_cuda_and_torchvision(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -19,6 +21,7 @@ def test_auto_picks_nvjpeg_only_with_cuda_and_torchvision(monkeypatch: pytest.Mo
     monkeypatch.setattr(factory, "_has_torchvision", lambda: False)
     assert resolve_backend("auto") == "cpu"
     monkeypatch.setattr(factory, "_has_torchvision", lambda: True)
+    monkeypatch.setattr(factory, "torchvision_version", lambda: "0.20.0")
     assert resolve_backend("auto") == "nvjpeg"
     assert resolve_backend("dali") == "dali"
 
@@ -59,3 +62,46 @@ def test_importing_decode_loads_no_optional_backend() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.fixture
+def cuda_and_torchvision(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """A machine with CUDA and torchvision 0.21 (as far as backend choice can tell)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(factory, "_has_torchvision", lambda: True)
+    monkeypatch.setattr(factory, "torchvision_version", lambda: "0.21.0")
+    monkeypatch.setattr(nvjpeg, "torchvision_version", lambda: "0.21.0")
+    return monkeypatch
+
+
+def test_auto_honours_a_cpu_device(cuda_and_torchvision: pytest.MonkeyPatch) -> None:
+    assert resolve_backend("auto") == "nvjpeg"
+    assert resolve_backend("auto", "cpu") == "cpu"
+    assert resolve_backend("auto", torch.device("cpu")) == "cpu"
+    decoder = create_decoder("auto", size=16, device="cpu")
+    assert decoder.backend == "cpu" and decoder.device == torch.device("cpu")
+
+
+def test_auto_logs_its_choice_and_why(
+    cuda_and_torchvision: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="fastdata.decode"):
+        resolve_backend("auto")
+        resolve_backend("auto", "cpu")
+    assert [r.getMessage() for r in caplog.records] == [
+        "decoder backend 'auto' chose 'nvjpeg': CUDA and torchvision >= 0.20 are present",
+        "decoder backend 'auto' chose 'cpu': the requested device is 'cpu'",
+    ]
+
+
+def test_torchvision_before_0_20_is_refused_or_warned(
+    cuda_and_torchvision: pytest.MonkeyPatch,
+) -> None:
+    cuda_and_torchvision.setattr(factory, "torchvision_version", lambda: "0.19.1+cu121")
+    cuda_and_torchvision.setattr(nvjpeg, "torchvision_version", lambda: "0.19.1+cu121")
+    with pytest.raises(FastDataError, match=r"torchvision >= 0.20 .* found torchvision 0.19.1"):
+        resolve_backend("nvjpeg")
+    with pytest.raises(FastDataError, match=r"found torchvision 0\.19\.1"):
+        load_decode_jpeg(grayscale=False)
+    with pytest.warns(RuntimeWarning, match="predates batched GPU decoding"):
+        assert resolve_backend("auto") == "cpu"

@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from fastdata.decode import DecodingLoader, create_decoder
+from fastdata.errors import DecodeError
 from fastdata.shards import FieldSpec, Manifest, ShardReader, ShardWriter, save_manifest
 from tests.decode.conftest import rgb_jpeg
 
@@ -108,3 +109,80 @@ def test_rejects_bad_arguments(images: dict[str, bytes]) -> None:
         list(DecodingLoader([images["color"]], decoder))  # type: ignore[list-item]
     with pytest.raises(TypeError, match="batch element 1 must be a tensor or a list"):
         list(DecodingLoader([([images["color"]], 7)], decoder))
+
+
+def test_fields_pass_through_untouched_when_every_sample_decodes(
+    images: dict[str, bytes],
+) -> None:
+    # No index_select when nothing was dropped: the same tensor (pinned memory stays pinned
+    # for the non_blocking copy to the device), not a pageable copy.
+    labels = torch.arange(2)
+    masks = torch.zeros(2, 8, 8, dtype=torch.uint8)
+    decoder = create_decoder("cpu", size=8, on_error="skip")
+    ((_, out_labels, out_masks),) = list(
+        DecodingLoader([([images["color"], images["gray"]], labels, masks)], decoder)
+    )
+    assert out_labels is labels and out_masks is masks
+
+
+def test_cpu_decoder_decodes_in_the_dataloader_workers(
+    shard_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decoder = create_decoder("cpu", size=32, on_error="skip")
+    in_main = [decoder([rgb_jpeg(60 + 4 * i, 80, seed=i)])[0] for i in (0, 9)]
+
+    def not_here(encoded: Any) -> Any:
+        raise AssertionError("decoded in the main process")
+
+    monkeypatch.setattr(decoder, "decode", not_here)
+    loader = DecodingLoader(_loader(shard_root, num_workers=2), decoder)
+    assert loader.decodes_in_workers
+    batches = list(loader)
+    assert [len(labels) for _, labels in batches] == [3, 4, 2]
+    assert torch.cat([labels for _, labels in batches]).tolist() == [
+        100, 101, 102, 104, 105, 106, 107, 108, 109
+    ]  # fmt: skip
+    assert torch.equal(batches[0][0][0], in_main[0])  # same pixels as in the main process
+    assert torch.equal(batches[2][0][1], in_main[1])
+    assert batches[0][0].is_contiguous(memory_format=torch.channels_last)
+    # a second pass reuses the worker DataLoader
+    assert sum(len(labels) for _, labels in loader) == 9
+
+
+def test_decode_errors_from_workers_follow_on_error_here(shard_root: Path) -> None:
+    raising = DecodingLoader(_loader(shard_root, 2), create_decoder("cpu", size=16))
+    with pytest.raises(DecodeError, match="batch item 3"):
+        list(raising)
+    warning = DecodingLoader(
+        _loader(shard_root, 2), create_decoder("cpu", size=16, on_error="warn")
+    )
+    with pytest.warns(UserWarning, match="cannot be decoded"):
+        assert sum(len(labels) for _, labels in warning) == 9
+    padded = DecodingLoader(
+        _loader(shard_root, 2), create_decoder("cpu", size=16, on_error="skip"), last_batch="pad"
+    )
+    assert [labels.tolist() for _, labels in padded] == [
+        [100, 101, 102, 100],
+        [104, 105, 106, 107],
+        [108, 109, 108, 109],
+    ]
+
+
+def test_random_crops_differ_between_workers(tmp_path: Path) -> None:
+    blob = rgb_jpeg(200, 240, seed=1)
+    with ShardWriter(tmp_path / "shard-00000.h5", FIELDS) as writer:
+        for i in range(8):
+            writer.append({"image": blob, "label": i})
+        info = writer.close()
+    save_manifest(tmp_path, Manifest(fields=FIELDS, shards=[info]))
+    decoder = create_decoder("cpu", size=24, random_crop=True, seed=0)
+    images = torch.cat([images for images, _ in DecodingLoader(_loader(tmp_path, 2), decoder)])
+    distinct = {images[i].numpy().tobytes() for i in range(len(images))}
+    assert len(distinct) == len(images)  # no two workers replay the same crops
+
+
+def test_decode_in_workers_can_be_turned_off(shard_root: Path) -> None:
+    decoder = create_decoder("cpu", size=16, on_error="skip")
+    loader = DecodingLoader(_loader(shard_root, 2), decoder, decode_in_workers=False)
+    assert not loader.decodes_in_workers
+    assert sum(len(labels) for _, labels in loader) == 9

@@ -118,7 +118,25 @@ def test_missing_torchvision_names_the_pip_command(monkeypatch: pytest.MonkeyPat
         NvJpegDecoder(32, device="cpu")
 
 
+@pytest.fixture
+def real_nvjpeg() -> None:
+    """Skip, with the reason, where torchvision >= 0.20 or its nvJPEG build is missing."""
+    tv = pytest.importorskip(
+        "torchvision",
+        minversion="0.20",
+        reason="the nvjpeg backend needs torchvision >= 0.20: pip install 'fastdata[gpu]'",
+    )
+    data = torch.frombuffer(bytearray(rgb_jpeg(16, 16)), dtype=torch.uint8)
+    try:
+        tv.io.decode_jpeg([data], device="cuda")
+    except RuntimeError as error:
+        if "not compiled with nvjpeg" in str(error).lower():
+            pytest.skip(f"this torchvision build has no nvJPEG: {error}")
+        raise
+
+
 @pytest.mark.gpu
+@pytest.mark.usefixtures("real_nvjpeg")
 def test_real_nvjpeg_matches_cpu(images: dict[str, bytes]) -> None:
     batch = [rgb_jpeg(300, 400, seed=s) for s in range(4)] + [images[g] for g in GOOD]
     got = create_decoder("nvjpeg", size=(64, 80), seed=1, random_crop=True)(batch)
@@ -128,6 +146,7 @@ def test_real_nvjpeg_matches_cpu(images: dict[str, bytes]) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("real_nvjpeg")
 def test_real_nvjpeg_on_error_and_streams(images: dict[str, bytes]) -> None:
     decoder = create_decoder("nvjpeg", size=32, on_error="skip")
     side = torch.cuda.Stream()
@@ -140,3 +159,45 @@ def test_real_nvjpeg_on_error_and_streams(images: dict[str, bytes]) -> None:
     assert float(total) == float(decoded.images.float().sum())
     want = create_decoder("cpu", size=32)([images["color"]])
     assert (decoded.images[:1].cpu().float() - want.float()).abs().mean() <= MEAN_TOLERANCE
+
+
+def test_environment_errors_raise_instead_of_cpu_fallback(
+    fake: dict[str, FakeDecodeJpeg], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decoder = NvJpegDecoder(16, device="cpu", on_error="skip")
+    for error in (
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB"),
+        RuntimeError("decode_jpegs_cuda: torchvision not compiled with nvJPEG support"),
+    ):
+
+        def broken(data: Any, device: torch.device, error: Exception = error) -> Any:
+            raise error
+
+        monkeypatch.setattr(decoder, "_decode_jpeg", broken)
+        with pytest.raises(type(error), match=str(error)[:20]):
+            decoder.decode([rgb_jpeg(40, 40)])
+
+
+def test_fallbacks_warn_once_per_decoder(
+    fake: dict[str, FakeDecodeJpeg], images: dict[str, bytes]
+) -> None:
+    decoder = NvJpegDecoder(16, device="cpu", on_error="skip")
+    with pytest.warns(RuntimeWarning, match="warned once") as record:
+        for _ in range(3):
+            decoder.decode([images["color"], images["truncated"], images["png"]])
+    assert len([w for w in record if issubclass(w.category, RuntimeWarning)]) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("real_nvjpeg")
+def test_real_nvjpeg_does_not_wait_for_queued_training_work() -> None:
+    decoder = create_decoder("nvjpeg", size=32)
+    batch = [rgb_jpeg(64, 64, seed=s) for s in range(4)]
+    decoder(batch)  # warm-up: nvJPEG handles, allocator
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # about a second of queued "training" on the caller
+    out = decoder(batch)
+    # The host came back while the caller's queued work still runs: decoding overlapped it.
+    assert not torch.cuda.current_stream().query()
+    want = create_decoder("cpu", size=32)(batch)
+    assert (out.cpu().float() - want.float()).abs().mean() <= MEAN_TOLERANCE

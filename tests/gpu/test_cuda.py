@@ -91,21 +91,39 @@ def test_prefetcher_copies_to_cuda_through_pinned_memory(monkeypatch: pytest.Mon
         assert int(images.float().mean().item()) == i
 
 
-def test_consumer_waits_for_copy_and_memory_is_not_reused_early() -> None:
-    # The consumer queues slow work on each batch before reading it. Without the event wait
-    # it would read half-copied batches; without record_stream the allocator could hand a
-    # batch's memory to a later batch on the side stream while the reads are still queued.
+def test_consumer_waits_for_the_side_streams_work() -> None:
+    # The transform spins on the side stream before it writes the batch, and the consumer
+    # reads at once: it sees the right values only if it waits for the batch's event.
     batches = _batches(12, size=256)
     normalize = Normalize([0.0] * 3, [1.0] * 3).cuda()
+
+    def slow_normalize(images: torch.Tensor) -> torch.Tensor:
+        torch.cuda._sleep(10 * SPIN_CYCLES)  # queued on the side stream
+        return normalize(images)
+
     sums = []
-    for images, labels in to_device(batches, "cuda", transform={0: normalize}):
-        torch.cuda._sleep(SPIN_CYCLES)
-        sums.append(torch.stack([images.mean(), labels.float().mean()]))
-        del images, labels
+    for images, labels in to_device(batches, "cuda", transform={0: slow_normalize}):
+        sums.append(torch.stack([images.mean(), labels.float().mean()]))  # read at once
     values = torch.stack(sums).cpu()
     expected = torch.arange(12, dtype=torch.float32)
     torch.testing.assert_close(values[:, 0], expected)
     torch.testing.assert_close(values[:, 1], expected)
+
+
+def test_handed_out_memory_is_not_reused_while_the_consumer_reads_it() -> None:
+    # The consumer queues slow reads of each batch and drops it at once. The side stream
+    # allocates batch i + 2 while the reads of batch i are still queued: only
+    # record_stream keeps the allocator from handing it batch i's memory.
+    pointers, sums = [], []
+    for images, labels in DevicePrefetcher(_batches(10, size=256), "cuda"):
+        torch.cuda._sleep(20 * SPIN_CYCLES)  # ~20 ms: far longer than a host step
+        sums.append(images.float().mean())
+        pointers.append(images.data_ptr())
+        del images, labels
+    torch.cuda.synchronize()
+    assert [round(s.item()) for s in sums] == list(range(10))
+    for i in range(len(pointers) - 2):
+        assert pointers[i + 2] != pointers[i], f"batch {i + 2} reused batch {i}'s memory"
 
 
 def test_consumer_on_its_own_stream() -> None:
@@ -138,19 +156,33 @@ def test_memory_is_flat_across_epochs() -> None:
     assert reserved[2] == reserved[1]
 
 
+def _segment_bytes(nbytes: int) -> int:
+    """What the caching allocator reserves for one allocation over 10 MiB (2 MiB steps)."""
+    step = 2 * 2**20
+    return -(-nbytes // step) * step
+
+
 def test_host_run_ahead_and_memory_are_bounded() -> None:
     # The consumer queues slow work and never synchronizes: without the bound the host would
-    # race through all 24 batches, each one's memory held back by record_stream.
-    batches = _batches(24, size=256)
-    batch_bytes = batches[0][0].numel() + batches[0][1].numel() * 8
-    baseline = _settled_allocated()
+    # race through all 24 batches, each one's memory held back by record_stream. The
+    # allocator counts such memory as free in memory_allocated() the moment it is freed,
+    # so the bound shows in the memory it reserves: batches over 10 MiB get a segment each.
+    batches = _batches(24, size=700)
+    batch_bytes = batches[0][0].numel()
+    assert batch_bytes > 10 * 2**20
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    baseline = torch.cuda.memory_reserved()
     torch.cuda.reset_peak_memory_stats()
     for images, _labels in DevicePrefetcher(batches, "cuda"):
         torch.cuda._sleep(5 * SPIN_CYCLES)
         images.add_(1)
     del images, _labels
-    peak = torch.cuda.max_memory_allocated() - baseline
-    assert peak <= (MAX_STEPS_AHEAD + 3) * batch_bytes * 1.1
+    torch.cuda.synchronize()
+    grown = torch.cuda.max_memory_reserved() - baseline
+    small_pool = 2 * 2**20  # the labels
+    assert grown <= (MAX_STEPS_AHEAD + 3) * _segment_bytes(batch_bytes) + small_pool
 
 
 def test_early_break_and_reiteration_leak_nothing() -> None:

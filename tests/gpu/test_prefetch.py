@@ -144,6 +144,37 @@ def test_early_break_closes_the_pass_and_reiteration_restarts() -> None:
     assert source.closed == 3
 
 
+def _failing_at(index: int) -> Iterator[torch.Tensor]:
+    for i in range(4):
+        if i == index:
+            raise ValueError(f"cannot read batch {i}")
+        yield torch.tensor([i])
+
+
+def test_an_error_preparing_the_next_batch_surfaces_after_the_current_one() -> None:
+    # The error belongs to batch 2: batches 0 and 1 are handed out first, none is lost.
+    iterator = iter(DevicePrefetcher(_failing_at(2), "cpu"))
+    assert next(iterator).item() == 0
+    assert next(iterator).item() == 1
+    with pytest.raises(ValueError, match="cannot read batch 2"):
+        next(iterator)
+    with pytest.raises(StopIteration):
+        next(iterator)
+
+    def transform(batch: torch.Tensor) -> torch.Tensor:
+        if batch.item() == 1:
+            raise RuntimeError("transform failed on batch 1")
+        return batch
+
+    got: list[int] = []
+    with pytest.raises(RuntimeError, match="transform failed on batch 1"):
+        for batch in DevicePrefetcher(
+            [torch.tensor([i]) for i in range(3)], "cpu", transform=transform
+        ):
+            got.append(int(batch.item()))
+    assert got == [0]
+
+
 def test_len_and_attribute_passthrough() -> None:
     loader = DataLoader(Numbers(10), batch_size=4)
     prefetcher = DevicePrefetcher(loader, "cpu")

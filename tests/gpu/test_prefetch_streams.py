@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from fastdata.gpu import DevicePrefetcher
+from fastdata.gpu import prefetch as prefetch_module
 from fastdata.gpu.prefetch import MAX_STEPS_AHEAD
 
 Log = list[tuple[object, ...]]
@@ -133,3 +134,31 @@ def test_closing_a_pass_with_a_copy_in_flight_syncs_the_side_stream(
             break
     del batch
     assert log[-1] == ("stream sync", "side")
+
+
+class _CudaLooking:
+    """Stands in for a CUDA tensor where the prefetcher records tensors on the consumer."""
+
+    device = torch.device("cuda", 0)
+
+    def __init__(self, tensor: torch.Tensor, recorded: list[tuple[int, str]]) -> None:
+        self.tensor = tensor
+        self.recorded = recorded
+
+    def record_stream(self, stream: FakeStream) -> None:
+        self.recorded.append((int(self.tensor[0]), stream.name))
+
+
+def test_every_handed_out_tensor_is_recorded_on_the_consumer_stream(
+    fake_cuda: tuple[Log, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log, current = fake_cuda
+    recorded: list[tuple[int, str]] = []
+    monkeypatch.setattr(
+        prefetch_module, "iter_tensors", lambda batch: iter([_CudaLooking(batch, recorded)])
+    )
+    prefetcher = _prefetcher([torch.tensor([i]) for i in range(3)], current, log)
+    for batch in prefetcher:
+        # recorded before it is handed out, after the consumer's wait for its event
+        assert recorded[-1] == (int(batch[0]), "consumer")
+    assert recorded == [(0, "consumer"), (1, "consumer"), (2, "consumer")]

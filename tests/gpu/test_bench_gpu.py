@@ -1,0 +1,91 @@
+"""The CPU-side logic of benchmarks/bench_gpu.py: both copy paths measured on equal terms,
+and the prefetcher built once, outside the timed region."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from fastdata.gpu import DevicePrefetcher, Normalize
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_gpu.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> Any:
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_gpu", BENCH)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH.parent))
+    return module
+
+
+def test_both_paths_pin_on_equal_terms(bench: Any) -> None:
+    images = torch.randint(0, 256, (2, 8, 8, 3), dtype=torch.uint8)
+    pinned: list[tuple[torch.dtype, int]] = []
+
+    def pin(tensor: torch.Tensor) -> torch.Tensor:  # stands for Tensor.pin_memory
+        pinned.append((tensor.dtype, tensor.numel()))
+        return tensor.clone()
+
+    normalize = Normalize(bench.MEAN, bench.STD, layout="BHWC")
+    paths = bench.copy_paths(images, torch.device("cpu"), normalize, normalize, pin)
+    assert sorted(pinned, key=str) == sorted(
+        [(torch.uint8, images.numel()), (torch.float32, images.numel())], key=str
+    )  # the pre-pinned buffers, made before any timing
+    expected = normalize(images)
+    for name, path in paths.items():
+        pinned.clear()
+        torch.testing.assert_close(path(), expected)
+        if name.endswith("_pin_per_call"):  # each path pins what it copies, every call
+            dtype = torch.float32 if name.startswith("float") else torch.uint8
+            assert pinned == [(dtype, images.numel())], name
+        else:
+            assert pinned == [], name
+
+
+def test_prefetcher_is_built_once_outside_the_timing(
+    bench: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built: list[int] = []
+
+    class Counting(DevicePrefetcher):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            built.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "DevicePrefetcher", Counting)
+    normalize = Normalize(bench.MEAN, bench.STD, layout="BHWC")
+    work = torch.randn(4, 4)
+    batches = [torch.randint(0, 256, (1, 4, 4, 3), dtype=torch.uint8) for _ in range(2)]
+    out = bench.overlap_part(
+        batches,
+        torch.device("cpu"),
+        normalize,
+        bench._synthetic_step(work, 1),
+        steps=4,
+        repeat=3,
+        sync=None,
+    )
+    assert built == [1]
+    assert set(out) >= {"compute_only_s", "serial_s", "prefetched_s", "hidden_fraction"}
+
+
+def test_script_runs_its_host_part_without_cuda(
+    bench: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is present: the device half would run")
+    saved: list[str] = []
+    monkeypatch.setattr(bench, "save", lambda topic, results: saved.append(topic) or "x.json")
+    assert bench.main(["--batch", "2", "--size", "8", "--repeat", "1"]) == 0
+    assert saved == ["gpu"]

@@ -99,8 +99,9 @@ def _gpu_name() -> str | None:
 
 def environment() -> dict[str, Any]:
     """Machine, load and package versions, for the JSON result."""
-    packages = ("fastdata", "torch", "numpy", "h5py", "opencv-python-headless", "simplejpeg",
-                "pillow", "torchvision", "nvidia-dali-cuda130", "ray")  # fmt: skip
+    packages = ("torch-fastdata", "torch", "numpy", "h5py", "opencv-python-headless",
+                "simplejpeg", "pillow", "torchvision", "nvidia-dali-cuda120",
+                "nvidia-dali-cuda130", "ray")  # fmt: skip
     return {
         "timestamp_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "host": platform.node(),

@@ -73,7 +73,7 @@ def register(subparsers: Any) -> None:
         "--engine",
         choices=("local", "ray"),
         default="local",
-        help="local: a process pool here; ray: Ray tasks (pip install 'fastdata[ray]')",
+        help="local: a process pool here; ray: Ray tasks (pip install 'torch-fastdata[ray]')",
     )
     parser.add_argument(
         "--address", help="Ray cluster address for --engine ray (default: a local Ray instance)"

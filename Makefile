@@ -46,8 +46,11 @@ lint: $(VENV)/.installed-$(TEST_EXTRAS)
 	$(VENV)/bin/ruff format --check fastdata tests tools benchmarks
 	$(VENV)/bin/mypy
 
+# Each run writes benchmarks/results/runs/ (git-ignored); `make bench BENCH_ARGS=--publish`
+# also replaces the tracked benchmarks/results/*.json the README quotes.
+BENCH_ARGS ?=
 bench: $(VENV)/.installed-$(BENCH_EXTRAS)
-	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
+	for b in benchmarks/bench_*.py; do $(PY) $$b $(BENCH_ARGS) || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

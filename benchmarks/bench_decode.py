@@ -37,13 +37,13 @@ from fastdata.decode._geometry import center_box, random_box
 from fastdata.shards import FieldSpec, Manifest, ShardReader, ShardWriter, save_manifest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import load_tool, save
+from _harness import add_publish_argument, load_tool, save
 
 FIELDS = [
     FieldSpec("image", "encoded", "uint8", encoding="jpeg"),
     FieldSpec("label", "array", "int64"),
 ]
-# Reference figures for this machine kind (2 CPU cores), from issue 5: not measured here.
+# Reference figures for this machine kind (2 CPU cores), not measured here.
 REFERENCES = {"pil_per_sample": 550, "dali_cpu": 840, "ffcv_jpeg": 2100}
 
 
@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--repeats", type=int, default=3, help="passes per backend (best kept)")
     parser.add_argument("--quick", action="store_true", help="skip the slow PIL baseline")
+    add_publish_argument(parser)
     args = parser.parse_args(argv)
 
     sets = build_datasets(args.workdir, args.num_images)
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "references_not_measured": REFERENCES,
     }
-    save("decode", result, partial=args.quick)
+    save("decode", result, partial=args.quick, publish=args.publish)
     for row in rows:
         ratio = f"{row['x_pil']:>6.2f}x PIL" if "x_pil" in row else ""
         label = f"{row['set']:>9} {row['mode']:>5} {row['backend']:>15}"

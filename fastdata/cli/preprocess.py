@@ -127,7 +127,7 @@ def validate(args: argparse.Namespace) -> str | None:
     if args.masks is not None:
         if args.kind not in ("auto", "segmentation"):
             return f"--masks is for image folders with a mask folder, not --kind {args.kind}"
-        if Path(args.src).is_file():
+        if args.src is not None and Path(args.src).is_file():
             return (
                 f"--masks needs SRC to be a folder of images, got the file {args.src} "
                 "(a CSV/TSV list has no masks)"

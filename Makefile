@@ -3,39 +3,54 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
-EXTRAS ?= test,bench,ray
+# Each target installs the extras it needs: a demo-only venv stays small (no DALI, Ray, ...).
+DEMO_EXTRAS ?= demo
+TEST_EXTRAS ?= test
+BENCH_EXTRAS ?= bench,ray,dali
 
 .PHONY: demo test test-gpu lint bench clean
 
+# $(VENV)/.installed-<extras>: the package installed editable with those extras.
 # Torch is installed only when the venv has none, so an existing (CUDA) build is kept;
-# it is pinned because an unpinned resolve pulls several GB of CUDA packages.
-$(VENV)/.installed: pyproject.toml Makefile
+# it is pinned because an unpinned resolve pulls several GB of CUDA packages. The extras are
+# then installed against a constraint on the torch that is there, so that no extra (e.g.
+# torchvision, which pins one torch release) can replace it.
+$(VENV)/.installed-%: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==$(TORCH_VERSION)
-	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/torch-constraint.txt
+	$(PY) -m pip install -q -c $(VENV)/torch-constraint.txt -e ".[$*]"
 	touch $@
 
-demo: $(VENV)/.installed
+# Everything the test suite needs (other targets may depend on this one stamp).
+$(VENV)/.installed: $(VENV)/.installed-$(TEST_EXTRAS)
+	touch $@
+
+demo: $(VENV)/.installed-$(DEMO_EXTRAS)
 	$(PY) tools/demo.py
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed-$(TEST_EXTRAS)
 	$(VENV)/bin/ruff check fastdata tests tools benchmarks
 	$(VENV)/bin/ruff format --check fastdata tests tools benchmarks
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
 
 # Only the `gpu`-marked tests, on a machine with CUDA (the venv needs a CUDA build of torch).
-test-gpu: $(VENV)/.installed
+# The gpu extra brings torchvision, whose nvJPEG decoder the decode tests exercise.
+test-gpu: $(VENV)/.installed-$(TEST_EXTRAS),gpu
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'test-gpu: no CUDA device')"
 	$(PY) -m pytest -q -m gpu
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.installed-$(TEST_EXTRAS)
 	$(VENV)/bin/ruff check fastdata tests tools benchmarks
 	$(VENV)/bin/ruff format --check fastdata tests tools benchmarks
 	$(VENV)/bin/mypy
 
-bench: $(VENV)/.installed
-	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
+# Each run writes benchmarks/results/runs/ (git-ignored); `make bench BENCH_ARGS=--publish`
+# also replaces the tracked benchmarks/results/*.json the README quotes.
+BENCH_ARGS ?=
+bench: $(VENV)/.installed-$(BENCH_EXTRAS)
+	for b in benchmarks/bench_*.py; do $(PY) $$b $(BENCH_ARGS) || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

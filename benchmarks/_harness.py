@@ -1,12 +1,16 @@
 """The one harness the benchmarks share: environment metadata, timing a loader, JSON results.
 
-Every ``bench_<topic>.py`` writes ``benchmarks/results/<topic>.json`` holding its figures
-and :func:`environment` (machine, load, versions), so a number never travels without the
-conditions it was taken under.
+Every ``bench_<topic>.py`` run writes its figures and :func:`environment` (machine, load,
+versions) to ``benchmarks/results/runs/<topic>-<UTC time>.json`` (git-ignored), so a number
+never travels without the conditions it was taken under. The tracked
+``benchmarks/results/<topic>.json``, the figures the README quotes, is replaced only by a
+whole run given ``--publish`` (:func:`add_publish_argument`): a partial run (``--only``,
+``--quick``) or an exploratory one never overwrites it.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import importlib.util
 import json
@@ -16,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -24,6 +29,8 @@ from fastdata._system import available_memory_bytes, usable_cpus
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+# Every run's own results (git-ignored).
+RUNS_DIR = RESULTS_DIR / "runs"
 
 
 def load_tool(name: str) -> Any:
@@ -99,8 +106,9 @@ def _gpu_name() -> str | None:
 
 def environment() -> dict[str, Any]:
     """Machine, load and package versions, for the JSON result."""
-    packages = ("fastdata", "torch", "numpy", "h5py", "opencv-python-headless", "simplejpeg",
-                "pillow", "torchvision", "nvidia-dali-cuda130", "ray")  # fmt: skip
+    packages = ("torch-fastdata", "torch", "numpy", "h5py", "opencv-python-headless",
+                "simplejpeg", "pillow", "torchvision", "nvidia-dali-cuda120",
+                "nvidia-dali-cuda130", "ray")  # fmt: skip
     return {
         "timestamp_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "host": platform.node(),
@@ -116,19 +124,46 @@ def environment() -> dict[str, Any]:
     }
 
 
-def save(topic: str, results: dict[str, Any], *, partial: bool = False) -> Path | None:
-    """Write ``benchmarks/results/<topic>.json``: ``results`` plus :func:`environment`.
-
-    A ``partial`` run (one selected by ``--only``) writes nothing: the file always holds a
-    whole run. Returns the path written, or ``None``.
-    """
-    if partial:
-        print(f"partial run: benchmarks/results/{topic}.json left as it was")
-        return None
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{topic}.json"
-    path.write_text(
-        json.dumps({"topic": topic, "results": results, "environment": environment()}, indent=1)
-        + "\n"
+def add_publish_argument(parser: argparse.ArgumentParser) -> None:
+    """``--publish``: also replace the tracked ``benchmarks/results/<topic>.json``."""
+    parser.add_argument(
+        "--publish",
+        action="store_true",
+        help="also replace the tracked benchmarks/results/<topic>.json (and chart) that the "
+        "README quotes; refused for a partial run. Without it only "
+        "benchmarks/results/runs/ (git-ignored) is written",
     )
-    return path
+
+
+@dataclass(frozen=True)
+class Saved:
+    """Where :func:`save` wrote: the run's own file, and the tracked one if published."""
+
+    run: Path
+    published: Path | None
+
+
+def save(
+    topic: str, results: dict[str, Any], *, partial: bool = False, publish: bool = False
+) -> Saved:
+    """Write ``results`` plus :func:`environment` for this run.
+
+    Always to ``benchmarks/results/runs/<topic>-<UTC time>.json``; also to the tracked
+    ``benchmarks/results/<topic>.json`` when ``publish`` and the run is whole (not
+    ``partial``: a run selected by ``--only`` or shortened by ``--quick``).
+    """
+    document = {"topic": topic, "results": results, "environment": environment()}
+    text = json.dumps(document, indent=1) + "\n"
+    RUNS_DIR.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    run = RUNS_DIR / f"{topic}-{stamp}.json"
+    run.write_text(text)
+    published = None
+    if publish and partial:
+        print(f"partial run: --publish ignored, benchmarks/results/{topic}.json left as it was")
+    elif publish:
+        published = RESULTS_DIR / f"{topic}.json"
+        published.write_text(text)
+    where = f"{run}" + (f" and {published}" if published else "")
+    print(f"results: {where}")
+    return Saved(run, published)

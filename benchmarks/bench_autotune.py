@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import load_tool, save
+from _harness import add_publish_argument, load_tool, save
 from bench_loaders import _complete, _listing, build_shards
 
 from fastdata.datasets import RAMDataset, ShardDataset, passthrough_collate
@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--window", type=float, default=1.0, help="timed window, seconds")
     parser.add_argument("--only", default="", help="measure only datasets whose name has this")
+    add_publish_argument(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # the loaders under test bring their own parallelism
     datasets: list[tuple[str, Callable[[], Any], dict]] = [
@@ -178,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         "autotune",
         {"batch_size": args.batch_size, "window_s": args.window, "rows": rows},
         partial=bool(args.only),
+        publish=args.publish,
     )
     return 0
 

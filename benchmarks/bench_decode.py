@@ -52,7 +52,7 @@ from fastdata.shards import FieldSpec, Manifest, ShardReader, ShardWriter, save_
 from fastdata.transforms import RandomResizedCrop as BatchRandomResizedCrop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import images_per_second, load_tool, save
+from _harness import add_publish_argument, images_per_second, load_tool, save
 
 FIELDS = [
     FieldSpec("image", "encoded", "uint8", encoding="jpeg"),
@@ -264,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only-loaders", action="store_true", help="only the DataLoader comparison"
     )
+    add_publish_argument(parser)
     args = parser.parse_args(argv)
 
     sets = build_datasets(args.workdir, args.num_images)
@@ -322,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "dataloader": loaders,
     }
-    save("decode", result, partial=args.quick)
+    save("decode", result, partial=args.quick, publish=args.publish)
     for row in rows:
         ratio = f"{row['x_pil']:>6.2f}x PIL" if "x_pil" in row else ""
         label = f"{row['set']:>9} {row['mode']:>5} {row['backend']:>15}"

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import save
+from _harness import add_publish_argument, save
 
 from fastdata._system import format_bytes
 from fastdata.gpu import DevicePrefetcher, Normalize
@@ -220,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--steps", type=int, default=50, help="steps in the overlap test")
     parser.add_argument("--repeat", type=int, default=5)
+    add_publish_argument(parser)
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     images = torch.randint(0, 256, (args.batch, args.size, args.size, 3), dtype=torch.uint8)
@@ -256,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device: the device half (copy, device normalize, overlap) was not run")
     results["elapsed_s"] = time.perf_counter() - started
     results["cuda_device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    print(f"results: {save('gpu', results)}")
+    save("gpu", results, publish=args.publish)
     return 0
 
 

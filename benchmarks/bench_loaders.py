@@ -6,8 +6,8 @@ shuffled; one warm epoch, then timed epochs (at least ``--min-seconds``), in ``-
 round-robin passes over all loaders, the best pass of each kept. All loaders are measured
 in the same run, so the ratios compare; absolute figures depend on the load of the
 machine. FFCV is not installable here and DALI's CPU pipeline is measured on JPEG decoding
-by ``bench_decode.py``: their rows in the table are the issue's reference numbers for this
-machine kind, labelled as such, never measured here.
+by ``bench_decode.py``: their rows in the table are reference figures for this machine
+kind, labelled as such, never measured here.
 
 Usage::
 
@@ -32,7 +32,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import images_per_second, load_tool, save
+from _harness import add_publish_argument, images_per_second, load_tool, save
 
 from fastdata._codec import decode_image
 from fastdata._optional import import_optional
@@ -47,10 +47,12 @@ from fastdata.transforms import (
     Resize,
 )
 
+# The chart the README shows: replaced only with the tracked results (--publish).
+CHART = Path(__file__).resolve().parent / "bench_loaders.png"
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
-# The figures for this machine kind: references, not measured in this run.
-REFERENCES = {"FFCV raw mode (issue's reference)": 2800, "DALI CPU mode (issue's reference)": 840}
+# Reference figures for this machine kind (2 CPU cores), not measured in this run.
+REFERENCES = {"FFCV raw mode (reference)": 2800, "DALI CPU mode (reference)": 840}
 
 
 class NaiveFolder(Dataset):
@@ -164,8 +166,7 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
     ax.invert_yaxis()
     ax.set_xlabel("images / s (224x224 uint8 batches of 64; log scale)")
     ax.set_title(
-        "DataLoader throughput, 2-core machine\n"
-        "(hatched: the issue's reference figures, not measured here)"
+        "DataLoader throughput, 2-core machine\n(hatched: reference figures, not measured here)"
     )
     for bar, value in zip(bars, values, strict=True):
         ax.text(
@@ -183,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-seconds", type=float, default=3.0)
     parser.add_argument("--repeats", type=int, default=3, help="passes per loader (best kept)")
     parser.add_argument("--only", default="", help="measure only loaders whose name has this")
+    add_publish_argument(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # loaders under test bring their own parallelism
     cv2.setNumThreads(1)
@@ -226,10 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r['loader']} | {r['config']} | {r['images_per_s']:,.0f} | {ratio} |")
     for name, value in REFERENCES.items():
         print(f"| {name} | - | {value:,} | not measured here |")
-    here = Path(__file__).resolve().parent
-    if not args.only:
-        chart(rows, here / "bench_loaders.png")
-    save(
+    saved = save(
         "loaders",
         {
             "num_images": args.num_images,
@@ -239,7 +238,11 @@ def main(argv: list[str] | None = None) -> int:
             "references": REFERENCES,
         },
         partial=bool(args.only),
+        publish=args.publish,
     )
+    chart(rows, saved.run.with_suffix(".png"))
+    if saved.published is not None:
+        chart(rows, CHART)
     return 0
 
 

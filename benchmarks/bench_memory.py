@@ -10,7 +10,7 @@ Target for RAMDataset: growth at most 1.1x the payload.
 
 Usage::
 
-    python benchmarks/bench_memory.py --num-images 200000 --workers 8   # the issue's size
+    python benchmarks/bench_memory.py --num-images 200000 --workers 8   # the README's size
     python benchmarks/bench_memory.py --num-images 20000 --workers 4    # scaled down
 """
 
@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import load_tool, save
+from _harness import add_publish_argument, load_tool, save
 
 from fastdata._optional import import_optional
 from fastdata._system import format_bytes
@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", choices=CACHES, help=argparse.SUPPRESS)
     parser.add_argument("--paths-file", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
+    add_publish_argument(parser)
     args = parser.parse_args(argv)
     if args.case:  # the child: one measurement, printed as JSON
         print(json.dumps(measure(args.case, args.paths_file, args.count, args.workers)))
@@ -150,8 +151,9 @@ def main(argv: list[str] | None = None) -> int:
             f"| {format_bytes(growth)} | {ratio:.2f}x |",
             flush=True,
         )
-    save("memory", {"num_images": len(paths), "workers": args.workers,
-                          "payload_bytes": payload, "rows": rows})  # fmt: skip
+    summary = {"num_images": len(paths), "workers": args.workers, "payload_bytes": payload,
+               "rows": rows}  # fmt: skip
+    save("memory", summary, publish=args.publish)
     return 0
 
 

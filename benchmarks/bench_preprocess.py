@@ -17,7 +17,12 @@ import time
 from pathlib import Path
 
 import cv2
-from _harness import REPO_ROOT, load_tool, save  # benchmarks/ is on sys.path when run as a script
+from _harness import (  # benchmarks/ is on sys.path when run as a script
+    REPO_ROOT,
+    add_publish_argument,
+    load_tool,
+    save,
+)
 
 from fastdata._system import usable_cpus
 from fastdata.preprocess import (
@@ -76,6 +81,7 @@ def main() -> None:
     parser.add_argument("--num-images", type=int, default=4000)
     parser.add_argument("--workers", type=int, default=usable_cpus())
     parser.add_argument("--data", type=Path, default=REPO_ROOT / "demo-data")
+    add_publish_argument(parser)
     args = parser.parse_args()
     src = ensure_sample_dataset(args.data / f"sample-{args.num_images}", args.num_images)
     out = args.data / "bench-preprocess-out"
@@ -92,8 +98,8 @@ def main() -> None:
         "workers": args.workers,
     }
     shutil.rmtree(out, ignore_errors=True)
-    path = save("preprocess", results)
-    print(f"{args.num_images} sample JPEGs, {args.workers} workers (results: {path})")
+    save("preprocess", results, publish=args.publish)
+    print(f"{args.num_images} sample JPEGs, {args.workers} workers")
     for name in ("raw_224", "jpeg_256"):
         r = results[name]
         assert isinstance(r, dict)

@@ -22,7 +22,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from _harness import REPO_ROOT, load_tool, save  # benchmarks/ is on sys.path when run as a script
+from _harness import (  # benchmarks/ is on sys.path when run as a script
+    REPO_ROOT,
+    add_publish_argument,
+    load_tool,
+    save,
+)
 
 from fastdata._system import usable_cpus
 from fastdata.preprocess import PreprocessOptions, RayEngine, preprocess
@@ -136,6 +141,7 @@ def main() -> None:
     parser.add_argument("--num-images", type=int, default=2000)
     parser.add_argument("--workers", type=int, default=usable_cpus())
     parser.add_argument("--data", type=Path, default=REPO_ROOT / "demo-data")
+    add_publish_argument(parser)
     args = parser.parse_args()
     src = ensure_sample_dataset(args.data / f"sample-{args.num_images}", args.num_images)
     work = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=args.data))
@@ -144,10 +150,10 @@ def main() -> None:
         memory = measure_memory(work / "local", work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    path = save("scale", {"engines": engines, "memory": memory})
+    save("scale", {"engines": engines, "memory": memory}, publish=args.publish)
     print(
         f"{engines['images']} sample JPEGs -> raw 224, {engines['shards']} shards, "
-        f"{engines['workers']} CPUs (results: {path})"
+        f"{engines['workers']} CPUs"
     )
     print(
         f"local {engines['local_images_per_s']:6.0f} img/s | Ray warm "

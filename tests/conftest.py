@@ -15,8 +15,10 @@ import torch
 # tests/gpu/ would count as `gpu`-marked.
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
-    skip_dali = pytest.mark.skip(reason="needs NVIDIA DALI: pip install nvidia-dali-cuda130")
-    skip_ray = pytest.mark.skip(reason="needs Ray: pip install 'fastdata[ray]'")
+    skip_dali = pytest.mark.skip(
+        reason="needs NVIDIA DALI: pip install 'torch-fastdata[dali-cu13]' (or [dali-cu12])"
+    )
+    skip_ray = pytest.mark.skip(reason="needs Ray: pip install 'torch-fastdata[ray]'")
     has_cuda = torch.cuda.is_available()
     has_dali = importlib.util.find_spec("nvidia") is not None and (
         importlib.util.find_spec("nvidia.dali") is not None

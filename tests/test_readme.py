@@ -102,6 +102,8 @@ def test_decode_example(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert scope["decoded"].kept.tolist() == [0, 1, 2]
 
 
+# The example profiles steps=50; the test's sample set has 5 batches, which profile warns of.
+@pytest.mark.filterwarnings("ignore:profile. the loader ended:UserWarning")
 def test_tuning_example(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("matplotlib")  # result.plot() needs the plot extra
     monkeypatch.chdir(workdir)

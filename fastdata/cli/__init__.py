@@ -1,8 +1,15 @@
 """The ``fastdata`` command line: argparse subcommands, each in its own module.
 
 Each subcommand module exposes ``register(subparsers)``, which adds its parser and sets
-``func`` (a callable taking the parsed namespace and returning an exit code). The CLI
-only parses, calls the public API and prints; nothing in the library imports it.
+``func`` (a callable taking the parsed namespace and returning an exit code) and, where
+options depend on each other, ``validate`` (a callable taking the namespace that returns an
+error message or ``None``). The CLI only parses, calls the public API and prints; nothing in
+the library imports it.
+
+Exit codes: 0 success; 1 the work failed (a corrupt shard, a missing shard set, a missing
+optional package, an I/O error); 2 a usage error (a bad option value or combination, also
+when the library rejects a value). Either way the error is one line on stderr,
+``fastdata <command>: error: ...``; ``--verbose`` adds the traceback.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import sys
 from collections.abc import Sequence
 
 import fastdata
+from fastdata.cli._args import HelpFormatter, Parser
 from fastdata.errors import FastDataError
 
 # Subcommand modules, in the order `fastdata --help` lists them.
@@ -27,12 +35,16 @@ EXIT_USAGE = 2
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every subcommand registered."""
-    parser = argparse.ArgumentParser(
-        prog="fastdata", description="Make PyTorch training stop waiting for data."
+    parser = Parser(
+        prog="fastdata",
+        description="Make PyTorch training stop waiting for data.",
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"fastdata {fastdata.__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="log debug messages; tracebacks on errors"
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name in _SUBCOMMANDS:
         importlib.import_module(f"fastdata.cli.{name}").register(subparsers)
     return parser
@@ -41,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fastdata`` console script; returns the process exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and getattr(args, "command", None) is None:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
@@ -49,14 +63,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
+    if unknown:
+        # Reported by the subcommand, like every other usage error of its options.
+        return _error(args, f"unrecognized arguments: {' '.join(unknown)}", EXIT_USAGE)
+    validate = getattr(args, "validate", None)
+    problem = validate(args) if validate is not None else None
+    if problem:
+        return _error(args, problem, EXIT_USAGE)
     try:
         return int(args.func(args))
-    except FastDataError as exc:
-        print(f"fastdata {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
+    except (ValueError, TypeError) as exc:
+        # The library validates at its boundary: a value the CLI let through is still a
+        # usage error, reported as one.
+        return _error(args, exc, EXIT_USAGE)
+    except (FastDataError, ModuleNotFoundError, OSError) as exc:
+        return _error(args, exc, EXIT_FAILURE)
     except KeyboardInterrupt:
         print(f"fastdata {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _error(args: argparse.Namespace, problem: str | BaseException, code: int) -> int:
+    """Report ``problem`` as ``fastdata <command>: error: ...`` on one line; return ``code``."""
+    if isinstance(problem, BaseException):
+        logging.getLogger("fastdata.cli").debug("traceback", exc_info=problem)
+        text = str(problem) or type(problem).__name__
+    else:
+        text = problem
+    one_line = " ".join(text.split())
+    print(f"fastdata {args.command}: error: {one_line}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -6,11 +6,19 @@ import argparse
 from typing import Any
 
 from fastdata._system import format_bytes
+from fastdata.cli._args import HelpFormatter
 from fastdata.shards import load_manifest
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("inspect", help="print the manifest summary of a shard set")
+    parser = subparsers.add_parser(
+        "inspect",
+        help="print the manifest summary of a shard set",
+        description="Print what index.json records about a shard set: sample and shard counts, "
+        "size, fields (dtype, shape or encoding), class names, per-channel mean/std, the "
+        "source and options it was made from, and the inputs skipped. Reads no shard data.",
+        formatter_class=HelpFormatter,
+    )
     parser.add_argument("out", help="shard folder written by `fastdata preprocess`")
     parser.set_defaults(func=run)
 

@@ -9,7 +9,8 @@ from typing import Any
 
 from fastdata._codec import DEFAULT_MAX_PIXELS
 from fastdata._system import format_bytes
-from fastdata.cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from fastdata.cli import EXIT_OK
+from fastdata.cli._args import QUIET_HELP, HelpFormatter, int_between, positive_float, positive_int
 from fastdata.preprocess import (
     ON_ERROR,
     RESIZE_MODES,
@@ -29,6 +30,7 @@ def register(subparsers: Any) -> None:
         help="decode, resize and store images (or .npy arrays) as uint8 HDF5 shards",
         description="Decode, transform and store a dataset as uint8 HDF5 shards plus "
         "index.json. Rerunning the same command resumes an interrupted run.",
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "src",
@@ -54,27 +56,45 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--size",
-        type=int,
+        type=positive_int,
         nargs="+",
         default=[224],
-        help="output side(s); several give image, image_<S>... in one pass",
+        metavar="SIZE",
+        help="output side(s) in pixels; several give image, image_<S>... in one pass "
+        "(default: 224)",
     )
     parser.add_argument(
         "--resize",
         choices=RESIZE_MODES,
         default="shorter",
         help="shorter: resize+centre crop; exact: stretch; pad: fit+pad; "
-        "longer: cap the longer side (jpeg only)",
+        "longer: cap the longer side (--storage jpeg only)",
     )
-    parser.add_argument("--storage", choices=STORAGE_MODES, default="raw")
+    parser.add_argument(
+        "--storage",
+        choices=STORAGE_MODES,
+        default="raw",
+        help="raw: fixed-size uint8 pixel arrays, memory-mapped at training time (fastest to "
+        "read, about 150 KB per 224x224 RGB image); jpeg: images re-encoded as JPEG (masks as "
+        "PNG), several times smaller, decoded at training time (on the CPU or the GPU)",
+    )
     parser.add_argument("--grayscale", action="store_true", help="store one channel")
-    parser.add_argument("--compression", choices=COMPRESSIONS, help="lossless, raw only")
-    parser.add_argument("--jpeg-quality", type=int, default=90, help="jpeg storage quality")
+    parser.add_argument(
+        "--compression", choices=COMPRESSIONS, help="lossless compression, --storage raw only"
+    )
+    parser.add_argument(
+        "--jpeg-quality",
+        type=int_between(1, 100),
+        default=90,
+        metavar="Q",
+        help="JPEG quality 1-100 of --storage jpeg",
+    )
     parser.add_argument(
         "--shard-mb",
-        type=float,
+        type=positive_float,
         default=DEFAULT_SHARD_BYTES / 2**20,
-        help=f"target shard size in MiB (default {DEFAULT_SHARD_BYTES >> 20})",
+        metavar="MIB",
+        help=f"target shard size in MiB (default: {DEFAULT_SHARD_BYTES >> 20})",
     )
     parser.add_argument(
         "--on-error",
@@ -86,17 +106,21 @@ def register(subparsers: Any) -> None:
         "--max-pixels",
         type=_max_pixels,
         default=DEFAULT_MAX_PIXELS,
+        metavar="N",
         help="refuse (skip or fail) an input whose header claims more pixels, before "
-        f"decoding (default {DEFAULT_MAX_PIXELS:,}, PIL's limit; 0: no limit)",
+        f"decoding (default: {DEFAULT_MAX_PIXELS:,}, PIL's limit; 0: no limit)",
     )
     parser.add_argument(
-        "--workers", type=int, help="processes (default: usable CPUs; CPUs of a local Ray)"
+        "--workers",
+        type=positive_int,
+        metavar="N",
+        help="processes (default: usable CPUs; CPUs of a local Ray)",
     )
     parser.add_argument(
         "--engine",
         choices=("local", "ray"),
         default="local",
-        help="local: a process pool here; ray: Ray tasks (pip install 'fastdata[ray]')",
+        help="local: a process pool here; ray: Ray tasks (pip install 'torch-fastdata[ray]')",
     )
     parser.add_argument(
         "--address", help="Ray cluster address for --engine ray (default: a local Ray instance)"
@@ -104,8 +128,41 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--overwrite", action="store_true", help="replace an output folder holding another job"
     )
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    parser.set_defaults(func=run)
+    parser.add_argument("-q", "--quiet", action="store_true", help=QUIET_HELP)
+    parser.set_defaults(func=run, validate=validate)
+
+
+def validate(args: argparse.Namespace) -> str | None:
+    """The option combinations ``preprocess`` refuses: a message naming them, or ``None``."""
+    if args.address is not None and args.engine != "ray":
+        return "--address needs --engine ray"
+    columns = args.path_column is not None or args.label_column is not None
+    if columns and not (Path(args.src).is_file() and args.kind in ("auto", "list")):
+        return f"--path-column/--label-column are for a CSV/TSV list source, got {args.src!r}"
+    if args.mask_suffix is not None and args.kind not in ("auto", "segmentation"):
+        return f"--mask-suffix is for image + mask pairs, got --kind {args.kind}"
+    if len(set(args.size)) != len(args.size):
+        return f"--size values must be distinct, got {' '.join(map(str, args.size))}"
+    if args.resize == "longer" and args.storage != "jpeg":
+        return (
+            "--resize longer keeps each image's aspect ratio, so sizes vary: it needs "
+            "--storage jpeg (or use --resize shorter, exact or pad)"
+        )
+    if args.compression is not None and args.storage != "raw":
+        return f"--compression applies to --storage raw only, got --storage {args.storage}"
+    if args.kind == "segmentation" and args.masks is None:
+        return "--kind segmentation needs --masks MASKS (the folder of masks)"
+    if args.masks is not None:
+        if args.kind not in ("auto", "segmentation"):
+            return f"--masks is for image folders with a mask folder, not --kind {args.kind}"
+        if args.src is not None and Path(args.src).is_file():
+            return (
+                f"--masks needs SRC to be a folder of images, got the file {args.src} "
+                "(a CSV/TSV list has no masks)"
+            )
+    if args.shard_mb * 2**20 < 1:
+        return f"--shard-mb must be at least one byte (1e-6 MiB), got {args.shard_mb}"
+    return None
 
 
 def _mask_suffix(value: str) -> str:
@@ -130,30 +187,8 @@ def _max_pixels(value: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     engine = None
-    columns = args.path_column is not None or args.label_column is not None
-    if columns and not (Path(args.src).is_file() and args.kind in ("auto", "list")):
-        print(
-            "fastdata preprocess: error: --path-column/--label-column are for a CSV/TSV list "
-            f"source, got {args.src!r}",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-    if args.mask_suffix is not None and args.kind not in ("auto", "segmentation"):
-        print(
-            f"fastdata preprocess: error: --mask-suffix is for image + mask pairs, got --kind "
-            f"{args.kind}",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-    if args.address is not None and args.engine != "ray":
-        print("fastdata preprocess: error: --address needs --engine ray", file=sys.stderr)
-        return EXIT_USAGE
     if args.engine == "ray":
-        try:
-            engine = RayEngine(args.address, num_cpus=args.workers)
-        except ModuleNotFoundError as exc:
-            print(f"fastdata preprocess: error: {exc}", file=sys.stderr)
-            return EXIT_FAILURE
+        engine = RayEngine(args.address, num_cpus=args.workers)
     options = PreprocessOptions(
         sizes=tuple(args.size),
         resize=args.resize,
@@ -161,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         grayscale=args.grayscale,
         compression=args.compression,
         jpeg_quality=args.jpeg_quality,
-        shard_bytes=max(1, int(args.shard_mb * 2**20)),
+        shard_bytes=int(args.shard_mb * 2**20),
         on_error=args.on_error,
         max_pixels=args.max_pixels or None,
     )

@@ -7,13 +7,21 @@ import sys
 from typing import Any
 
 from fastdata.cli import EXIT_FAILURE, EXIT_OK
+from fastdata.cli._args import QUIET_HELP, HelpFormatter
 from fastdata.shards import load_manifest, verify_shards
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("verify", help="re-check every shard's size and SHA-256")
+    parser = subparsers.add_parser(
+        "verify",
+        help="re-check every shard's size and SHA-256",
+        description="Re-read every shard file of a shard set and compare its size and SHA-256 "
+        "with index.json. Prints OK, or one line per corrupt or missing shard and exits with 1 "
+        "(2 for a usage error).",
+        formatter_class=HelpFormatter,
+    )
     parser.add_argument("out", help="shard folder written by `fastdata preprocess`")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("-q", "--quiet", action="store_true", help=QUIET_HELP)
     parser.set_defaults(func=run)
 
 

@@ -8,6 +8,7 @@ import warnings
 
 import torch
 
+from fastdata._optional import install_hint
 from fastdata.decode._base import Decoder, check_on_error
 from fastdata.decode._geometry import RandomResizedCrop, parse_size
 from fastdata.decode.cpu import CpuDecoder
@@ -35,7 +36,7 @@ def _auto_choice(device: torch.device | None) -> tuple[str, str]:
     if not torch.cuda.is_available():
         return "cpu", "CUDA is not available"
     if not _has_torchvision():
-        return "cpu", "torchvision is not installed (pip install 'fastdata[gpu]' for nvjpeg)"
+        return "cpu", f"torchvision is not installed ({install_hint('torchvision')} for nvjpeg)"
     version = torchvision_version()
     if version is not None and torchvision_too_old(version):
         reason = f"torchvision {version} predates batched GPU decoding (0.20)"

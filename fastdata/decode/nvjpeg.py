@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from fastdata._codec import jpeg_header
-from fastdata._optional import import_optional
+from fastdata._optional import DISTRIBUTION, import_optional
 from fastdata.decode._base import (
     DecodedBatch,
     Decoder,
@@ -81,7 +81,7 @@ def check_torchvision() -> None:
         raise FastDataError(
             f"the nvjpeg decoder backend needs torchvision >= 0.20 (batched decode_jpeg), "
             f"found torchvision {version}: pip install 'torchvision>=0.20' (or "
-            "pip install 'fastdata[gpu]'), or use backend='cpu'"
+            f"pip install '{DISTRIBUTION}[gpu]'), or use backend='cpu'"
         )
 
 

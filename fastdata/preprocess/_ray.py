@@ -29,7 +29,7 @@ def _shard_task(task: ShardTask, job: ShardJob) -> ShardResult:
 
 
 class RayEngine:
-    """Runs shard tasks as Ray tasks (``pip install 'fastdata[ray]'``).
+    """Runs shard tasks as Ray tasks (``pip install 'torch-fastdata[ray]'``).
 
     Every node must see the source files and the output folder at the same paths (a
     shared file system) and have fastdata installed. A shard is one task: choose

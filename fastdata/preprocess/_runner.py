@@ -9,6 +9,7 @@ rest; ``index.json`` is written last, and the job folder is removed after it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import shutil
@@ -150,10 +151,10 @@ def preprocess(
     fields = build_fields(listing, options)
     tasks = plan_tasks(listing, fields, options)
     record: dict[str, Any] = {"options": options.to_json(), "fingerprint": listing.fingerprint()}
-    complete = _prepare_out(root, record, overwrite)
+    complete = _prepare_out(root, record, overwrite, show_progress)
     if complete is not None:
         return _summary(root, complete, len(complete.shards), 0, started)
-    done = _finished_shards(root, tasks)
+    done = _finished_shards(root, tasks, show_progress)
     pending = [task for task in tasks if task.index not in done]
     job = ShardJob(str(root), options, fields, listing.kind)
     bar = progress_bar(
@@ -162,10 +163,12 @@ def preprocess(
         unit="img",
         enabled=show_progress,
     )
+    phase = _Phase(bar, pending)
     try:
-        for result in engine.run(pending, job, bar.update):
+        for result in engine.run(pending, job, phase.advance):
             write_json_atomic(root / JOB_DIR / f"{result.info.file}.json", result.to_json())
             done[result.index] = result
+            phase.landed(result.info.file)
     finally:
         bar.close()
     manifest = Manifest(
@@ -181,6 +184,44 @@ def preprocess(
     shutil.rmtree(root / JOB_DIR, ignore_errors=True)
     reused = len(tasks) - len(pending)
     return _summary(root, manifest, reused, sum(len(t.items) for t in pending), started)
+
+
+class _Phase:
+    """Keeps the progress bar's postfix on what the job is doing: a shard whose samples have
+    all arrived is being finalised (copy, fsync, SHA-256: seconds for a large shard), which
+    the bar shows at once instead of sitting at the last count it drew."""
+
+    def __init__(self, bar: Any, tasks: list[ShardTask]) -> None:
+        self._bar = bar
+        self._ends = list(itertools.accumulate(len(task.items) for task in tasks))
+        self._files = [task.file for task in tasks]
+        self._count = 0
+        self._next = 0
+        self._finalising: set[str] = set()
+
+    def advance(self, count: int) -> None:
+        self._bar.update(count)
+        self._count += count
+        changed = False
+        while self._next < len(self._ends) and self._count >= self._ends[self._next]:
+            self._finalising.add(self._files[self._next])
+            self._next += 1
+            changed = True
+        if changed:
+            self._show()
+
+    def landed(self, file: str) -> None:
+        self._finalising.discard(file)
+        self._show()
+
+    def _show(self) -> None:
+        if not self._finalising:
+            text = ""
+        elif len(self._finalising) == 1:
+            text = f"finalising {next(iter(self._finalising))} (fsync, SHA-256)"
+        else:
+            text = f"finalising {len(self._finalising)} shards (fsync, SHA-256)"
+        self._bar.set_postfix_str(text, refresh=True)
 
 
 def _summary(
@@ -229,8 +270,11 @@ def _remove_ours(root: Path) -> None:
                 entry.unlink()
 
 
-def _prepare_out(root: Path, record: dict[str, Any], overwrite: bool) -> Manifest | None:
-    """Make ``root`` ready; return its manifest when it already holds this finished job."""
+def _prepare_out(
+    root: Path, record: dict[str, Any], overwrite: bool, show_progress: bool = False
+) -> Manifest | None:
+    """Make ``root`` ready; return its manifest when it already holds this finished job
+    (after re-hashing its shards, with a progress bar when ``show_progress``)."""
     if root.exists() and not root.is_dir():
         raise PreprocessError(f"output path exists and is not a folder: {root}")
     if root.is_dir():
@@ -246,7 +290,7 @@ def _prepare_out(root: Path, record: dict[str, Any], overwrite: bool) -> Manifes
         if overwrite:
             _remove_ours(root)
         elif (root / MANIFEST_NAME).is_file():
-            problems = verify_shards(root, show_progress=False)
+            problems = verify_shards(root, show_progress=show_progress)
             if not problems:
                 return load_manifest(root)
             raise PreprocessError(
@@ -264,9 +308,12 @@ def _prepare_out(root: Path, record: dict[str, Any], overwrite: bool) -> Manifes
     return None
 
 
-def _finished_shards(root: Path, tasks: list[ShardTask]) -> dict[int, ShardResult]:
-    """Shards of an interrupted run whose file still matches its record."""
-    done: dict[int, ShardResult] = {}
+def _finished_shards(
+    root: Path, tasks: list[ShardTask], show_progress: bool = False
+) -> dict[int, ShardResult]:
+    """Shards of an interrupted run whose file still matches its record (re-hashed, with a
+    progress bar in bytes when ``show_progress``)."""
+    candidates: list[tuple[ShardTask, ShardResult]] = []
     for task in tasks:
         record = root / JOB_DIR / f"{task.file}.json"
         if not record.is_file():
@@ -275,8 +322,21 @@ def _finished_shards(root: Path, tasks: list[ShardTask]) -> dict[int, ShardResul
             result = ShardResult.from_json(json.loads(record.read_text()))
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if result.index == task.index and shard_matches(root / task.file, result.info):
-            done[task.index] = result
+        if result.index == task.index:
+            candidates.append((task, result))
+    done: dict[int, ShardResult] = {}
+    if not candidates:
+        return done
+    total = sum(result.info.num_bytes for _, result in candidates)
+    bar = progress_bar(total=total, desc="check finished shards", unit="B", enabled=show_progress)
+    try:
+        for task, result in candidates:
+            before = bar.n
+            if shard_matches(root / task.file, result.info, bar.update):
+                done[task.index] = result
+            bar.update(before + result.info.num_bytes - bar.n)  # unhashed or partly read
+    finally:
+        bar.close()
     return done
 
 

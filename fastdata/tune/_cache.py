@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import json
 import logging
@@ -52,13 +53,22 @@ def dataset_fingerprint(dataset: Any) -> str:
 
 
 def describe(value: Any) -> str:
-    """A description of a setting that is stable across runs (no object addresses)."""
+    """A description of a setting that is stable across runs (no object addresses).
+
+    An object whose class defines its own ``repr`` without an address (fastdata's
+    transforms: ``Resize(256)``) is described by it, so settings differ when parameters do.
+    """
     if value is None or isinstance(value, (bool, int, float, str)):
         return repr(value)
     name = getattr(value, "__qualname__", None)
     if isinstance(name, str):
         return f"{getattr(value, '__module__', '')}.{name}"
-    return f"{type(value).__module__}.{type(value).__qualname__}"
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    if type(value).__repr__ is not object.__repr__:
+        text = repr(value)
+        if " at 0x" not in text:
+            return f"{kind}:{text}"
+    return kind
 
 
 def cache_key(dataset: Any, batch_size: int, settings: Mapping[str, Any]) -> str:
@@ -88,5 +98,7 @@ def load(directory: Path, key: str) -> dict[str, Any] | None:
 
 
 def store(directory: Path, key: str, data: Mapping[str, Any]) -> None:
+    """Write ``data`` under ``key``, with the time it was measured (``cached_at``, UTC)."""
     directory.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(directory / f"{key}.json", dict(data))
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    write_json_atomic(directory / f"{key}.json", {**data, "cached_at": now})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import math
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -178,6 +179,10 @@ def profile(
         TypeError: ``loader`` is not a DataLoader or ``step`` is not callable.
         ValueError: ``steps``/``warmup``/``probe_batches`` out of range, or the loader ends
             before a single step could be timed.
+
+    Warns:
+        UserWarning: The loader ended before ``warmup + steps`` batches; the report then
+            covers the steps that were timed (``report.steps``).
     """
     if not isinstance(loader, DataLoader):
         raise TypeError(
@@ -222,6 +227,14 @@ def profile(
         raise ValueError(
             f"the loader ended before a step could be timed: it needs more than "
             f"warmup={warmup} batches"
+        )
+    if timed < steps:
+        warnings.warn(
+            f"profile: the loader ended after {warmup + timed} batches, so {timed} steps were "
+            f"timed, not steps={steps} (warmup={warmup} came first); pass steps={timed} or "
+            f"fewer, or a loader with more batches, to time what you asked",
+            UserWarning,
+            stacklevel=2,
         )
     stages = time_stages(loader, probe_batches, target)
     bound = "input" if wait_s >= INPUT_BOUND_SHARE * (wait_s + step_s) else "compute"

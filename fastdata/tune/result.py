@@ -17,7 +17,7 @@ from fastdata.tune._measure import LoaderConfig, Measurement
 LIMITS = ("consumer", "cpus", "memory", "no-gain", "time-budget")
 
 
-@dataclass
+@dataclass(repr=False)
 class TuneResult:
     """What :func:`fastdata.autotune` measured and recommends.
 
@@ -38,7 +38,8 @@ class TuneResult:
             workers stopped paying off) or ``"time-budget"``.
         explanation: One paragraph saying why this is the recommendation.
         wall_time_s: How long the search took, seconds.
-        from_cache: The result was loaded from the cache rather than measured now.
+        from_cache: The result was loaded from the cache rather than measured now (its
+            explanation then says so, and when it was measured).
         extra_kwargs: The caller's own DataLoader arguments (``collate_fn``, ``sampler`` …),
             kept in :attr:`loader_kwargs`.
     """
@@ -137,7 +138,18 @@ class TuneResult:
 
     def __str__(self) -> str:
         settings = ", ".join(f"{k}={v!r}" for k, v in self.recommended_settings().items())
-        return f"{self.table()}\n\nrecommended: {settings}\n{self.explanation}"
+        cached = " (from cache)" if self.from_cache else ""
+        return f"{self.table()}\n\nrecommended{cached}: {settings}\n{self.explanation}"
+
+    def __repr__(self) -> str:
+        # One line: the REPL shows this; print() and notebooks show the table.
+        best = self.best
+        cached = ", from_cache=True" if self.from_cache else ""
+        return (
+            f"TuneResult(recommended={self.recommended.label!r}, "
+            f"batches_per_s={best.batches_per_s:.1f}, batch_size={self.batch_size}, "
+            f"limited_by={self.limited_by!r}, measured={len(self.measurements)}{cached})"
+        )
 
     def recommended_settings(self) -> dict[str, Any]:
         """The tuned settings only (loader and dataset), without the caller's arguments."""
@@ -232,8 +244,16 @@ class TuneResult:
         from_cache: bool = False,
     ) -> TuneResult:
         fields = dict(data)
+        cached_at = fields.pop("cached_at", None)
         fields["recommended"] = LoaderConfig(**fields["recommended"])
         fields["measurements"] = [Measurement.from_dict(m) for m in fields["measurements"]]
+        if from_cache:
+            when = f" (measured {cached_at})" if cached_at else ""
+            fields["explanation"] = (
+                f"Loaded from the autotune cache{when}: nothing was measured now; pass "
+                f"cache=False (the command: leave out --cache) to measure again. "
+                f"{fields['explanation']}"
+            )
         return cls(**fields, from_cache=from_cache, extra_kwargs=dict(extra_kwargs or {}))
 
 

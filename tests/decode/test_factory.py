@@ -51,7 +51,7 @@ def test_missing_dali_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> 
 def test_missing_torchvision_names_the_gpu_extra() -> None:
     if importlib.util.find_spec("torchvision") is not None:
         pytest.skip("torchvision is installed")
-    with pytest.raises(ModuleNotFoundError, match=r"pip install 'fastdata\[gpu\]'"):
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'torch-fastdata\[gpu\]'"):
         load_decode_jpeg(grayscale=False)
 
 

@@ -97,10 +97,10 @@ def test_without_ray_the_engine_says_how_to_install_it(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # makes `import ray` fail
-    with pytest.raises(ModuleNotFoundError, match=r"pip install 'fastdata\[ray\]'"):
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'torch-fastdata\[ray\]'"):
         RayEngine()
     assert main(["preprocess", str(tmp_path), str(tmp_path / "o"), "--engine", "ray"]) == 1
-    assert "pip install 'fastdata[ray]'" in capsys.readouterr().err
+    assert "pip install 'torch-fastdata[ray]'" in capsys.readouterr().err
 
 
 def test_address_needs_the_ray_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -93,5 +93,5 @@ def test_plot_without_matplotlib_says_how_to_install(
     result: TuneResult, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(ModuleNotFoundError, match=r"pip install 'fastdata\[plot\]'"):
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'torch-fastdata\[plot\]'"):
         result.plot()

@@ -56,8 +56,8 @@ class DecodingLoader:
         batch_size: The full batch size; by default the size of the first batch read.
 
     Yields:
-        ``(images, *fields)``: images ``(K, C, H, W)`` uint8 on the decoder's device
-        (channels_last), fields indexed alike.
+        batch (tuple): ``(images, *fields)``, images ``(K, C, H, W)`` uint8 on the decoder's
+            device (channels_last), fields indexed alike.
     """
 
     def __init__(

@@ -22,12 +22,19 @@ test: $(VENV)/.installed
 	$(VENV)/bin/ruff check fastdata tests tools benchmarks
 	$(VENV)/bin/ruff format --check fastdata tests tools benchmarks
 	$(VENV)/bin/mypy
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 	$(PY) -m pytest -q
 
 # Only the `gpu`-marked tests, on a machine with CUDA (the venv needs a CUDA build of torch).
 test-gpu: $(VENV)/.installed
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'test-gpu: no CUDA device')"
 	$(PY) -m pytest -q -m gpu
+
+# The documentation site (mkdocs.yml: guides in docs/, API reference from the docstrings) into
+# site/; --strict fails on a broken reference, a page missing from the nav or a docstring warning.
+.PHONY: docs
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check fastdata tests tools benchmarks

@@ -8,7 +8,7 @@ DEMO_EXTRAS ?= demo
 TEST_EXTRAS ?= test
 BENCH_EXTRAS ?= bench,ray,dali
 
-.PHONY: demo test test-gpu lint bench clean
+.PHONY: demo test test-gpu docs lint bench clean
 
 # $(VENV)/.installed-<extras>: the package installed editable with those extras.
 # Torch is installed only when the venv has none, so an existing (CUDA) build is kept;
@@ -33,6 +33,7 @@ test: $(VENV)/.installed-$(TEST_EXTRAS)
 	$(VENV)/bin/ruff check fastdata tests tools benchmarks
 	$(VENV)/bin/ruff format --check fastdata tests tools benchmarks
 	$(VENV)/bin/mypy
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 	$(PY) -m pytest -q
 
 # Only the `gpu`-marked tests, on a machine with CUDA (the venv needs a CUDA build of torch).
@@ -40,6 +41,11 @@ test: $(VENV)/.installed-$(TEST_EXTRAS)
 test-gpu: $(VENV)/.installed-$(TEST_EXTRAS),gpu
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'test-gpu: no CUDA device')"
 	$(PY) -m pytest -q -m gpu
+
+# The documentation site (mkdocs.yml: guides in docs/, API reference from the docstrings) into
+# site/; --strict fails on a broken reference, a page missing from the nav or a docstring warning.
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 lint: $(VENV)/.installed-$(TEST_EXTRAS)
 	$(VENV)/bin/ruff check fastdata tests tools benchmarks

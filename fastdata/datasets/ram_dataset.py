@@ -35,9 +35,13 @@ class RAMDataset(BatchedDataset):
     Args:
         image_paths: Image files (any format OpenCV reads); their bytes are kept as is.
         targets: One integer label per image (``None``: images only).
-        transform, layout, decode, decode_min_side, on_error, num_threads: As for
-            :class:`ShardDataset`. ``decode=False`` returns the file bytes as 1-D uint8
-            tensors (for GPU decoding).
+        transform: As for :class:`ShardDataset`.
+        layout: As for :class:`ShardDataset`.
+        decode: As for :class:`ShardDataset`. ``decode=False`` returns the file bytes as
+            1-D uint8 tensors (for GPU decoding).
+        decode_min_side: As for :class:`ShardDataset`.
+        on_error: As for :class:`ShardDataset`.
+        num_threads: As for :class:`ShardDataset`.
         check_memory: Refuse a load larger than the available memory.
         show_progress: Progress bar while loading.
 

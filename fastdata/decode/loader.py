@@ -181,8 +181,8 @@ class DecodingLoader:
             process.
 
     Yields:
-        ``(images, *fields)``: images ``(K, C, H, W)`` uint8 on the decoder's device
-        (channels_last), fields indexed alike.
+        batch (tuple): ``(images, *fields)``, images ``(K, C, H, W)`` uint8 on the decoder's
+            device (channels_last), fields indexed alike.
     """
 
     def __init__(

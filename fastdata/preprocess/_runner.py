@@ -114,8 +114,9 @@ def preprocess(
         masks: Mask folder of a segmentation source.
         mask_suffix: Masks are named ``<image stem><mask_suffix>.<ext>`` (in ``masks``,
             or beside the images when ``masks`` is not given).
-        path_column, label_column: Columns of a CSV/TSV list (header name or 0-based
+        path_column: Column of the paths in a CSV/TSV list (header name or 0-based
             number); see :func:`list_source`.
+        label_column: Column of the labels in a CSV/TSV list, as ``path_column``.
         workers: Local processes; default: the CPUs this process may use (cgroup-aware).
         overwrite: Replace an ``out`` that holds a different job or other files.
         show_progress: Show a progress bar.

@@ -220,10 +220,11 @@ def list_source(
             the image folder itself).
         mask_suffix: The mask of ``a.jpg`` is named ``a<suffix>.<any extension>``
             (e.g. ``"_mask"``); files so named are masks, not images.
-        path_column, label_column: Columns of a list file holding the paths and labels:
-            a header name, or a 0-based column number. Default: the header's recognised
-            names (:data:`PATH_COLUMN_NAMES`, :data:`LABEL_COLUMN_NAMES`), else the
-            first two columns.
+        path_column: Column of a list file holding the paths: a header name, or a
+            0-based column number. Default: the header's recognised name
+            (:data:`PATH_COLUMN_NAMES`), else the first column.
+        label_column: Column holding the labels, as ``path_column``. Default: the
+            header's recognised name (:data:`LABEL_COLUMN_NAMES`), else the second column.
         on_error: ``"skip"`` records an image without a mask (or a mask without an
             image) in ``skipped``; ``"fail"`` raises.
         exclude: Folders never listed (the output folder of the job).

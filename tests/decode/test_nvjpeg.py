@@ -124,7 +124,7 @@ def real_nvjpeg() -> None:
     tv = pytest.importorskip(
         "torchvision",
         minversion="0.20",
-        reason="the nvjpeg backend needs torchvision >= 0.20: pip install 'fastdata[gpu]'",
+        reason="the nvjpeg backend needs torchvision >= 0.20: pip install 'torch-fastdata[gpu]'",
     )
     data = torch.frombuffer(bytearray(rgb_jpeg(16, 16)), dtype=torch.uint8)
     try:

@@ -1,0 +1,186 @@
+"""The documentation site: every public package has an API reference page, and the quick
+start and the guides' Python examples run as written (on a tiny sample dataset, on the CPU).
+
+Names an example uses without defining (``image_paths``, ``jpeg_bytes_a``...) are given to
+it. Left out: the scale-out guide's examples (a Ray cluster at ``/shared``, and
+``torch.distributed`` set up by ``torchrun``); tests/preprocess and tests/datasets cover both.
+
+The site build itself (``mkdocs build --strict``: broken references, pages missing from
+the nav, docstrings mkdocstrings cannot parse) runs in ``make test`` and ``make docs``.
+"""
+
+from __future__ import annotations
+
+import pkgutil
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import fastdata
+from fastdata import PreprocessOptions
+from fastdata.cli import main
+from fastdata.datasets import ShardDataset, passthrough_collate
+from fastdata.preprocess import preprocess
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+MKDOCS_YML = ROOT / "mkdocs.yml"
+
+
+def public_packages() -> list[str]:
+    """``fastdata``'s public subpackages (the CLI is documented by ``--help``) and errors."""
+    names = [
+        info.name
+        for info in pkgutil.iter_modules(fastdata.__path__)
+        if info.ispkg and not info.name.startswith("_") and info.name != "cli"
+    ]
+    return [*sorted(names), "errors"]
+
+
+def test_every_public_package_has_a_reference_page_in_the_nav() -> None:
+    nav = MKDOCS_YML.read_text()
+    packages = public_packages()
+    assert {"datasets", "decode", "gpu", "preprocess", "shards", "transforms", "tune"} <= set(
+        packages
+    )
+    for name in packages:
+        page = DOCS / "reference" / f"{name}.md"
+        assert page.is_file(), f"no API reference page {page.relative_to(ROOT)} for {name}"
+        assert re.search(rf"^::: fastdata\.{name}$", page.read_text(), flags=re.MULTILINE), page
+        assert f"reference/{name}.md" in nav, f"{page.relative_to(ROOT)} is not in mkdocs.yml"
+    assert "reference/fastdata.md" in nav
+
+
+def test_the_top_level_reference_page_lists_every_public_name() -> None:
+    page = (DOCS / "reference" / "fastdata.md").read_text()
+    missing = [name for name in fastdata.__all__ if f"`{name}`" not in page]
+    assert not missing, f"docs/reference/fastdata.md does not list {missing}"
+
+
+def blocks(page: Path, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", page.read_text(), flags=re.DOTALL)
+
+
+def test_quick_start_runs_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sample_tool: Any
+) -> None:
+    page = DOCS / "quickstart.md"
+    commands = [
+        shlex.split(line.split("#", 1)[0])
+        for block in blocks(page, "bash")
+        for line in block.splitlines()
+        if line.startswith("fastdata ")
+    ]
+    preprocess_args = next(args for args in commands if args[1] == "preprocess")
+    assert preprocess_args[2:4] == ["demo-data/sample", "out/"]
+    # The sample set the page makes with tools/make_sample_dataset.py, smaller.
+    sample_tool.make_sample_dataset(
+        tmp_path / "demo-data" / "sample", 64, num_classes=3, seed=0, image_size=(64, 48)
+    )
+    monkeypatch.chdir(tmp_path)
+    assert main([*preprocess_args[1:], "--workers", "1"]) == 0
+    inspect_args = next(args for args in commands if args[1] == "inspect")
+    assert main(inspect_args[1:]) == 0
+
+    (code,) = blocks(page, "python")
+    scope: dict[str, Any] = {}
+    exec(compile(code, str(page), "exec"), scope)
+    images, labels = scope["images"], scope["labels"]
+    assert images.shape == (64, 3, 224, 224) and images.dtype == torch.bfloat16
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    assert labels.shape == (64,) and labels.dtype == torch.int64
+    # Normalized with the set's own statistics: about zero mean, unit spread.
+    assert abs(images.float().mean().item()) < 0.2
+    assert 0.7 < images.float().std().item() < 1.3
+
+
+def run(page: Path, namespace: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run a page's Python blocks in order, in one namespace (as ``__main__``)."""
+    scope: dict[str, Any] = {"__name__": "__main__", **(namespace or {})}
+    for code in blocks(page, "python"):
+        exec(compile(code, str(page), "exec"), scope)
+    return scope
+
+
+GUIDES = DOCS / "guides"
+NUM_IMAGES = 320
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory, sample_tool: Any) -> Path:
+    """``demo-data/sample`` (320 JPEGs: 5 batches of 64); ``out/`` written by the
+    preprocessing guide's own example; ``out-jpeg/`` for the JPEG examples."""
+    root = tmp_path_factory.mktemp("guides")
+    sample_tool.make_sample_dataset(
+        root / "demo-data" / "sample", NUM_IMAGES, num_classes=3, seed=0, image_size=(64, 48)
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)
+        scope = run(GUIDES / "preprocess.md")
+        assert scope["summary"].num_processed == NUM_IMAGES
+        preprocess(
+            "demo-data/sample",
+            "out-jpeg/",
+            PreprocessOptions(sizes=(256,), storage="jpeg"),
+            workers=1,
+            show_progress=False,
+        )
+    return root
+
+
+def test_datasets_guide(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(workdir)
+    paths = sorted(str(p) for p in (workdir / "demo-data" / "sample").rglob("*.jpg"))
+    rng = np.random.default_rng(0)
+    scope = run(
+        GUIDES / "datasets.md",
+        {
+            "image_paths": paths,
+            "targets": [i % 3 for i in range(len(paths))],
+            "images_nhwc": rng.integers(0, 256, (8, 32, 32, 3), dtype=np.uint8),
+            "array_labels": np.arange(8),
+            "masks_nhw": rng.integers(0, 5, (8, 32, 32), dtype=np.uint8),
+        },
+    )
+    assert scope["images"].shape == (64, 3, 224, 224) and scope["images"].dtype == torch.uint8
+    assert scope["labels"].shape == (64,) and scope["labels"].dtype == torch.int64
+    assert len(scope["cached"]) == len(scope["pixels"]) == NUM_IMAGES
+    assert len(scope["arrays"]) == 8
+    jpeg_images, _ = next(iter(scope["loader"]))
+    assert jpeg_images.shape == (64, 3, 224, 224)
+
+
+def test_gpu_guide() -> None:
+    scope = run(GUIDES / "gpu.md")
+    assert scope["x"].shape == (16, 3, 24, 24) and scope["x"].dtype == torch.bfloat16
+
+
+def test_decode_guide(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(workdir)
+    encoded = ShardDataset("out-jpeg/", decode=False)
+    jpegs = [encoded[i][0].numpy().tobytes() for i in range(3)]
+    loader = DataLoader(encoded, batch_size=8, collate_fn=passthrough_collate)
+    scope = run(
+        GUIDES / "decode.md",
+        {"jpeg_bytes_a": jpegs[0], "jpeg_bytes_b": jpegs[1], "list_of_encoded": jpegs,
+         "loader": loader},
+    )  # fmt: skip
+    assert scope["images"].shape == (8, 3, 224, 224)  # the last batch the loop saw
+    assert scope["decoded"].kept.tolist() == [0, 1, 2]
+
+
+def test_tune_guide(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(workdir)
+    page = GUIDES / "tune.md"
+    assert "time_budget_s=30" in page.read_text()
+    shorter = workdir / "tune.md"  # the same page with a 5 s search
+    shorter.write_text(page.read_text().replace("time_budget_s=30", "time_budget_s=5"))
+    scope = run(shorter)
+    assert scope["result"].loader_kwargs["batch_size"] == 64
+    assert scope["report"].verdict

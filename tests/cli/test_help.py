@@ -22,7 +22,7 @@ def test_preprocess_help_shows_defaults_and_describes_storage(
         "in one pass (default: 224)",
         "(--storage jpeg only) (default: shorter)",
         "JPEG quality 1-100 of --storage jpeg (default: 90)",
-        "target shard size in MiB (default: 1024)",
+        "target shard size in MiB (default: 64)",
         "(default: raw)",
         "(default: skip)",
     ):

@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only_loaders:
         summary = {"num_images": args.num_images, "batch_size": args.batch_size,
                    "repeats_best_of": args.repeats, "dataloader": loaders}  # fmt: skip
-        print(f"results: {save('decode_loaders', summary)}")
+        save("decode_loaders", summary, publish=args.publish)
         return 0
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows: list[dict[str, Any]] = []

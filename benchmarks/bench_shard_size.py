@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _harness import images_per_second, save  # benchmarks/ is on sys.path as a script
+from _harness import add_publish_argument, images_per_second, save
 from torch.utils.data import DataLoader
 
 from fastdata import ShardDataset, passthrough_collate
@@ -77,6 +77,7 @@ def main() -> None:
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[16, 64, 256, 1024])
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--workers", type=int, default=2)
+    add_publish_argument(parser)
     args = parser.parse_args()
     images = _samples(args.num_images)
     work = Path(tempfile.mkdtemp(prefix="bench-shard-size-"))
@@ -106,7 +107,7 @@ def main() -> None:
             f"{row['images_per_s']:,.0f} | {row['ratio_vs_1gib']:.2f} |"
         )
     save("shard_size", {"num_images": args.num_images, "batch_size": args.batch_size,
-                        "workers": args.workers, "rows": rows})  # fmt: skip
+                        "workers": args.workers, "rows": rows}, publish=args.publish)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -86,6 +86,6 @@ def test_script_runs_its_host_part_without_cuda(
     if torch.cuda.is_available():
         pytest.skip("CUDA is present: the device half would run")
     saved: list[str] = []
-    monkeypatch.setattr(bench, "save", lambda topic, results: saved.append(topic) or "x.json")
+    monkeypatch.setattr(bench, "save", lambda topic, results, **_: saved.append(topic) or "x.json")
     assert bench.main(["--batch", "2", "--size", "8", "--repeat", "1"]) == 0
     assert saved == ["gpu"]

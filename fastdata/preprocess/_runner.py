@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from fastdata._system import usable_cpus
 from fastdata.errors import PreprocessError
 from fastdata.preprocess._engine import Engine, LocalEngine
 from fastdata.preprocess._options import PreprocessOptions
+from fastdata.preprocess._python_source import dataset_engine, list_dataset
 from fastdata.preprocess._sources import SourceListing, list_source
 from fastdata.preprocess._task import ShardJob, ShardResult, ShardTask, build_fields
 from fastdata.shards import (
@@ -88,7 +90,7 @@ def plan_tasks(
 
 
 def preprocess(
-    src: str | Path,
+    src: str | Path | Any,
     out: str | Path,
     options: PreprocessOptions | None = None,
     *,
@@ -102,12 +104,15 @@ def preprocess(
     """Turn a source into uint8 HDF5 shards plus ``index.json`` (see docs/FORMAT.md).
 
     Args:
-        src: Image folder, CSV/TSV list, segmentation image folder or ``.npy`` folder.
+        src: Image folder, CSV/TSV list, segmentation image folder or ``.npy`` folder;
+            or a map-style dataset object (``len`` and ``[i]``; items ``(image, label)``,
+            ``(image, label, mask)`` or dicts; images PIL, uint8 HWC ndarrays or uint8
+            CHW tensors: see the README and ``fastdata.preprocess._python_source``).
         out: Output folder; created if missing.
         options: What to store (sizes, resize mode, storage, ...); defaults to
             ``PreprocessOptions()``: raw 224x224 RGB.
-        kind: Source kind (see :func:`list_source`), ``"auto"`` by default.
-        masks: Mask folder of a segmentation source.
+        kind: Source kind of a path (see :func:`list_source`), ``"auto"`` by default.
+        masks: Mask folder of a segmentation source (a path).
         workers: Local processes; default: the CPUs this process may use (cgroup-aware).
         overwrite: Replace an ``out`` that holds a different job or other files.
         show_progress: Show a progress bar.
@@ -117,7 +122,8 @@ def preprocess(
         A :class:`PreprocessSummary`.
 
     Raises:
-        ValueError, TypeError: Bad arguments.
+        ValueError, TypeError: Bad arguments, or a dataset item of an unsupported form
+            (the message names its index and what it holds).
         PreprocessError: Missing/empty/inconsistent source, ``out`` not writable or
             holding another job, a write failing (disk full), or an unreadable input with
             ``on_error="fail"``. Shards finished before the error stay for a resume; no
@@ -129,7 +135,18 @@ def preprocess(
         raise TypeError(f"options must be a PreprocessOptions, got {type(options).__name__}")
     if engine is None:
         engine = LocalEngine(usable_cpus() if workers is None else workers)
-    listing = list_source(src, kind=kind, masks=masks)
+    loader = None
+    if isinstance(src, (str, os.PathLike)):
+        listing = list_source(Path(src), kind=kind, masks=masks)
+    else:
+        if kind != "auto" or masks is not None:
+            raise ValueError(
+                "kind and masks describe a path source; a dataset object's items carry their "
+                f"own labels and masks (got kind={kind!r}, masks={masks!r})"
+            )
+        listing = list_dataset(src)
+        loader = listing.loader
+        engine = dataset_engine(loader, engine)
     fields = build_fields(listing, options)
     tasks = plan_tasks(listing, fields, options)
     record: dict[str, Any] = {"options": options.to_json(), "fingerprint": listing.fingerprint()}
@@ -139,7 +156,7 @@ def preprocess(
         return _summary(root, complete, len(complete.shards), 0, started)
     done = _finished_shards(root, tasks)
     pending = [task for task in tasks if task.index not in done]
-    job = ShardJob(str(root), options, fields, listing.kind)
+    job = ShardJob(str(root), options, fields, listing.kind, loader)
     bar = progress_bar(
         total=sum(len(t.items) for t in pending),
         desc="preprocess",

@@ -15,6 +15,7 @@ from fastdata.preprocess import (
     STORAGE_MODES,
     PreprocessOptions,
     RayEngine,
+    load_python_source,
     preprocess,
 )
 from fastdata.preprocess._options import DEFAULT_SHARD_BYTES
@@ -31,9 +32,15 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "src",
         help="ImageFolder, CSV/TSV list of path,label, image folder "
-        "(with --masks) or folder of .npy arrays",
+        "(with --masks) or folder of .npy arrays; with --from-python, module:attribute",
     )
     parser.add_argument("out", help="output folder")
+    parser.add_argument(
+        "--from-python",
+        action="store_true",
+        help="SRC is module:attribute (or file.py:attribute): a map-style dataset object, or "
+        "a zero-argument callable returning one, imported with the current folder on sys.path",
+    )
     parser.add_argument("--kind", choices=SOURCE_KINDS, default="auto", help="source kind")
     parser.add_argument("--masks", help="mask folder of a segmentation source (matched by stem)")
     parser.add_argument(
@@ -96,6 +103,16 @@ def run(args: argparse.Namespace) -> int:
         except ModuleNotFoundError as exc:
             print(f"fastdata preprocess: error: {exc}", file=sys.stderr)
             return EXIT_FAILURE
+    src: Any = args.src
+    if args.from_python:
+        if args.kind != "auto" or args.masks is not None:
+            print(
+                "fastdata preprocess: error: --kind and --masks describe a path source, not "
+                "--from-python (a dataset's items carry their own labels and masks)",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        src = load_python_source(args.src)
     options = PreprocessOptions(
         sizes=tuple(args.size),
         resize=args.resize,
@@ -107,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         on_error=args.on_error,
     )
     summary = preprocess(
-        args.src,
+        src,
         args.out,
         options,
         kind=args.kind,

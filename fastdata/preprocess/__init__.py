@@ -6,10 +6,10 @@ in, one shard file out) and runs them on an engine: a :class:`LocalEngine` proce
 by default, or :class:`RayEngine` on a Ray cluster.
 """
 
-from fastdata.preprocess._dataset_items import DatasetItemTypeError, DatasetItemValueError
+from fastdata.preprocess._dataset_items import DatasetTypeError, DatasetValueError
 from fastdata.preprocess._engine import Engine, LocalEngine
 from fastdata.preprocess._options import ON_ERROR, STORAGE_MODES, PreprocessOptions
-from fastdata.preprocess._python_source import DatasetListing, list_dataset
+from fastdata.preprocess._python_source import DatasetListing, list_dataset, load_python_source
 from fastdata.preprocess._ray import RayEngine
 from fastdata.preprocess._runner import PreprocessSummary, plan_tasks, preprocess
 from fastdata.preprocess._sources import SOURCE_KINDS, SourceItem, SourceListing, list_source
@@ -29,9 +29,9 @@ __all__ = [
     "RESIZE_MODES",
     "SOURCE_KINDS",
     "STORAGE_MODES",
-    "DatasetItemTypeError",
-    "DatasetItemValueError",
     "DatasetListing",
+    "DatasetTypeError",
+    "DatasetValueError",
     "Engine",
     "LocalEngine",
     "PreprocessOptions",
@@ -45,6 +45,7 @@ __all__ = [
     "build_fields",
     "list_dataset",
     "list_source",
+    "load_python_source",
     "plan_tasks",
     "preprocess",
     "process_sample",

@@ -8,7 +8,7 @@ kept gray), a uint8 ndarray ``(H, W, 3)``, ``(H, W, 1)`` or ``(H, W)``, or a uin
 ``(3, H, W)``, ``(1, H, W)`` or ``(H, W)``. A mask is a single-channel PIL image or an
 integer ``(H, W)`` array/tensor with values 0-255, the image's size. A label is an integer
 (Python, NumPy, or a one-element integer array/tensor). Anything else raises a
-:class:`DatasetItemTypeError`/:class:`DatasetItemValueError` naming the index and what it
+:class:`DatasetTypeError`/:class:`DatasetValueError` naming the index and what it
 found. torch is never imported here: a dataset of tensors has imported it already.
 """
 
@@ -32,12 +32,14 @@ _ITEM_FORMS = (
 )
 
 
-class DatasetItemTypeError(PreprocessError, TypeError):
-    """An item of a dataset source, or a part of it, has a type preprocess cannot store."""
+class DatasetTypeError(PreprocessError, TypeError):
+    """A dataset source, one of its items or a part of one has a type preprocess cannot
+    store (a ``TypeError`` and a ``PreprocessError``: the CLI reports it in one line)."""
 
 
-class DatasetItemValueError(PreprocessError, ValueError):
-    """An item of a dataset source has a shape or value preprocess cannot store."""
+class DatasetValueError(PreprocessError, ValueError):
+    """A dataset item has a shape or value preprocess cannot store, or differs from item 0
+    in its parts, or between two reads."""
 
 
 class LoadedSample(NamedTuple):
@@ -64,13 +66,13 @@ def _split_item(item: Any, index: int) -> tuple[Any, Any, Any]:
         image_keys = [key for key in IMAGE_KEYS if key in item]
         if len(image_keys) != 1:
             found = "none" if not image_keys else f"both {image_keys}"
-            raise DatasetItemTypeError(
+            raise DatasetTypeError(
                 f"{where(index)} is a dict with keys {sorted(map(str, item))}: it needs "
                 f"exactly one image key of {IMAGE_KEYS} (found {found})"
             )
         label_keys = [key for key in LABEL_KEYS if key in item]
         if len(label_keys) > 1:
-            raise DatasetItemTypeError(
+            raise DatasetTypeError(
                 f"{where(index)} has several label keys {label_keys}: keep one of {LABEL_KEYS}"
             )
         label = item[label_keys[0]] if label_keys else None
@@ -83,13 +85,13 @@ def _split_item(item: Any, index: int) -> tuple[Any, Any, Any]:
             return item[0], item[1], None
         if len(item) == 3:
             return item[0], item[1], item[2]
-        raise DatasetItemTypeError(
+        raise DatasetTypeError(
             f"{where(index)} is a {type(item).__name__} of {len(item)} values; "
             f"expected {_ITEM_FORMS}"
         )
     if _is_image_like(item):
         return item, None, None
-    raise DatasetItemTypeError(f"{where(index)} is a {type(item).__name__}; expected {_ITEM_FORMS}")
+    raise DatasetTypeError(f"{where(index)} is a {type(item).__name__}; expected {_ITEM_FORMS}")
 
 
 def _torch_tensor_type() -> Any:
@@ -129,7 +131,7 @@ def _to_numpy(value: Any, index: int, part: str) -> np.ndarray:
         return np.asarray(value.detach().cpu().numpy())
     if isinstance(value, np.ndarray):
         return value
-    raise DatasetItemTypeError(
+    raise DatasetTypeError(
         f"{where(index)}: the {part} is a {_describe(value)}; expected a PIL image, a uint8 "
         "ndarray (H, W, C) or a uint8 tensor (C, H, W)"
     )
@@ -152,32 +154,32 @@ def _image_pixels(value: Any, index: int) -> np.ndarray:
                 if array.dtype.kind == "f"
                 else ""
             )
-            raise DatasetItemTypeError(
+            raise DatasetTypeError(
                 f"{where(index)}: the image is a {_describe(value)}; preprocess stores uint8 "
                 f"pixels{hint}"
             )
         if is_tensor and array.ndim == 3:
             if array.shape[0] not in (1, 3):
-                raise DatasetItemValueError(
+                raise DatasetValueError(
                     f"{where(index)}: the image is a {_describe(value)}; a tensor image must "
                     "be (3, H, W), (1, H, W) or (H, W)"
                 )
             array = array.transpose(1, 2, 0)
         elif array.ndim == 3 and array.shape[2] not in (1, 3):
-            raise DatasetItemValueError(
+            raise DatasetValueError(
                 f"{where(index)}: the image is a {_describe(value)}; an ndarray image must be "
                 "(H, W, 3), (H, W, 1) or (H, W) (a (C, H, W) array: transpose it or pass a "
                 "tensor)"
             )
         elif array.ndim not in (2, 3):
-            raise DatasetItemValueError(
+            raise DatasetValueError(
                 f"{where(index)}: the image is a {_describe(value)}; expected 2 or 3 dimensions"
             )
         pixels = array
     if pixels.ndim == 2:
         pixels = pixels[..., None]
     if pixels.shape[0] == 0 or pixels.shape[1] == 0:
-        raise DatasetItemValueError(f"{where(index)}: the image is empty ({_describe(value)})")
+        raise DatasetValueError(f"{where(index)}: the image is empty ({_describe(value)})")
     return np.ascontiguousarray(pixels)
 
 
@@ -185,7 +187,7 @@ def _mask_pixels(value: Any, index: int, image_hw: tuple[int, int]) -> np.ndarra
     """``(H, W)`` uint8, the image's size."""
     if isinstance(value, Image.Image):
         if value.mode not in ("L", "P", "1"):
-            raise DatasetItemValueError(
+            raise DatasetValueError(
                 f"{where(index)}: the mask is a {_describe(value)}; a mask must be a "
                 "single-channel (L, P or 1 mode) image of class ids"
             )
@@ -195,20 +197,20 @@ def _mask_pixels(value: Any, index: int, image_hw: tuple[int, int]) -> np.ndarra
         if array.ndim == 3 and 1 in (array.shape[0], array.shape[2]):
             array = array.reshape(array.shape[:2] if array.shape[2] == 1 else array.shape[1:])
         if array.ndim != 2 or array.dtype.kind not in "uib":
-            raise DatasetItemTypeError(
+            raise DatasetTypeError(
                 f"{where(index)}: the mask is a {_describe(value)}; expected integer class "
                 "ids of shape (H, W)"
             )
         if array.dtype != np.uint8:
             if array.size and (array.min() < 0 or array.max() > 255):
-                raise DatasetItemValueError(
+                raise DatasetValueError(
                     f"{where(index)}: the mask holds values {array.min()}..{array.max()}; "
                     "masks are stored as uint8 class ids 0..255"
                 )
             array = array.astype(np.uint8)
         mask = array
     if mask.shape != image_hw:
-        raise DatasetItemValueError(
+        raise DatasetValueError(
             f"{where(index)}: the mask is {mask.shape[1]}x{mask.shape[0]}, its image "
             f"{image_hw[1]}x{image_hw[0]}; they must have the same size"
         )
@@ -223,7 +225,7 @@ def _label_value(value: Any, index: int) -> int:
         array = _to_numpy(value, index, "label") if not isinstance(value, np.ndarray) else value
         if array.dtype.kind in "iu":
             return int(array.reshape(()))
-    raise DatasetItemTypeError(
+    raise DatasetTypeError(
         f"{where(index)}: the label is a {_describe(value)} ({value!r:.40}); expected an "
         "integer (int, NumPy integer or a one-element integer tensor)"
     )
@@ -233,7 +235,7 @@ def load_item(dataset: Any, index: int) -> LoadedSample:
     """Read ``dataset[index]`` and convert it to uint8 pixels (see the module docstring).
 
     Raises:
-        DatasetItemTypeError, DatasetItemValueError: The item is not of a supported form.
+        DatasetTypeError, DatasetValueError: The item is not of a supported form.
         OSError, DecodeError: The dataset could not read the input (a corrupt file).
         PreprocessError: ``dataset[index]`` raised another exception.
     """

@@ -23,19 +23,24 @@ elsewhere in the dataset that keeps those three items goes unnoticed: pass
 from __future__ import annotations
 
 import hashlib
+import importlib
 import io
 import logging
+import operator
+import os
 import pickle
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import cv2
 
 from fastdata.errors import DecodeError, PreprocessError
 from fastdata.preprocess._dataset_items import (
-    DatasetItemValueError,
+    DatasetTypeError,
+    DatasetValueError,
     LoadedSample,
     load_item,
     sample_digest,
@@ -59,7 +64,8 @@ class DatasetItem(SourceItem):
 
 def _main_is_importable() -> bool:
     """Whether spawned workers can import ``__main__`` (a script: yes; notebook, stdin: no)."""
-    return getattr(sys.modules.get("__main__"), "__file__", None) is not None
+    path = getattr(sys.modules.get("__main__"), "__file__", None)  # python -: "<stdin>"
+    return isinstance(path, str) and os.path.isfile(path)
 
 
 class _MainRecordingPickler(pickle.Pickler):
@@ -155,7 +161,7 @@ class DatasetLoader:
         could not read its input (``OSError``, e.g. a corrupt image file it opens).
 
         Raises:
-            DatasetItemTypeError, DatasetItemValueError: The item's form is not supported or
+            DatasetTypeError, DatasetValueError: The item's form is not supported or
                 differs from item 0's (a missing label or mask).
             PreprocessError: ``dataset[i]`` raised another exception.
         """
@@ -169,7 +175,7 @@ class DatasetLoader:
         if (loaded.label is not None) != self.has_labels or (
             loaded.mask is not None
         ) != self.has_masks:
-            raise DatasetItemValueError(
+            raise DatasetValueError(
                 f"{item.path} has {_parts(loaded.label is not None, loaded.mask is not None)}, "
                 f"but dataset[0] has {_parts(self.has_labels, self.has_masks)}: every item "
                 "must have the same parts"
@@ -236,17 +242,17 @@ def list_dataset(dataset: Any, *, name: str | None = None) -> DatasetListing:
         name: How the manifest names the source; default ``module.Class`` of the dataset.
 
     Raises:
-        TypeError: ``dataset`` is not a map-style dataset (e.g. an iterable-style one), or
-            an item's form is not supported (:class:`DatasetItemTypeError`).
-        ValueError: An item has an unsupported shape or value, or item 0 reads differently
-            twice (random augmentation) (:class:`DatasetItemValueError`).
+        DatasetTypeError: ``dataset`` is not a map-style dataset (e.g. an iterable-style
+            one), or an item's form is not supported.
+        DatasetValueError: An item has an unsupported shape or value, or item 0 reads
+            differently twice (random augmentation).
         PreprocessError: The dataset is empty, or reading a probed item failed.
     """
     kind = type(dataset)
     if not (hasattr(kind, "__len__") and hasattr(kind, "__getitem__")) or isinstance(
         dataset, (str, bytes, Mapping)
     ):
-        raise TypeError(
+        raise DatasetTypeError(
             f"src must be a path or a map-style dataset (with __len__ and __getitem__), got "
             f"a {kind.__module__}.{kind.__qualname__}; wrap an iterable in a list, or index it"
         )
@@ -265,7 +271,7 @@ def list_dataset(dataset: Any, *, name: str | None = None) -> DatasetListing:
         except (OSError, DecodeError):
             loaded[index] = None  # on_error decides when the job reaches it
     if sample_digest(load_item(dataset, 0)) != sample_digest(first):
-        raise DatasetItemValueError(
+        raise DatasetValueError(
             "dataset[0] differs between two reads: the dataset applies random transforms "
             "(augmentation); preprocess stores one fixed sample per item: build the dataset "
             "without them and augment at training time"
@@ -279,7 +285,7 @@ def list_dataset(dataset: Any, *, name: str | None = None) -> DatasetListing:
             loader.has_labels,
             loader.has_masks,
         ):
-            raise DatasetItemValueError(
+            raise DatasetValueError(
                 f"{where(index)} has {_parts(sample.label is not None, sample.mask is not None)}"
                 f", but dataset[0] has {_parts(loader.has_labels, loader.has_masks)}: every "
                 "item must have the same parts"
@@ -325,3 +331,52 @@ def dataset_engine(loader: DatasetLoader, engine: Engine) -> Engine:
             "engine, which then reads it in this process"
         )
     return engine
+
+
+def load_python_source(spec: str) -> Any:
+    """The dataset named ``module:attribute`` (or ``path/to/file.py:attribute``): the
+    attribute itself, or what it returns when it is a zero-argument callable (a function
+    or class) rather than a dataset. The module is imported as ``import`` would, with the
+    current folder (or the file's folder) first on ``sys.path``, so that worker processes
+    import it the same way.
+
+    Raises:
+        PreprocessError: ``spec`` is malformed, the module cannot be imported, the attribute
+            is missing, or calling it raised.
+    """
+    module_name, sep, attribute = spec.rpartition(":")
+    if not sep or not module_name or not attribute:
+        raise PreprocessError(
+            f"--from-python takes module:attribute (e.g. mypackage.data:train_set or "
+            f"data.py:make_dataset), got {spec!r}"
+        )
+    folder = os.getcwd()
+    if module_name.endswith(".py"):
+        path = Path(module_name).absolute()
+        if not path.is_file():
+            raise PreprocessError(f"--from-python: no such file {path}")
+        folder, module_name = str(path.parent), path.stem
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise PreprocessError(
+            f"--from-python: cannot import {module_name!r} ({type(exc).__name__}: {exc}); "
+            f"run from the folder that holds it, or set PYTHONPATH"
+        ) from exc
+    try:
+        value = operator.attrgetter(attribute)(module)
+    except AttributeError as exc:
+        raise PreprocessError(
+            f"--from-python: module {module_name!r} has no attribute {attribute!r}"
+        ) from exc
+    kind = type(value)
+    if callable(value) and not (hasattr(kind, "__len__") and hasattr(kind, "__getitem__")):
+        try:
+            value = value()
+        except Exception as exc:
+            raise PreprocessError(
+                f"--from-python: {spec}() raised {type(exc).__name__}: {exc}"
+            ) from exc
+    return value

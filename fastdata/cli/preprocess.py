@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import Any
 
@@ -103,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
         except ModuleNotFoundError as exc:
             print(f"fastdata preprocess: error: {exc}", file=sys.stderr)
             return EXIT_FAILURE
+        # say which Ray instance runs the job: a running one, or a private one it starts
+        logging.getLogger("fastdata.preprocess._ray").setLevel(logging.INFO)
     src: Any = args.src
     if args.from_python:
         if args.kind != "auto" or args.masks is not None:

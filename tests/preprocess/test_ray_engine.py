@@ -261,3 +261,18 @@ def test_two_node_loopback_cluster_writes_the_local_engines_bytes(
         cluster.shutdown()
     preprocess(sample_imagefolder, tmp_path / "local", OPTIONS, workers=1, show_progress=False)
     assert _files(tmp_path / "ray") == _files(tmp_path / "local")
+
+
+@pytest.mark.ray
+def test_a_dataset_object_on_ray(ray_instance: Any, tmp_path: Path) -> None:
+    from tests.preprocess import test_python_source as sources  # noqa: PLC0415
+
+    engine = RayEngine()
+    preprocess(sources.DictMaskDataset(), tmp_path / "ray", sources.OPTIONS, engine=engine,
+               show_progress=False)  # fmt: skip
+    preprocess(sources.DictMaskDataset(), tmp_path / "local", sources.OPTIONS, workers=1,
+               show_progress=False)  # fmt: skip
+    assert len(_files(tmp_path / "ray")) == 5  # index.json and 4 shards, written on Ray
+    assert _files(tmp_path / "ray") == _files(tmp_path / "local")
+    with pytest.raises(PreprocessError, match="RayEngine sends the dataset to its workers, but"):
+        preprocess(sources.LockedDataset(), tmp_path / "x", sources.OPTIONS, engine=engine)

@@ -182,7 +182,7 @@ def test_a_bare_array_of_images_has_no_labels(tmp_path: Path) -> None:
     images = np.stack([pixels(0)[:28, :30]] * 5)  # (5, 28, 30, 3): items are bare images
     _run(images, tmp_path / "o")
     reader = ShardReader(tmp_path / "o")
-    assert "label" not in reader.fields
+    assert [spec.name for spec in reader.fields] == ["image", "path"]
     np.testing.assert_array_equal(reader.read("image", 4), reference(images[4], SIDE))
 
 
@@ -203,7 +203,7 @@ def test_image_mask_pairs_and_grayscale(tmp_path: Path) -> None:
     options = PreprocessOptions(sizes=(SIDE,), grayscale=True)
     _run(pairs, tmp_path / "o", options)
     reader = ShardReader(tmp_path / "o")
-    assert "label" not in reader.fields
+    assert [spec.name for spec in reader.fields] == ["image", "mask", "path"]
     gray = cv2.cvtColor(pixels(2), cv2.COLOR_RGB2GRAY)
     np.testing.assert_array_equal(reader.read("image", 2)[..., 0], reference(gray, SIDE))
     np.testing.assert_array_equal(reader.read("mask", 2), reference(mask_of(2), SIDE, True))
@@ -432,3 +432,15 @@ def test_cli_from_python_errors(
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
     assert re.search(message, err), err
+
+
+def test_readme_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_readme import README, example  # noqa: PLC0415
+
+    monkeypatch.chdir(tmp_path)
+    code = example("class Gradients:")
+    exec(compile(code, str(README), "exec"), {"__name__": "__main__"})  # runs the guarded job
+    reader = ShardReader(tmp_path / "out-gradients")
+    assert len(reader) == 100 and reader.field("image").shape == (32, 32, 3)
+    assert int(reader.read("label", 50)) == 1 and reader.read("image", 3)[0, 0, 0] == 6
+    assert load_manifest(tmp_path / "out-gradients").class_names == ["dark", "light"]

@@ -3,8 +3,9 @@
 Any map-style dataset works: ``len(dataset)`` and ``dataset[i]`` for ``i`` in
 ``0..len-1``, items of the forms :mod:`fastdata.preprocess._dataset_items` lists (tuples or
 dicts of a PIL image, uint8 ndarray or uint8 tensor, a label and a mask). Every item has
-the parts item 0 has. ``dataset.classes`` (a list of names, torchvision's convention)
-becomes the manifest's ``class_names``; the ``path`` field of each sample holds its index.
+the parts item 0 has. ``dataset.classes`` (torchvision's convention) or the names of a
+Hugging Face ``ClassLabel`` label feature become the manifest's ``class_names``; the
+``path`` field of each sample holds its index.
 
 How workers get the dataset: it is pickled once in this process and unpickled once per
 worker process (Ray: once per task). A dataset that cannot be pickled (an open file, a
@@ -39,6 +40,7 @@ import cv2
 
 from fastdata.errors import DecodeError, PreprocessError
 from fastdata.preprocess._dataset_items import (
+    LABEL_KEYS,
     DatasetTypeError,
     DatasetValueError,
     LoadedSample,
@@ -225,12 +227,16 @@ class DatasetListing(SourceListing):
 
 
 def _class_names(dataset: Any) -> list[str]:
-    """``dataset.classes`` when it is a list of strings (torchvision's convention)."""
-    classes = getattr(dataset, "classes", None)
-    if isinstance(classes, Sequence) and not isinstance(classes, str):
-        names = list(classes)
-        if names and all(isinstance(name, str) for name in names):
-            return names
+    """``dataset.classes`` (torchvision's convention), else the names of a Hugging Face
+    ``ClassLabel`` feature under a label key (``dataset.features["label"].names``)."""
+    candidates = [getattr(dataset, "classes", None)]
+    features = getattr(dataset, "features", None)
+    if isinstance(features, Mapping):
+        candidates += [getattr(features.get(key), "names", None) for key in LABEL_KEYS]
+    for names in candidates:
+        is_list = isinstance(names, Sequence) and not isinstance(names, str)
+        if is_list and names and all(isinstance(name, str) for name in names):
+            return list(names)
     return []
 
 

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import cv2
 import numpy as np
@@ -196,6 +196,22 @@ def test_dict_dataset_with_masks_two_sizes(tmp_path: Path) -> None:
         np.testing.assert_array_equal(reader.read("mask_8", i), reference(mask_of(i), 8, True))
         np.testing.assert_array_equal(reader.read("image_8", i), reference(pixels(i), 8))
     assert int(reader.read("label", 5)) == 2
+
+
+class _ClassLabel:
+    names = ("no", "yes")
+
+
+class HuggingFaceLike(DictMaskDataset):
+    """Like ``datasets.Dataset``: dict items and ``features`` naming the label classes."""
+
+    classes = None  # type: ignore[assignment]
+    features: ClassVar[dict[str, object]] = {"image": object(), "label": _ClassLabel()}
+
+
+def test_hugging_face_like_class_names(tmp_path: Path) -> None:
+    _run(HuggingFaceLike(3), tmp_path / "o")
+    assert load_manifest(tmp_path / "o").class_names == ["no", "yes"]
 
 
 def test_image_mask_pairs_and_grayscale(tmp_path: Path) -> None:

@@ -28,7 +28,8 @@ IMAGE_KEYS = ("image", "img")
 LABEL_KEYS = ("label", "labels", "target")
 MASK_KEYS = ("mask",)
 _ITEM_FORMS = (
-    "(image, label), (image, label, mask), an image, or a dict with an 'image' (or 'img') key"
+    "(image, label), (image, label, mask), (image, mask), an image, or a dict with an 'image' "
+    "(or 'img') key"
 )
 
 
@@ -79,7 +80,7 @@ def _split_item(item: Any, index: int) -> tuple[Any, Any, Any]:
         mask = next((item[key] for key in MASK_KEYS if key in item), None)
         return item[image_keys[0]], label, mask
     if isinstance(item, (tuple, list)):
-        if len(item) == 2 and _is_image_like(item[1]) and np.ndim(_shape_only(item[1])) >= 2:
+        if len(item) == 2 and _is_image_like(item[1]) and _ndim(item[1]) >= 2:
             return item[0], None, item[1]  # (image, mask): e.g. torchvision's VOCSegmentation
         if len(item) == 2:
             return item[0], item[1], None
@@ -99,10 +100,9 @@ def _torch_tensor_type() -> Any:
     return None if torch is None else torch.Tensor
 
 
-def _shape_only(value: Any) -> np.ndarray:
-    """A zero-size stand-in with ``value``'s number of dimensions (PIL images: 2)."""
-    ndim = 2 if isinstance(value, Image.Image) else len(getattr(value, "shape", ()))
-    return np.empty((0,) * ndim)
+def _ndim(value: Any) -> int:
+    """Dimensions of an array or tensor; 2 for a PIL image."""
+    return 2 if isinstance(value, Image.Image) else len(getattr(value, "shape", ()))
 
 
 def _is_image_like(value: Any) -> bool:
@@ -142,8 +142,14 @@ def _image_pixels(value: Any, index: int) -> np.ndarray:
     if isinstance(value, Image.Image):
         if value.mode in ("L", "RGB"):
             pixels = np.asarray(value)
-        else:  # P, RGBA, CMYK, 1, I;16...: what torchvision's loader does, convert("RGB")
-            pixels = np.asarray(value.convert("L" if value.mode == "1" else "RGB"))
+        else:  # P, RGBA, CMYK, 1...: what torchvision's loader does, convert("RGB")
+            try:
+                pixels = np.asarray(value.convert("L" if value.mode == "1" else "RGB"))
+            except ValueError as exc:  # a mode PIL cannot convert (OSError: a corrupt file)
+                raise DatasetValueError(
+                    f"{where(index)}: the image is a {_describe(value)}, which PIL cannot "
+                    f"convert to RGB ({exc}); convert it to RGB or L in the dataset"
+                ) from exc
     else:
         is_tensor = not isinstance(value, np.ndarray)
         array = _to_numpy(value, index, "image")

@@ -307,6 +307,11 @@ def test_a_class_defined_on_stdin_is_read_in_the_parent(tmp_path: Path) -> None:
             DatasetValueError,
             r"tensor of shape \(4, 8, 8\); a tensor image must be \(3, H, W\)",
         ),
+        (
+            (Image.new("La", (8, 6)), 1),
+            DatasetValueError,
+            r"dataset\[5\]: the image is a PIL image \(mode La, 8x6\), which PIL cannot conv",
+        ),
         ((pixels(0), "cat"), DatasetTypeError, r"dataset\[5\]: the label is a str \('cat'\)"),
         ((pixels(0), 1.5), DatasetTypeError, r"the label is a float"),
         (

@@ -198,6 +198,17 @@ def test_dict_dataset_with_masks_two_sizes(tmp_path: Path) -> None:
     assert int(reader.read("label", 5)) == 2
 
 
+def test_jpeg_storage_with_png_masks(tmp_path: Path) -> None:
+    options = PreprocessOptions(sizes=(SIDE,), storage="jpeg", jpeg_quality=95)
+    _run(DictMaskDataset(4), tmp_path / "o", options)
+    reader = ShardReader(tmp_path / "o")
+    assert (reader.field("image").encoding, reader.field("mask").encoding) == ("jpeg", "png")
+    mask = cv2.imdecode(reader.read("mask", 3), cv2.IMREAD_UNCHANGED)
+    np.testing.assert_array_equal(mask, reference(mask_of(3), SIDE, nearest=True))
+    image = cv2.cvtColor(cv2.imdecode(reader.read("image", 3), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+    assert np.abs(image.astype(int) - reference(pixels(3), SIDE)).mean() < 20  # lossy, noise
+
+
 class _ClassLabel:
     names = ("no", "yes")
 

@@ -24,8 +24,8 @@ from fastdata.preprocess._task import ShardJob, ShardResult, ShardTask, run_shar
 logger = logging.getLogger(__name__)
 
 
-def _recorded_address() -> str | None:
-    """The address ``ray start`` recorded for this machine's running instance, if any.
+def _running_address() -> tuple[str | None, str]:
+    """``(address, where it came from)`` of the Ray instance ``ray.init()`` would join.
 
     What ``ray.init()`` itself looks up: ``RAY_ADDRESS``, else the file ``ray start`` writes
     (``$RAY_TMPDIR/ray/ray_current_cluster``, ``/tmp/ray/...`` by default). Ray keeps no
@@ -33,23 +33,23 @@ def _recorded_address() -> str | None:
     """
     env = os.environ.get("RAY_ADDRESS", "").strip()
     if env:
-        return env
+        return env, "RAY_ADDRESS"
     try:
         from ray._private.utils import read_ray_address  # noqa: PLC0415 - optional, private
     except ImportError:
-        return None
+        return None, ""
     try:
         address = read_ray_address()
     except OSError:
-        return None
-    return (str(address).strip() or None) if address else None
+        return None, ""
+    return (str(address).strip() or None) if address else None, "ray start"
 
 
 def _answers(address: str, timeout_s: float = 2.0) -> bool:
     """Whether something accepts TCP connections at ``host:port`` (a live Ray GCS)."""
     host, _, port = address.rpartition(":")
     try:
-        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout_s):
             return True
     except (OSError, ValueError):
         return False
@@ -112,16 +112,22 @@ class RayEngine:
         if ray.is_initialized():
             self._announce("used the Ray instance this process already runs")
             return False
-        address = self.address
+        address, origin = self.address, "the address given"
         if address is None:
-            address = _recorded_address()
-            if address is not None and "RAY_ADDRESS" not in os.environ and not _answers(address):
+            address, origin = _running_address()
+            if address is not None and origin == "ray start" and not _answers(address):
                 logger.warning(
                     "ray start recorded a Ray instance at %s, but nothing answers there (it "
                     "ended without `ray stop`): starting a private one",
                     address,
                 )
                 address = None
+        direct = address not in (None, "local", "auto") and "://" not in str(address)
+        if direct and not _answers(str(address)):  # Ray itself would retry for minutes
+            raise PreprocessError(
+                f"no Ray instance answers at {address} (from {origin}); start one with "
+                "`ray start --head`, check `ray status`, or pass another address"
+            )
         if address is None or address == "local":
             cpus = self.num_cpus or usable_cpus()
             ray.init(
@@ -142,7 +148,7 @@ class RayEngine:
             )
         try:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
+        except (OSError, RuntimeError, ValueError) as exc:
             raise PreprocessError(
                 f"cannot connect to the Ray instance at {address} ({type(exc).__name__}: "
                 f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc}); check "

@@ -80,9 +80,13 @@ def ray_head(ray_tmpdir: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """``ray start --head`` (1 CPU) as a user would run it; stopped (only it) afterwards."""
     pytest.importorskip("ray")
     port = _free_port()
+    # a fixed default port (the dashboard agent's 52365) would collide with another Ray
+    # instance on the machine: ask for free ones
+    ports = [f"--{name}={_free_port()}" for name in ("dashboard-agent-listen-port",
+             "metrics-export-port")]  # fmt: skip
     log = (ray_tmpdir / "head.log").open("wb")
     process = subprocess.Popen(
-        [str(Path(sys.executable).parent / "ray"), "start", "--head", f"--port={port}",
+        [str(Path(sys.executable).parent / "ray"), "start", "--head", f"--port={port}", *ports,
          "--num-cpus=1", "--include-dashboard=false", "--disable-usage-stats", "--block"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
@@ -276,3 +280,20 @@ def test_a_dataset_object_on_ray(ray_instance: Any, tmp_path: Path) -> None:
     assert _files(tmp_path / "ray") == _files(tmp_path / "local")
     with pytest.raises(PreprocessError, match="RayEngine sends the dataset to its workers, but"):
         preprocess(sources.LockedDataset(), tmp_path / "x", sources.OPTIONS, engine=engine)
+
+
+@pytest.mark.ray
+def test_an_address_nobody_answers_is_a_quick_clear_error(
+    _ray_module: Any, ray_tmpdir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    if _ray_module.is_initialized():
+        _ray_module.shutdown()  # the engine must look for an instance itself
+    dead = f"127.0.0.1:{_free_port()}"
+    monkeypatch.setenv("RAY_ADDRESS", dead)
+    started = time.monotonic()
+    with pytest.raises(PreprocessError, match=rf"no Ray instance answers at {dead} \(from RAY_ADD"):
+        RayEngine()._connect()
+    with pytest.raises(PreprocessError, match=rf"answers at {dead} \(from the address given\)"):
+        RayEngine(dead)._connect()
+    assert time.monotonic() - started < 30  # ray.init() alone retries such an address for minutes
+    assert not _ray_module.is_initialized()

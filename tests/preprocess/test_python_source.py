@@ -42,8 +42,10 @@ CLASSES = ["cat", "dog", "eel"]
 
 
 def pixels(index: int) -> np.ndarray:
-    """``(H, W, 3)`` uint8 noise; sizes vary with the index, portrait and landscape."""
-    height, width = (40 + index % 5, 30 + index % 3) if index % 2 else (28, 44 + index)
+    """``(H, W, 3)`` uint8 noise; sizes vary with the index, portrait and landscape, with a
+    shorter side of 32 and even sides: halving them to 16 is exactly a 2x2 area average,
+    which every antialiased downscale agrees on (the reference below is exact)."""
+    height, width = (32 + 2 * (index % 5), 32) if index % 2 else (32, 34 + 2 * (index % 4))
     return np.random.default_rng(index).integers(0, 256, (height, width, 3), dtype=np.uint8)
 
 
@@ -179,7 +181,7 @@ def test_array_and_tensor_datasets_store_the_same_bytes_as_pil(tmp_path: Path) -
 
 
 def test_a_bare_array_of_images_has_no_labels(tmp_path: Path) -> None:
-    images = np.stack([pixels(0)[:28, :30]] * 5)  # (5, 28, 30, 3): items are bare images
+    images = np.stack([pixels(0)[:32, :32]] * 5)  # (5, 32, 32, 3): items are bare images
     _run(images, tmp_path / "o")
     reader = ShardReader(tmp_path / "o")
     assert [spec.name for spec in reader.fields] == ["image", "path"]
@@ -198,15 +200,28 @@ def test_dict_dataset_with_masks_two_sizes(tmp_path: Path) -> None:
     assert int(reader.read("label", 5)) == 2
 
 
+def gradient(index: int) -> np.ndarray:
+    """``(32, 34 + 2 * index, 3)`` uint8 with three distinct smooth channels (JPEG keeps it)."""
+    y, x = np.mgrid[0:32, 0 : 34 + 2 * index]
+    return np.stack([x * 4, y * 6, 255 - x * 3], axis=-1).astype(np.uint8)
+
+
+class GradientMaskDataset(PILDataset):
+    def __getitem__(self, index: int) -> dict[str, Any]:  # type: ignore[override]
+        image = gradient(index)
+        return {"image": image, "label": 0, "mask": (image[..., 0] // 50).astype(np.uint8)}
+
+
 def test_jpeg_storage_with_png_masks(tmp_path: Path) -> None:
     options = PreprocessOptions(sizes=(SIDE,), storage="jpeg", jpeg_quality=95)
-    _run(DictMaskDataset(4), tmp_path / "o", options)
+    _run(GradientMaskDataset(4), tmp_path / "o", options)
     reader = ShardReader(tmp_path / "o")
     assert (reader.field("image").encoding, reader.field("mask").encoding) == ("jpeg", "png")
     mask = cv2.imdecode(reader.read("mask", 3), cv2.IMREAD_UNCHANGED)
-    np.testing.assert_array_equal(mask, reference(mask_of(3), SIDE, nearest=True))
+    expected_mask = reference((gradient(3)[..., 0] // 50).astype(np.uint8), SIDE, nearest=True)
+    np.testing.assert_array_equal(mask, expected_mask)
     image = cv2.cvtColor(cv2.imdecode(reader.read("image", 3), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
-    assert np.abs(image.astype(int) - reference(pixels(3), SIDE)).mean() < 20  # lossy, noise
+    assert np.abs(image.astype(int) - reference(gradient(3), SIDE)).mean() < 3  # q95, smooth
 
 
 class _ClassLabel:
@@ -306,7 +321,7 @@ def test_a_class_defined_on_stdin_is_read_in_the_parent(tmp_path: Path) -> None:
         (
             (pixels(0).astype(np.float32), 1),
             DatasetTypeError,
-            r"the image is a float32 ndarray of shape \(28, 44, 3\); preprocess stores uint8",
+            r"the image is a float32 ndarray of shape \(32, 34, 3\); preprocess stores uint8",
         ),
         (
             (np.zeros((3, 8, 8), np.uint8), 1),
@@ -328,10 +343,10 @@ def test_a_class_defined_on_stdin_is_read_in_the_parent(tmp_path: Path) -> None:
         (
             (pixels(0), 1, np.zeros((5, 5), np.uint8)),
             DatasetValueError,
-            r"dataset\[5\]: the mask is 5x5, its image 44x28",
+            r"dataset\[5\]: the mask is 5x5, its image 34x32",
         ),
         (
-            (pixels(0), 1, np.full((28, 44), 300, np.int64)),
+            (pixels(0), 1, np.full((32, 34), 300, np.int64)),
             DatasetValueError,
             r"the mask holds values 300..300",
         ),

@@ -156,7 +156,7 @@ def preprocess(
         return _summary(root, complete, len(complete.shards), 0, started)
     done = _finished_shards(root, tasks)
     pending = [task for task in tasks if task.index not in done]
-    job = ShardJob(str(root), options, fields, listing.kind, loader)
+    job = ShardJob(str(root), options, fields, listing.kind, loader=loader)
     bar = progress_bar(
         total=sum(len(t.items) for t in pending),
         desc="preprocess",

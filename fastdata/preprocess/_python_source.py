@@ -87,12 +87,18 @@ def pickle_dataset(dataset: Any) -> tuple[bytes | None, str]:
     """``(payload, "")`` when worker processes can rebuild ``dataset`` from ``payload``,
     else ``(None, reason)``."""
     buffer = io.BytesIO()
-    pickler = _MainRecordingPickler(buffer)
+    # workers import a script's __main__ as spawn does; only an interactive one needs the
+    # (slower, Python-level) check of what refers to it
+    pickler = (
+        pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+        if _main_is_importable()
+        else _MainRecordingPickler(buffer)
+    )
     try:
         pickler.dump(dataset)
     except Exception as exc:  # PicklingError, TypeError, AttributeError...: all say why
         return None, f"it cannot be pickled ({type(exc).__name__}: {exc})"
-    if pickler.main_names and not _main_is_importable():
+    if isinstance(pickler, _MainRecordingPickler) and pickler.main_names:
         return None, (
             f"{pickler.main_names[0]} is defined in __main__ of an interactive session "
             "(a notebook, python - or -c), which worker processes cannot import; define it "

@@ -263,6 +263,22 @@ def test_unpicklable_dataset_is_read_in_this_process_with_a_warning(
     assert _shards(tmp_path / "locked") == _shards(tmp_path / "plain")
 
 
+class UnpicklesNowhere(ArrayDataset):
+    """Pickles, but cannot be rebuilt elsewhere (as a dataset needing files only here)."""
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        raise RuntimeError("the data folder is missing here")
+
+
+def test_a_dataset_workers_cannot_unpickle_is_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(
+        PreprocessError,
+        match=r"a worker process cannot unpickle the dataset \(RuntimeError: the data folder",
+    ):
+        _run(UnpicklesNowhere(), tmp_path / "o", workers=2)
+    assert not (tmp_path / "o" / "index.json").exists()
+
+
 class _RemoteEngine:
     """An engine that is not local (as RayEngine): its workers need the dataset pickled."""
 

@@ -72,12 +72,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _error(args, problem, EXIT_USAGE)
     try:
         return int(args.func(args))
+    except (FastDataError, ModuleNotFoundError, OSError) as exc:
+        # Checked first: some library errors about the data are also ValueError/TypeError.
+        return _error(args, exc, EXIT_FAILURE)
     except (ValueError, TypeError) as exc:
         # The library validates at its boundary: a value the CLI let through is still a
         # usage error, reported as one.
         return _error(args, exc, EXIT_USAGE)
-    except (FastDataError, ModuleNotFoundError, OSError) as exc:
-        return _error(args, exc, EXIT_FAILURE)
     except KeyboardInterrupt:
         print(f"fastdata {args.command}: interrupted", file=sys.stderr)
         return 130

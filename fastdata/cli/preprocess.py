@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from fastdata.preprocess import (
     STORAGE_MODES,
     PreprocessOptions,
     RayEngine,
+    load_python_source,
     preprocess,
 )
 from fastdata.preprocess._options import DEFAULT_SHARD_BYTES
@@ -35,9 +37,15 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "src",
         help="ImageFolder, CSV/TSV list of path,label, image folder "
-        "(with --masks) or folder of .npy arrays",
+        "(with --masks) or folder of .npy arrays; with --from-python, module:attribute",
     )
     parser.add_argument("out", help="output folder")
+    parser.add_argument(
+        "--from-python",
+        action="store_true",
+        help="SRC is module:attribute (or file.py:attribute): a map-style dataset object, or "
+        "a zero-argument callable returning one, imported with the current folder on sys.path",
+    )
     parser.add_argument("--kind", choices=SOURCE_KINDS, default="auto", help="source kind")
     parser.add_argument("--masks", help="mask folder of a segmentation source (matched by stem)")
     parser.add_argument(
@@ -136,6 +144,22 @@ def validate(args: argparse.Namespace) -> str | None:
     """The option combinations ``preprocess`` refuses: a message naming them, or ``None``."""
     if args.address is not None and args.engine != "ray":
         return "--address needs --engine ray"
+    if args.from_python:
+        path_options = {
+            "--kind": args.kind != "auto",
+            "--masks": args.masks is not None,
+            "--mask-suffix": args.mask_suffix is not None,
+            "--path-column": args.path_column is not None,
+            "--label-column": args.label_column is not None,
+        }
+        given = [name for name, is_given in path_options.items() if is_given]
+        if given:
+            return (
+                f"{', '.join(given)}: --kind and --masks (and the column and mask-suffix "
+                "options) describe a path source, not --from-python (a dataset's items carry "
+                "their own labels and masks)"
+            )
+        return None
     columns = args.path_column is not None or args.label_column is not None
     if columns and not (Path(args.src).is_file() and args.kind in ("auto", "list")):
         return f"--path-column/--label-column are for a CSV/TSV list source, got {args.src!r}"
@@ -189,6 +213,9 @@ def run(args: argparse.Namespace) -> int:
     engine = None
     if args.engine == "ray":
         engine = RayEngine(args.address, num_cpus=args.workers)
+        # say which Ray instance runs the job: a running one, or a private one it starts
+        logging.getLogger("fastdata.preprocess._ray").setLevel(logging.INFO)
+    src: Any = load_python_source(args.src) if args.from_python else args.src
     options = PreprocessOptions(
         sizes=tuple(args.size),
         resize=args.resize,
@@ -201,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
         max_pixels=args.max_pixels or None,
     )
     summary = preprocess(
-        args.src,
+        src,
         args.out,
         options,
         kind=args.kind,

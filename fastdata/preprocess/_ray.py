@@ -10,6 +10,8 @@ resume and atomicity are the same.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from collections.abc import Callable, Iterator, Sequence
 
 import cv2
@@ -20,6 +22,37 @@ from fastdata.errors import PreprocessError
 from fastdata.preprocess._task import ShardJob, ShardResult, ShardTask, run_shard_task
 
 logger = logging.getLogger(__name__)
+
+
+def _running_address() -> tuple[str | None, str]:
+    """``(address, where it came from)`` of the Ray instance ``ray.init()`` would join.
+
+    What ``ray.init()`` itself looks up: ``RAY_ADDRESS``, else the file ``ray start`` writes
+    (``$RAY_TMPDIR/ray/ray_current_cluster``, ``/tmp/ray/...`` by default). Ray keeps no
+    public API for the file, so its reader is looked up defensively.
+    """
+    env = os.environ.get("RAY_ADDRESS", "").strip()
+    if env:
+        return env, "RAY_ADDRESS"
+    try:
+        from ray._private.utils import read_ray_address  # noqa: PLC0415 - optional, private
+    except ImportError:
+        return None, ""
+    try:
+        address = read_ray_address()
+    except OSError:
+        return None, ""
+    return (str(address).strip() or None) if address else None, "ray start"
+
+
+def _answers(address: str, timeout_s: float = 2.0) -> bool:
+    """Whether something accepts TCP connections at ``host:port`` (a live Ray GCS)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def _shard_task(task: ShardTask, job: ShardJob) -> ShardResult:
@@ -41,9 +74,13 @@ class RayEngine:
 
     Args:
         address: Ray cluster address (``"auto"``, ``"ray://host:10001"``, ``"host:6379"``).
-            ``None``: use the Ray instance this process already runs, else start a local
-            one for the job (and stop it afterwards).
-        num_cpus: CPUs of a local instance; default the CPUs this process may use.
+            ``None``: use the Ray instance this process already runs; else the instance
+            ``ray start`` runs on this machine (``RAY_ADDRESS``, or the address ``ray
+            start`` recorded), with its own CPUs; else start a private local instance for
+            the job (and stop it afterwards). ``"local"``: always a private instance.
+            Which one was used is logged (INFO) and kept in :attr:`connection`.
+        num_cpus: CPUs of a private local instance; default the CPUs this process may use.
+            Ignored, with a warning, when the engine joins a running instance.
         max_retries: Retries of a failed task before the job stops.
 
     Raises:
@@ -65,22 +102,66 @@ class RayEngine:
         self.address = address
         self.num_cpus = num_cpus
         self.max_retries = max_retries
+        self.connection: str | None = None
+        """What the last :meth:`run` used, e.g. ``"connected to the running Ray instance at
+        127.0.0.1:6379 (8 CPUs)"``; ``None`` before the first run."""
 
     def _connect(self) -> bool:
-        """Make sure Ray is initialized; return whether this call started it."""
+        """Make sure Ray is initialized; return whether this call initialized it."""
         ray = self._ray
         if ray.is_initialized():
+            self._announce("used the Ray instance this process already runs")
             return False
-        if self.address is None:
+        address, origin = self.address, "the address given"
+        if address is None:
+            address, origin = _running_address()
+            if address is not None and origin == "ray start" and not _answers(address):
+                logger.warning(
+                    "ray start recorded a Ray instance at %s, but nothing answers there (it "
+                    "ended without `ray stop`): starting a private one",
+                    address,
+                )
+                address = None
+        direct = address not in (None, "local", "auto") and "://" not in str(address)
+        if direct and not _answers(str(address)):  # Ray itself would retry for minutes
+            raise PreprocessError(
+                f"no Ray instance answers at {address} (from {origin}); start one with "
+                "`ray start --head`, check `ray status`, or pass another address"
+            )
+        if address is None or address == "local":
+            cpus = self.num_cpus or usable_cpus()
             ray.init(
-                num_cpus=self.num_cpus or usable_cpus(),
+                address="local",  # never join an instance behind our back
+                num_cpus=cpus,
                 include_dashboard=False,
                 log_to_driver=False,
                 logging_level=logging.WARNING,
             )
-        else:
-            ray.init(address=self.address, log_to_driver=False, logging_level=logging.WARNING)
+            self._announce("started a private local Ray instance for this job")
+            return True
+        if self.num_cpus is not None:
+            logger.warning(
+                "num_cpus=%d (--workers) is ignored: the running Ray instance at %s has its "
+                "own CPUs",
+                self.num_cpus,
+                address,
+            )
+        try:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise PreprocessError(
+                f"cannot connect to the Ray instance at {address} ({type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc}); check "
+                "`ray status`, pass --address, or unset RAY_ADDRESS"
+            ) from exc
+        where = "cluster" if self.address is not None else "running Ray instance"
+        self._announce(f"connected to the {where} at {address}")
         return True
+
+    def _announce(self, what: str) -> None:
+        cpus = int(self._ray.cluster_resources().get("CPU", 0))
+        self.connection = f"{what} ({cpus} CPU{'s' * (cpus != 1)})"
+        logger.info("Ray engine: %s", self.connection)
 
     def run(
         self, tasks: Sequence[ShardTask], job: ShardJob, advance: Callable[[int], None]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from fastdata._system import usable_cpus
 from fastdata.errors import PreprocessError
 from fastdata.preprocess._engine import Engine, LocalEngine
 from fastdata.preprocess._options import PreprocessOptions
+from fastdata.preprocess._python_source import dataset_engine, list_dataset
 from fastdata.preprocess._sources import SourceListing, list_source
 from fastdata.preprocess._task import ShardJob, ShardResult, ShardTask, build_fields
 from fastdata.shards import (
@@ -89,7 +91,7 @@ def plan_tasks(
 
 
 def preprocess(
-    src: str | Path,
+    src: str | Path | Any,
     out: str | Path,
     options: PreprocessOptions | None = None,
     *,
@@ -106,12 +108,15 @@ def preprocess(
     """Turn a source into uint8 HDF5 shards plus ``index.json`` (see docs/FORMAT.md).
 
     Args:
-        src: Image folder, CSV/TSV list, segmentation image folder or ``.npy`` folder.
+        src: Image folder, CSV/TSV list, segmentation image folder or ``.npy`` folder;
+            or a map-style dataset object (``len`` and ``[i]``; items ``(image, label)``,
+            ``(image, label, mask)`` or dicts; images PIL, uint8 HWC ndarrays or uint8
+            CHW tensors: see the README and ``fastdata.preprocess._python_source``).
         out: Output folder; created if missing.
         options: What to store (sizes, resize mode, storage, ...); defaults to
             ``PreprocessOptions()``: raw 224x224 RGB.
-        kind: Source kind (see :func:`list_source`), ``"auto"`` by default.
-        masks: Mask folder of a segmentation source.
+        kind: Source kind of a path (see :func:`list_source`), ``"auto"`` by default.
+        masks: Mask folder of a segmentation source (a path).
         mask_suffix: Masks are named ``<image stem><mask_suffix>.<ext>`` (in ``masks``,
             or beside the images when ``masks`` is not given).
         path_column: Column of the paths in a CSV/TSV list (header name or 0-based
@@ -126,7 +131,8 @@ def preprocess(
         A :class:`PreprocessSummary`.
 
     Raises:
-        ValueError, TypeError: Bad arguments.
+        ValueError, TypeError: Bad arguments, or a dataset item of an unsupported form
+            (the message names its index and what it holds).
         PreprocessError: Missing/empty/inconsistent source, ``out`` not writable or
             holding another job, a write failing (disk full), or an unreadable input with
             ``on_error="fail"``. Shards finished before the error stay for a resume; no
@@ -139,16 +145,35 @@ def preprocess(
     if engine is None:
         engine = LocalEngine(usable_cpus() if workers is None else workers)
     root = Path(out).absolute()
-    listing = list_source(
-        src,
-        kind=kind,
-        masks=masks,
-        mask_suffix=mask_suffix,
-        path_column=path_column,
-        label_column=label_column,
-        on_error=options.on_error,
-        exclude=(root,),
-    )
+    loader = None
+    if isinstance(src, (str, os.PathLike)):
+        listing = list_source(
+            Path(src),
+            kind=kind,
+            masks=masks,
+            mask_suffix=mask_suffix,
+            path_column=path_column,
+            label_column=label_column,
+            on_error=options.on_error,
+            exclude=(root,),
+        )
+    else:
+        path_only = {
+            "kind": None if kind == "auto" else kind,
+            "masks": masks,
+            "mask_suffix": mask_suffix,
+            "path_column": path_column,
+            "label_column": label_column,
+        }
+        given = {name: value for name, value in path_only.items() if value is not None}
+        if given:
+            raise ValueError(
+                "kind and masks (and mask_suffix, path_column, label_column) describe a path "
+                f"source; a dataset object's items carry their own labels and masks (got {given})"
+            )
+        listing = list_dataset(src)
+        loader = listing.loader
+        engine = dataset_engine(loader, engine)
     fields = build_fields(listing, options)
     tasks = plan_tasks(listing, fields, options)
     record: dict[str, Any] = {"options": options.to_json(), "fingerprint": listing.fingerprint()}
@@ -157,7 +182,7 @@ def preprocess(
         return _summary(root, complete, len(complete.shards), 0, started)
     done = _finished_shards(root, tasks, show_progress)
     pending = [task for task in tasks if task.index not in done]
-    job = ShardJob(str(root), options, fields, listing.kind)
+    job = ShardJob(str(root), options, fields, listing.kind, loader=loader)
     bar = progress_bar(
         total=sum(len(t.items) for t in pending),
         desc="preprocess",

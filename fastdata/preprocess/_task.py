@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Protocol, Union
 
 import cv2
 import numpy as np
@@ -44,14 +44,27 @@ class SampleFailure:
 SampleResult = Union[tuple[dict[str, Any], PixelStats], SampleFailure]  # noqa: UP007
 
 
+class SampleLoader(Protocol):
+    """Reads the inputs of a source that is not files (a Python dataset object).
+
+    ``process_sample(item, job)`` loads ``item`` into decoded uint8 pixels and hands them
+    to :func:`process_pixels`, so such a source shares the offline transforms, statistics
+    and encoding of the file sources. Implemented by ``_python_source.DatasetLoader``.
+    """
+
+    def process_sample(self, item: SourceItem, job: ShardJob) -> SampleResult: ...
+
+
 @dataclass(frozen=True)
 class ShardJob:
-    """What every task of one job shares (small and picklable)."""
+    """What every task of one job shares (picklable; small except for ``loader``, which
+    carries a pickled dataset object to the workers once per process)."""
 
     out: str
     options: PreprocessOptions
     fields: tuple[FieldSpec, ...]
     source_kind: str
+    loader: SampleLoader | None = None
 
 
 @dataclass(frozen=True)
@@ -107,7 +120,7 @@ def build_fields(listing: SourceListing, options: PreprocessOptions) -> tuple[Fi
                 fields.append(FieldSpec(name, "array", "uint8", (side, side, channels), "HWC"))
             else:
                 fields.append(FieldSpec(name, "encoded", "uint8", encoding="jpeg"))
-        if listing.kind == "segmentation":
+        if listing.kind == "segmentation" or getattr(listing, "has_masks", False):
             for name, side in zip(field_names("mask", options.sizes), options.sizes, strict=True):
                 if options.storage == "raw":
                     fields.append(FieldSpec(name, "array", "uint8", (side, side), "HW"))
@@ -192,6 +205,30 @@ def _process_image(item: SourceItem, job: ShardJob) -> SampleResult:
     if item.mask is not None:
         full_hw = header.oriented_hw if header is not None else image.shape[:2]
         mask = _read_mask(item.mask, header, full_hw, options.max_pixels)
+    return process_pixels(image, mask, job, item.path, item.mask or "")
+
+
+def process_pixels(
+    image: np.ndarray,
+    mask: np.ndarray | None,
+    job: ShardJob,
+    source: str,
+    mask_source: str = "",
+) -> tuple[dict[str, Any], PixelStats]:
+    """The stored image (and mask) values of one decoded input: offline transforms,
+    pixel statistics and, for ``jpeg`` storage, encoding.
+
+    Args:
+        image: ``(H, W, C)`` uint8 pixels, ``C = 1`` with ``options.grayscale`` else 3 (RGB).
+        mask: ``(H, W)`` uint8 class ids, or ``None``.
+        job: The job (its options decide sizes, resize mode and storage).
+        source: Where the image came from, for error messages.
+        mask_source: Where the mask came from, for error messages.
+
+    Returns:
+        ``(values, stats)`` as :func:`process_sample` returns them, without ``path``/``label``.
+    """
+    options = job.options
     sample: dict[str, Any] = {}
     stats: PixelStats = {}
     names = field_names("image", options.sizes)
@@ -202,11 +239,11 @@ def _process_image(item: SourceItem, job: ShardJob) -> SampleResult:
         if options.storage == "raw":
             sample[name] = pixels
         else:
-            sample[name] = _encode(pixels, ".jpg", options.jpeg_quality, item.path)
+            sample[name] = _encode(pixels, ".jpg", options.jpeg_quality, source)
         if mask is not None:
             small = transform(mask, side, options.resize, nearest=True)
             sample[mask_name] = (
-                small if options.storage == "raw" else _encode(small, ".png", 0, item.mask or "")
+                small if options.storage == "raw" else _encode(small, ".png", 0, mask_source)
             )
     return sample, stats
 
@@ -232,6 +269,8 @@ def process_sample(item: SourceItem, job: ShardJob) -> SampleResult:
         encoded fields) and per image field the pixel count, per-channel sum and sum of
         squares; or a :class:`SampleFailure` for an unreadable or undecodable input.
     """
+    if job.loader is not None:
+        return job.loader.process_sample(item, job)
     try:
         if job.source_kind == "npy":
             sample, stats = _process_array(item, job.fields[0])  # type: ignore[misc]

@@ -1,0 +1,269 @@
+"""Dataset items → uint8 pixels: the forms a dataset source accepts, checked per item.
+
+An item is ``(image, label)``, ``(image, label, mask)``, ``(image, mask)``, a bare image,
+or a dict with an image under ``"image"``/``"img"``, optionally a label under
+``"label"``/``"labels"``/``"target"`` and a mask under ``"mask"`` (other keys ignored).
+An image is a PIL image (any mode; converted to RGB as torchvision's loader does, ``L``
+kept gray), a uint8 ndarray ``(H, W, 3)``, ``(H, W, 1)`` or ``(H, W)``, or a uint8 tensor
+``(3, H, W)``, ``(1, H, W)`` or ``(H, W)``. A mask is a single-channel PIL image or an
+integer ``(H, W)`` array/tensor with values 0-255, the image's size. A label is an integer
+(Python, NumPy, or a one-element integer array/tensor). Anything else raises a
+:class:`DatasetTypeError`/:class:`DatasetValueError` naming the index and what it
+found. torch is never imported here: a dataset of tensors has imported it already.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import numpy as np
+from PIL import Image
+
+from fastdata.errors import DecodeError, PreprocessError
+
+IMAGE_KEYS = ("image", "img")
+LABEL_KEYS = ("label", "labels", "target")
+MASK_KEYS = ("mask",)
+_ITEM_FORMS = (
+    "(image, label), (image, label, mask), (image, mask), an image, or a dict with an 'image' "
+    "(or 'img') key"
+)
+
+
+class DatasetTypeError(PreprocessError, TypeError):
+    """A dataset source, one of its items or a part of one has a type preprocess cannot
+    store (a ``TypeError`` and a ``PreprocessError``: the CLI reports it in one line)."""
+
+
+class DatasetValueError(PreprocessError, ValueError):
+    """A dataset item has a shape or value preprocess cannot store, or differs from item 0
+    in its parts, or between two reads."""
+
+
+class LoadedSample(NamedTuple):
+    """One dataset item as uint8 pixels, before the offline transforms.
+
+    Attributes:
+        image: ``(H, W, 3)`` RGB or ``(H, W, 1)`` gray, uint8.
+        mask: ``(H, W)`` uint8, or ``None``.
+        label: The label, or ``None``.
+    """
+
+    image: np.ndarray
+    mask: np.ndarray | None
+    label: int | None
+
+
+def where(index: int) -> str:
+    return f"dataset[{index}]"
+
+
+def _split_item(item: Any, index: int) -> tuple[Any, Any, Any]:
+    """``(image, label or None, mask or None)`` of one item, still in the dataset's types."""
+    if isinstance(item, Mapping):
+        image_keys = [key for key in IMAGE_KEYS if key in item]
+        if len(image_keys) != 1:
+            found = "none" if not image_keys else f"both {image_keys}"
+            raise DatasetTypeError(
+                f"{where(index)} is a dict with keys {sorted(map(str, item))}: it needs "
+                f"exactly one image key of {IMAGE_KEYS} (found {found})"
+            )
+        label_keys = [key for key in LABEL_KEYS if key in item]
+        if len(label_keys) > 1:
+            raise DatasetTypeError(
+                f"{where(index)} has several label keys {label_keys}: keep one of {LABEL_KEYS}"
+            )
+        label = item[label_keys[0]] if label_keys else None
+        mask = next((item[key] for key in MASK_KEYS if key in item), None)
+        return item[image_keys[0]], label, mask
+    if isinstance(item, (tuple, list)):
+        if len(item) == 2 and _is_image_like(item[1]) and _ndim(item[1]) >= 2:
+            return item[0], None, item[1]  # (image, mask): e.g. torchvision's VOCSegmentation
+        if len(item) == 2:
+            return item[0], item[1], None
+        if len(item) == 3:
+            return item[0], item[1], item[2]
+        raise DatasetTypeError(
+            f"{where(index)} is a {type(item).__name__} of {len(item)} values; "
+            f"expected {_ITEM_FORMS}"
+        )
+    if _is_image_like(item):
+        return item, None, None
+    raise DatasetTypeError(f"{where(index)} is a {type(item).__name__}; expected {_ITEM_FORMS}")
+
+
+def _torch_tensor_type() -> Any:
+    torch = sys.modules.get("torch")  # a dataset of tensors has imported torch already
+    return None if torch is None else torch.Tensor
+
+
+def _ndim(value: Any) -> int:
+    """Dimensions of an array or tensor; 2 for a PIL image."""
+    return 2 if isinstance(value, Image.Image) else len(getattr(value, "shape", ()))
+
+
+def _is_image_like(value: Any) -> bool:
+    tensor = _torch_tensor_type()
+    return isinstance(value, (Image.Image, np.ndarray)) or (
+        tensor is not None and isinstance(value, tensor)
+    )
+
+
+def _describe(value: Any) -> str:
+    """``uint8 ndarray of shape (3, 4)``, ``PIL image (RGBA, 32x24)``, ``str``."""
+    if isinstance(value, Image.Image):
+        return f"PIL image (mode {value.mode}, {value.width}x{value.height})"
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is not None and dtype is not None:
+        kind = "tensor" if type(value).__module__.startswith("torch") else "ndarray"
+        dtype_name = str(dtype).removeprefix("torch.")
+        return f"{dtype_name} {kind} of shape {tuple(shape)}"
+    return type(value).__name__
+
+
+def _to_numpy(value: Any, index: int, part: str) -> np.ndarray:
+    """A tensor (CHW kept as is here) or ndarray as an ndarray; anything else refused."""
+    tensor = _torch_tensor_type()
+    if tensor is not None and isinstance(value, tensor):
+        return np.asarray(value.detach().cpu().numpy())
+    if isinstance(value, np.ndarray):
+        return value
+    raise DatasetTypeError(
+        f"{where(index)}: the {part} is a {_describe(value)}; expected a PIL image, a uint8 "
+        "ndarray (H, W, C) or a uint8 tensor (C, H, W)"
+    )
+
+
+def _image_pixels(value: Any, index: int) -> np.ndarray:
+    """``(H, W, 3)`` or ``(H, W, 1)`` uint8, C-contiguous."""
+    if isinstance(value, Image.Image):
+        if value.mode in ("L", "RGB"):
+            pixels = np.asarray(value)
+        else:  # P, RGBA, CMYK, 1...: what torchvision's loader does, convert("RGB")
+            try:
+                pixels = np.asarray(value.convert("L" if value.mode == "1" else "RGB"))
+            except ValueError as exc:  # a mode PIL cannot convert (OSError: a corrupt file)
+                raise DatasetValueError(
+                    f"{where(index)}: the image is a {_describe(value)}, which PIL cannot "
+                    f"convert to RGB ({exc}); convert it to RGB or L in the dataset"
+                ) from exc
+    else:
+        is_tensor = not isinstance(value, np.ndarray)
+        array = _to_numpy(value, index, "image")
+        if array.dtype != np.uint8:
+            hint = (
+                " (a float tensor from ToTensor()/Normalize(): build the dataset without them, "
+                "preprocess stores uint8 and normalizes on the device)"
+                if array.dtype.kind == "f"
+                else ""
+            )
+            raise DatasetTypeError(
+                f"{where(index)}: the image is a {_describe(value)}; preprocess stores uint8 "
+                f"pixels{hint}"
+            )
+        if is_tensor and array.ndim == 3:
+            if array.shape[0] not in (1, 3):
+                raise DatasetValueError(
+                    f"{where(index)}: the image is a {_describe(value)}; a tensor image must "
+                    "be (3, H, W), (1, H, W) or (H, W)"
+                )
+            array = array.transpose(1, 2, 0)
+        elif array.ndim == 3 and array.shape[2] not in (1, 3):
+            raise DatasetValueError(
+                f"{where(index)}: the image is a {_describe(value)}; an ndarray image must be "
+                "(H, W, 3), (H, W, 1) or (H, W) (a (C, H, W) array: transpose it or pass a "
+                "tensor)"
+            )
+        elif array.ndim not in (2, 3):
+            raise DatasetValueError(
+                f"{where(index)}: the image is a {_describe(value)}; expected 2 or 3 dimensions"
+            )
+        pixels = array
+    if pixels.ndim == 2:
+        pixels = pixels[..., None]
+    if pixels.shape[0] == 0 or pixels.shape[1] == 0:
+        raise DatasetValueError(f"{where(index)}: the image is empty ({_describe(value)})")
+    return np.ascontiguousarray(pixels)
+
+
+def _mask_pixels(value: Any, index: int, image_hw: tuple[int, int]) -> np.ndarray:
+    """``(H, W)`` uint8, the image's size."""
+    if isinstance(value, Image.Image):
+        if value.mode not in ("L", "P", "1"):
+            raise DatasetValueError(
+                f"{where(index)}: the mask is a {_describe(value)}; a mask must be a "
+                "single-channel (L, P or 1 mode) image of class ids"
+            )
+        mask = np.asarray(value.convert("L") if value.mode == "1" else value, dtype=np.uint8)
+    else:
+        array = _to_numpy(value, index, "mask")
+        if array.ndim == 3 and 1 in (array.shape[0], array.shape[2]):
+            array = array.reshape(array.shape[:2] if array.shape[2] == 1 else array.shape[1:])
+        if array.ndim != 2 or array.dtype.kind not in "uib":
+            raise DatasetTypeError(
+                f"{where(index)}: the mask is a {_describe(value)}; expected integer class "
+                "ids of shape (H, W)"
+            )
+        if array.dtype != np.uint8:
+            if array.size and (array.min() < 0 or array.max() > 255):
+                raise DatasetValueError(
+                    f"{where(index)}: the mask holds values {array.min()}..{array.max()}; "
+                    "masks are stored as uint8 class ids 0..255"
+                )
+            array = array.astype(np.uint8)
+        mask = array
+    if mask.shape != image_hw:
+        raise DatasetValueError(
+            f"{where(index)}: the mask is {mask.shape[1]}x{mask.shape[0]}, its image "
+            f"{image_hw[1]}x{image_hw[0]}; they must have the same size"
+        )
+    return np.ascontiguousarray(mask)
+
+
+def _label_value(value: Any, index: int) -> int:
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is not None and dtype is not None and int(np.prod(shape)) == 1:
+        array = _to_numpy(value, index, "label") if not isinstance(value, np.ndarray) else value
+        if array.dtype.kind in "iu":
+            return int(array.reshape(()))
+    raise DatasetTypeError(
+        f"{where(index)}: the label is a {_describe(value)} ({value!r:.40}); expected an "
+        "integer (int, NumPy integer or a one-element integer tensor)"
+    )
+
+
+def load_item(dataset: Any, index: int) -> LoadedSample:
+    """Read ``dataset[index]`` and convert it to uint8 pixels (see the module docstring).
+
+    Raises:
+        DatasetTypeError, DatasetValueError: The item is not of a supported form.
+        OSError, DecodeError: The dataset could not read the input (a corrupt file).
+        PreprocessError: ``dataset[index]`` raised another exception.
+    """
+    try:
+        item = dataset[index]
+    except (OSError, DecodeError):
+        raise
+    except Exception as exc:
+        raise PreprocessError(
+            f"{where(index)} raised {type(exc).__name__}: {exc}".rstrip(": ")
+        ) from exc
+    image_value, label_value, mask_value = _split_item(item, index)
+    image = _image_pixels(image_value, index)
+    mask = None if mask_value is None else _mask_pixels(mask_value, index, image.shape[:2])
+    label = None if label_value is None else _label_value(label_value, index)
+    return LoadedSample(image, mask, label)
+
+
+def sample_digest(sample: LoadedSample) -> bytes:
+    digest = hashlib.sha256(f"{sample.image.shape}\0{sample.label}\0".encode())
+    digest.update(sample.image.tobytes())
+    if sample.mask is not None:
+        digest.update(b"mask")
+        digest.update(sample.mask.tobytes())
+    return digest.digest()

@@ -1,0 +1,509 @@
+"""Dataset objects as a preprocessing source: forms, errors, workers, determinism, resume, CLI.
+
+The datasets live at module level so that spawned worker processes can unpickle them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from fastdata import PreprocessOptions, ShardReader, load_manifest
+from fastdata.cli import main
+from fastdata.errors import PreprocessError
+from fastdata.preprocess import (
+    DatasetTypeError,
+    DatasetValueError,
+    ShardResult,
+    _engine,
+    preprocess,
+)
+
+N = 12
+SIDE = 16
+# 4 samples per shard (16x16x3 pixels, a label, ~64 bytes of path): 3 shards of 12.
+OPTIONS = PreprocessOptions(sizes=(SIDE,), shard_bytes=4 * (SIDE * SIDE * 3 + 8 + 64))
+CLASSES = ["cat", "dog", "eel"]
+
+
+def pixels(index: int) -> np.ndarray:
+    """``(H, W, 3)`` uint8 noise; sizes vary with the index, portrait and landscape, with a
+    shorter side of 32 and even sides: halving them to 16 is exactly a 2x2 area average,
+    which every antialiased downscale agrees on (the reference below is exact)."""
+    height, width = (32 + 2 * (index % 5), 32) if index % 2 else (32, 34 + 2 * (index % 4))
+    return np.random.default_rng(index).integers(0, 256, (height, width, 3), dtype=np.uint8)
+
+
+def mask_of(index: int) -> np.ndarray:
+    return (pixels(index)[..., 0] // 64).astype(np.uint8)  # class ids 0..3
+
+
+def reference(image: np.ndarray, side: int, nearest: bool = False) -> np.ndarray:
+    """Independent reference: shorter side to ``side`` (INTER_AREA down), centre crop."""
+    h, w = image.shape[:2]
+    new_h, new_w = (side, round(w * side / h)) if h <= w else (round(h * side / w), side)
+    flag = cv2.INTER_NEAREST if nearest else cv2.INTER_AREA
+    out = cv2.resize(image, (new_w, new_h), interpolation=flag)
+    top, left = (new_h - side) // 2, (new_w - side) // 2
+    return out[top : top + side, left : left + side]
+
+
+class PILDataset:
+    """torchvision-like: ``classes``, items ``(PIL image, int)``."""
+
+    classes = CLASSES
+
+    def __init__(self, size: int = N) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[Image.Image, int]:
+        if not 0 <= index < self.size:
+            raise IndexError(index)
+        return Image.fromarray(pixels(index)), index % 3
+
+
+class ArrayDataset(PILDataset):
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.int64]:  # type: ignore[override]
+        return pixels(index), np.int64(index % 3)
+
+
+class TensorDataset(PILDataset):
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        return torch.from_numpy(pixels(index)).permute(2, 0, 1), torch.tensor(index % 3)
+
+
+class DictMaskDataset(PILDataset):
+    def __getitem__(self, index: int) -> dict[str, Any]:  # type: ignore[override]
+        return {"image": pixels(index), "label": index % 3, "mask": mask_of(index), "id": "x"}
+
+
+class LockedDataset(ArrayDataset):
+    """Holds a lock, as datasets holding open files or clients do: it cannot be pickled."""
+
+    def __init__(self, size: int = N) -> None:
+        super().__init__(size)
+        self.lock = threading.Lock()
+
+
+class PatchedDataset(ArrayDataset):
+    """``ArrayDataset`` with some items replaced (bad items, changed data)."""
+
+    def __init__(self, items: dict[int, Any], size: int = N) -> None:
+        super().__init__(size)
+        self.items = items
+
+    def __getitem__(self, index: int) -> Any:
+        item = self.items.get(index)
+        if isinstance(item, Exception):
+            raise item
+        return super().__getitem__(index) if item is None else item
+
+
+class FileDataset(PILDataset):
+    """Opens image files lazily, like torchvision's ImageFolder."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        super().__init__(len(paths))
+        self.paths = paths
+
+    def __getitem__(self, index: int) -> tuple[Image.Image, int]:
+        return Image.open(self.paths[index]).convert("RGB"), 0
+
+
+class RandomDataset(ArrayDataset):
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:  # type: ignore[override]
+        return np.random.default_rng().integers(0, 256, (20, 20, 3), dtype=np.uint8), 0
+
+
+def make_pil_dataset() -> PILDataset:
+    return PILDataset()
+
+
+ARRAY_DATASET = ArrayDataset()
+
+
+def _shards(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("shard-*.h5"))}
+
+
+def _run(dataset: Any, out: Path, options: PreprocessOptions = OPTIONS, **kw: Any) -> Any:
+    kw.setdefault("workers", 1)
+    return preprocess(dataset, out, options, show_progress=False, **kw)
+
+
+def test_pil_dataset_matches_a_numpy_reference(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="fastdata.preprocess"):
+        summary = _run(PILDataset(), tmp_path / "o", workers=2)
+    assert "read in this process only" not in caplog.text  # the two workers read it
+    assert (summary.num_samples, summary.num_shards, summary.num_skipped) == (N, 3, 0)
+    reader = ShardReader(tmp_path / "o")
+    expected = np.stack([reference(pixels(i), SIDE) for i in range(N)])
+    np.testing.assert_array_equal(reader.read_batch("image", np.arange(N)), expected)
+    assert reader.read_batch("label", np.arange(N)).tolist() == [i % 3 for i in range(N)]
+    assert [bytes(reader.read("path", i)).decode() for i in range(N)] == [str(i) for i in range(N)]
+    manifest = load_manifest(tmp_path / "o")
+    assert manifest.class_names == CLASSES
+    assert manifest.source["kind"] == "python" and manifest.source["num_inputs"] == N
+    assert manifest.source["dataset"].endswith("test_python_source.PILDataset")
+    flat = expected.reshape(-1, 3).astype(np.float64)
+    np.testing.assert_allclose(manifest.stats["image"]["mean"], flat.mean(0), rtol=1e-9)
+    np.testing.assert_allclose(manifest.stats["image"]["std"], flat.std(0), rtol=1e-6)
+
+
+def test_array_and_tensor_datasets_store_the_same_bytes_as_pil(tmp_path: Path) -> None:
+    _run(PILDataset(), tmp_path / "pil")
+    _run(ArrayDataset(), tmp_path / "array", workers=2)
+    _run(TensorDataset(), tmp_path / "tensor")
+    pil = _shards(tmp_path / "pil")
+    assert len(pil) == 3
+    assert _shards(tmp_path / "array") == pil
+    assert _shards(tmp_path / "tensor") == pil
+
+
+def test_a_bare_array_of_images_has_no_labels(tmp_path: Path) -> None:
+    images = np.stack([pixels(0)[:32, :32]] * 5)  # (5, 32, 32, 3): items are bare images
+    _run(images, tmp_path / "o")
+    reader = ShardReader(tmp_path / "o")
+    assert [spec.name for spec in reader.fields] == ["image", "path"]
+    np.testing.assert_array_equal(reader.read("image", 4), reference(images[4], SIDE))
+
+
+def test_dict_dataset_with_masks_two_sizes(tmp_path: Path) -> None:
+    options = PreprocessOptions(sizes=(SIDE, 8), shard_bytes=1 << 20)
+    _run(DictMaskDataset(), tmp_path / "o", options)
+    reader = ShardReader(tmp_path / "o")
+    assert reader.field("mask").shape == (SIDE, SIDE) and reader.field("mask_8").shape == (8, 8)
+    for i in (0, 5, N - 1):
+        np.testing.assert_array_equal(reader.read("mask", i), reference(mask_of(i), SIDE, True))
+        np.testing.assert_array_equal(reader.read("mask_8", i), reference(mask_of(i), 8, True))
+        np.testing.assert_array_equal(reader.read("image_8", i), reference(pixels(i), 8))
+    assert int(reader.read("label", 5)) == 2
+
+
+def gradient(index: int) -> np.ndarray:
+    """``(32, 34 + 2 * index, 3)`` uint8 with three distinct smooth channels (JPEG keeps it)."""
+    y, x = np.mgrid[0:32, 0 : 34 + 2 * index]
+    return np.stack([x * 4, y * 6, 255 - x * 3], axis=-1).astype(np.uint8)
+
+
+class GradientMaskDataset(PILDataset):
+    def __getitem__(self, index: int) -> dict[str, Any]:  # type: ignore[override]
+        image = gradient(index)
+        return {"image": image, "label": 0, "mask": (image[..., 0] // 50).astype(np.uint8)}
+
+
+def test_jpeg_storage_with_png_masks(tmp_path: Path) -> None:
+    options = PreprocessOptions(sizes=(SIDE,), storage="jpeg", jpeg_quality=95)
+    _run(GradientMaskDataset(4), tmp_path / "o", options)
+    reader = ShardReader(tmp_path / "o")
+    assert (reader.field("image").encoding, reader.field("mask").encoding) == ("jpeg", "png")
+    mask = cv2.imdecode(reader.read("mask", 3), cv2.IMREAD_UNCHANGED)
+    expected_mask = reference((gradient(3)[..., 0] // 50).astype(np.uint8), SIDE, nearest=True)
+    np.testing.assert_array_equal(mask, expected_mask)
+    image = cv2.cvtColor(cv2.imdecode(reader.read("image", 3), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+    assert np.abs(image.astype(int) - reference(gradient(3), SIDE)).mean() < 3  # q95, smooth
+
+
+class _ClassLabel:
+    names = ("no", "yes")
+
+
+class HuggingFaceLike(DictMaskDataset):
+    """Like ``datasets.Dataset``: dict items and ``features`` naming the label classes."""
+
+    classes = None  # type: ignore[assignment]
+    features: ClassVar[dict[str, object]] = {"image": object(), "label": _ClassLabel()}
+
+
+def test_hugging_face_like_class_names(tmp_path: Path) -> None:
+    _run(HuggingFaceLike(3), tmp_path / "o")
+    assert load_manifest(tmp_path / "o").class_names == ["no", "yes"]
+
+
+def test_image_mask_pairs_and_grayscale(tmp_path: Path) -> None:
+    pairs = [(Image.fromarray(pixels(i)), Image.fromarray(mask_of(i))) for i in range(3)]
+    options = PreprocessOptions(sizes=(SIDE,), grayscale=True)
+    _run(pairs, tmp_path / "o", options)
+    reader = ShardReader(tmp_path / "o")
+    assert [spec.name for spec in reader.fields] == ["image", "mask", "path"]
+    gray = cv2.cvtColor(pixels(2), cv2.COLOR_RGB2GRAY)
+    np.testing.assert_array_equal(reader.read("image", 2)[..., 0], reference(gray, SIDE))
+    np.testing.assert_array_equal(reader.read("mask", 2), reference(mask_of(2), SIDE, True))
+
+
+def test_unpicklable_dataset_is_read_in_this_process_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="fastdata.preprocess"):
+        summary = _run(LockedDataset(), tmp_path / "locked", workers=2)
+    assert summary.num_samples == N
+    assert "read in this process only, not by 2 worker processes" in caplog.text
+    assert "cannot be pickled" in caplog.text and "lock" in caplog.text
+    _run(ArrayDataset(), tmp_path / "plain", workers=2)
+    assert _shards(tmp_path / "locked") == _shards(tmp_path / "plain")
+
+
+class UnpicklesNowhere(ArrayDataset):
+    """Pickles, but cannot be rebuilt elsewhere (as a dataset needing files only here)."""
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        raise RuntimeError("the data folder is missing here")
+
+
+def test_a_dataset_workers_cannot_unpickle_is_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(
+        PreprocessError,
+        match=r"a worker process cannot unpickle the dataset \(RuntimeError: the data folder",
+    ):
+        _run(UnpicklesNowhere(), tmp_path / "o", workers=2)
+    assert not (tmp_path / "o" / "index.json").exists()
+
+
+class _RemoteEngine:
+    """An engine that is not local (as RayEngine): its workers need the dataset pickled."""
+
+    def run(self, tasks: Any, job: Any, advance: Any) -> Iterator[ShardResult]:
+        raise AssertionError("must not run")
+
+
+def test_a_remote_engine_refuses_an_unpicklable_dataset(tmp_path: Path) -> None:
+    with pytest.raises(PreprocessError, match=r"_RemoteEngine sends the dataset .*cannot be pick"):
+        _run(LockedDataset(), tmp_path / "o", engine=_RemoteEngine())
+    assert not (tmp_path / "o").exists()  # refused before anything was written
+
+
+def test_a_class_defined_on_stdin_is_read_in_the_parent(tmp_path: Path) -> None:
+    script = textwrap.dedent(f"""
+        import numpy as np
+        from fastdata.preprocess import PreprocessOptions, preprocess
+
+        class Stdin:
+            def __len__(self):
+                return 6
+
+            def __getitem__(self, index):
+                return np.full((20, 24, 3), index, np.uint8), index
+
+        summary = preprocess(Stdin(), {str(tmp_path / "o")!r}, PreprocessOptions(sizes=(8,)),
+                             workers=2, show_progress=False)
+        print("samples", summary.num_samples)
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-"],
+        input=script,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "samples 6" in done.stdout
+    assert "Stdin is defined in __main__ of an interactive session" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("item", "error", "message"),
+    [
+        ("a string", DatasetTypeError, r"dataset\[5\] is a str; expected \(image, label\)"),
+        ((pixels(0), 1, None, 2), DatasetTypeError, r"dataset\[5\] is a tuple of 4 values"),
+        ({"pixels": pixels(0)}, DatasetTypeError, r"dataset\[5\] is a dict with keys \['pix"),
+        (
+            (torch.rand(3, 8, 8), 1),
+            DatasetTypeError,
+            r"dataset\[5\]: the image is a float32 tensor of shape \(3, 8, 8\).*ToTensor",
+        ),
+        (
+            (pixels(0).astype(np.float32), 1),
+            DatasetTypeError,
+            r"the image is a float32 ndarray of shape \(32, 34, 3\); preprocess stores uint8",
+        ),
+        (
+            (np.zeros((3, 8, 8), np.uint8), 1),
+            DatasetValueError,
+            r"dataset\[5\]: the image is a uint8 ndarray of shape \(3, 8, 8\).*transpose",
+        ),
+        (
+            (torch.zeros(4, 8, 8, dtype=torch.uint8), 1),
+            DatasetValueError,
+            r"tensor of shape \(4, 8, 8\); a tensor image must be \(3, H, W\)",
+        ),
+        (
+            (Image.new("La", (8, 6)), 1),
+            DatasetValueError,
+            r"dataset\[5\]: the image is a PIL image \(mode La, 8x6\), which PIL cannot conv",
+        ),
+        ((pixels(0), "cat"), DatasetTypeError, r"dataset\[5\]: the label is a str \('cat'\)"),
+        ((pixels(0), 1.5), DatasetTypeError, r"the label is a float"),
+        (
+            (pixels(0), 1, np.zeros((5, 5), np.uint8)),
+            DatasetValueError,
+            r"dataset\[5\]: the mask is 5x5, its image 34x32",
+        ),
+        (
+            (pixels(0), 1, np.full((32, 34), 300, np.int64)),
+            DatasetValueError,
+            r"the mask holds values 300..300",
+        ),
+        (
+            pixels(0),
+            DatasetValueError,
+            r"dataset\[5\] has an image, but dataset\[0\] has an image and a label",
+        ),
+        ([1, 2], DatasetTypeError, r"dataset\[5\]: the image is a int; expected a PIL image"),
+        (KeyError("gone"), PreprocessError, r"dataset\[5\] raised KeyError: 'gone'"),
+    ],
+)
+def test_bad_items_name_the_index_and_what_was_found(
+    tmp_path: Path, item: Any, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        _run(PatchedDataset({5: item}), tmp_path / "o")
+
+
+def test_bad_dataset_objects(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match=r"src must be a path or a map-style dataset .*generator"):
+        _run((pixels(i) for i in range(3)), tmp_path / "o")
+    with pytest.raises(PreprocessError, match="the dataset has no items"):
+        _run([], tmp_path / "o")
+    with pytest.raises(ValueError, match=r"dataset\[0\] differs between two reads.*augment"):
+        _run(RandomDataset(), tmp_path / "o")
+    probed = PatchedDataset({6: (pixels(6), 0, mask_of(6))})  # N // 2 = 6 is read up front
+    with pytest.raises(DatasetValueError, match=r"dataset\[6\] has an image, a label and a mas"):
+        _run(probed, tmp_path / "o")
+    with pytest.raises(ValueError, match="describe a path source"):
+        preprocess(ArrayDataset(), tmp_path / "o", masks=tmp_path, show_progress=False)
+
+
+def test_unreadable_inputs_follow_on_error(tmp_path: Path) -> None:
+    paths = []
+    for i in range(6):
+        paths.append(tmp_path / f"{i}.jpg")
+        Image.fromarray(pixels(i)).save(paths[-1])
+    paths[3].write_bytes(paths[3].read_bytes()[:200])  # truncated JPEG
+    summary = _run(FileDataset(paths), tmp_path / "o")
+    assert (summary.num_samples, summary.num_skipped) == (5, 1)
+    skipped = load_manifest(tmp_path / "o").skipped
+    assert skipped[0]["path"] == "dataset[3]" and "truncated" in skipped[0]["reason"].lower()
+    fail = PreprocessOptions(sizes=(SIDE,), on_error="fail")
+    with pytest.raises(PreprocessError, match=r"dataset\[3\]: cannot read \(OSError: Truncated"):
+        _run(FileDataset(paths), tmp_path / "f", fail, workers=2)
+
+
+def test_identical_runs_give_identical_bytes(tmp_path: Path) -> None:
+    _run(DictMaskDataset(), tmp_path / "a")
+    time.sleep(1.1)  # HDF5 timestamps have one-second resolution
+    _run(DictMaskDataset(), tmp_path / "b", workers=2)
+    a, b = load_manifest(tmp_path / "a"), load_manifest(tmp_path / "b")
+    assert _shards(tmp_path / "a") == _shards(tmp_path / "b")
+    assert a.shards == b.shards and a.stats == b.stats and a.source == b.source
+
+
+def _crash_after(shards: int) -> Any:
+    original_run = _engine.LocalEngine.run
+
+    def run(self: Any, tasks: Any, job: Any, advance: Any) -> Iterator[ShardResult]:
+        for count, result in enumerate(original_run(self, tasks, job, advance), start=1):
+            yield result
+            if count == shards:
+                raise KeyboardInterrupt
+
+    return run
+
+
+def test_resume_keeps_finished_shards_and_a_changed_dataset_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "o"
+    with monkeypatch.context() as patch:
+        patch.setattr(_engine.LocalEngine, "run", _crash_after(1))
+        with pytest.raises(KeyboardInterrupt):
+            _run(ArrayDataset(), out)
+    assert sorted(_shards(out)) == ["shard-00000.h5"]
+    changed = PatchedDataset({N - 1: (pixels(0), 0)})  # the last item differs
+    with pytest.raises(PreprocessError, match="holds the output of another job"):
+        _run(changed, out)
+    summary = _run(ArrayDataset(), out)
+    assert (summary.num_reused_shards, summary.num_processed, summary.num_samples) == (1, 8, N)
+    _run(ArrayDataset(), tmp_path / "clean")
+    assert _shards(out) == _shards(tmp_path / "clean")
+    assert load_manifest(out).stats == load_manifest(tmp_path / "clean").stats
+
+
+def test_cli_from_python(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    module = "tests.preprocess.test_python_source"
+    args = ["--size", "16", "-q", "--workers", "1"]
+    factory = f"{module}:make_pil_dataset"  # a function returning a dataset
+    assert main(["preprocess", "--from-python", factory, str(tmp_path / "a"), *args]) == 0
+    assert f"{N} samples in 1 shard(s)" in capsys.readouterr().out
+    instance = f"{module}:ARRAY_DATASET"  # the flag may come after the positionals
+    assert main(["preprocess", instance, str(tmp_path / "b"), "--from-python", *args]) == 0
+    assert _shards(tmp_path / "a") == _shards(tmp_path / "b")
+
+
+def test_cli_from_python_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "my_data_module.py").write_text(
+        "import numpy as np\nclass Tiny:\n    def __len__(self):\n        return 3\n"
+        "    def __getitem__(self, i):\n        return np.full((9, 9, 3), i, np.uint8), i\n"
+    )
+    spec = f"{tmp_path / 'my_data_module.py'}:Tiny"  # a class: called with no arguments
+    argv = ["preprocess", "--from-python", spec, str(tmp_path / "o"), "--size", "4", "-q"]
+    assert main(argv) == 0
+    assert "3 samples in 1 shard(s)" in capsys.readouterr().out
+    monkeypatch.delitem(sys.modules, "my_data_module")
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (["no_colon"], 1, "--from-python takes module:attribute"),
+        (["no_such_module_xyz:data"], 1, "cannot import 'no_such_module_xyz' \\(ModuleNotFound"),
+        ([f"{__name__}:nothing"], 1, "has no attribute 'nothing'"),
+        ([f"{__name__}:CLASSES"], 1, r"dataset\[0\] is a str"),
+        ([f"{__name__}:ArrayDataset", "--kind", "list"], 2, "--kind and --masks"),
+    ],
+)
+def test_cli_from_python_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], code: int, message: str
+) -> None:
+    argv = ["preprocess", "--from-python", argv[0], str(tmp_path / "o"), "-q", *argv[1:]]
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert re.search(message, err), err
+
+
+def test_readme_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_readme import README, example  # noqa: PLC0415
+
+    monkeypatch.chdir(tmp_path)
+    code = example("class Gradients:")
+    exec(compile(code, str(README), "exec"), {"__name__": "__main__"})  # runs the guarded job
+    reader = ShardReader(tmp_path / "out-gradients")
+    assert len(reader) == 100 and reader.field("image").shape == (32, 32, 3)
+    assert int(reader.read("label", 50)) == 1 and reader.read("image", 3)[0, 0, 0] == 6
+    assert load_manifest(tmp_path / "out-gradients").class_names == ["dark", "light"]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import threading
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -219,24 +220,24 @@ def test_fifo_in_place_of_a_shard_does_not_hang(tmp_path: Path) -> None:
     root = _write_set(tmp_path / "s")
     (root / "shard-00001.h5").unlink()
     os.mkfifo(root / "shard-00001.h5")
-    reader = ShardReader(root)
-    outcome: list[BaseException] = []
-
-    def read() -> None:
-        try:
-            reader.read("image", 5)
-        except BaseException as exc:  # handed to the test thread
-            outcome.append(exc)
-
-    thread = threading.Thread(target=read, daemon=True)
-    thread.start()
-    thread.join(timeout=20)
-    if thread.is_alive():  # unblock the reader's open() so the thread can end
-        with open(root / "shard-00001.h5", "wb"):
-            pass
+    # In a child process: a reader blocked in open() holds the GIL and could not be
+    # interrupted from a thread of this one.
+    script = (
+        "import sys\n"
+        "from fastdata.errors import ShardFormatError\n"
+        "from fastdata.shards import ShardReader\n"
+        "try:\n"
+        f"    ShardReader({str(root)!r}).read('image', 5)\n"
+        "except ShardFormatError as exc:\n"
+        "    print(exc)\n"
+    )
+    try:
+        child = subprocess.run(
+            [sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=30
+        )
+    except subprocess.TimeoutExpired:
         pytest.fail("opening a FIFO shard hung")
-    assert len(outcome) == 1 and isinstance(outcome[0], ShardFormatError)
-    assert "not a regular file" in str(outcome[0])
+    assert "shard is not a regular file" in child.stdout, child.stderr
     assert verify_shards(root, show_progress=False)[0].reason == "not a regular file"
 
 

@@ -1,4 +1,5 @@
-"""``fastdata verify OUT``: re-check every shard checksum; non-zero exit on corruption."""
+"""``fastdata verify OUT``: re-check the manifest and every shard (size, SHA-256, and the
+structure readers check at open); non-zero exit on any problem."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from fastdata.shards import load_manifest, verify_shards
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("verify", help="re-check every shard's size and SHA-256")
+    parser = subparsers.add_parser("verify", help="re-check the manifest and every shard's size, SHA-256 and structure")
     parser.add_argument("out", help="shard folder written by `fastdata preprocess`")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)

@@ -13,6 +13,7 @@ import h5py
 import numpy as np
 import pytest
 
+from fastdata.cli import main
 from fastdata.errors import ShardFormatError
 from fastdata.shards import (
     FieldSpec,
@@ -268,3 +269,21 @@ def test_unchanged_shard_set_reads_in_every_mode(tmp_path: Path) -> None:
         assert reader.read("jpeg", 6).tobytes() == b"\x06" * 7
     assert verify_shards(root, show_progress=False) == []
     assert load_manifest(root).shards[0].job == "a" * 64
+
+
+# -- the `fastdata verify` command ----------------------------------------------------------
+def test_verify_command_reports_structure_and_manifest_problems(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = _write_set(tmp_path / "s")
+    assert main(["verify", "-q", str(root)]) == 0
+    _replace_dataset(root / "shard-00001.h5", "label", np.zeros(4, np.float64))
+    _edit_manifest(root, lambda d: _rehash(root, d))
+    capsys.readouterr()
+    assert main(["verify", "-q", str(root)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("CORRUPT shard-00001.h5: shard does not match the manifest: /label")
+    _edit_manifest(root, lambda d: d["shards"][0].update(file="/etc/passwd"))
+    assert main(["verify", "-q", str(root)]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("fastdata verify: error: malformed manifest (shards[0].file must be")

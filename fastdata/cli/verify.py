@@ -12,7 +12,9 @@ from fastdata.shards import load_manifest, verify_shards
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("verify", help="re-check the manifest and every shard's size, SHA-256 and structure")
+    parser = subparsers.add_parser(
+        "verify", help="re-check the manifest and every shard's size, SHA-256 and structure"
+    )
     parser.add_argument("out", help="shard folder written by `fastdata preprocess`")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)

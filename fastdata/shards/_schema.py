@@ -78,7 +78,7 @@ class FieldSpec:
             parsed = np.dtype(dtype)
         except TypeError as exc:
             raise ValueError(f"{key}.dtype {dtype!r} is not a NumPy dtype") from exc
-        if parsed.kind not in _NUMERIC_KINDS or parsed.fields is not None or parsed.subdtype:
+        if parsed.kind not in NUMERIC_KINDS or parsed.fields is not None or parsed.subdtype:
             raise ValueError(f"{key}.dtype must be a plain numeric dtype, got {dtype!r}")
         if kind == "encoded" and parsed != np.uint8:
             raise ValueError(f"{key}.dtype of an encoded field must be 'uint8', got {dtype!r}")
@@ -165,7 +165,7 @@ def is_plain_name(name: str) -> bool:
     )
 
 
-_NUMERIC_KINDS = "biuf"  # bool, signed, unsigned, float: never object, string or void
+NUMERIC_KINDS = "biufc"  # bool, int, uint, float, complex: never object, string or void
 
 
 def _expect(value: Any, kind: type, key: str) -> Any:

@@ -17,6 +17,7 @@ from fastdata.errors import ShardFormatError
 from fastdata.shards._schema import (
     FORMAT_NAME,
     FORMAT_VERSION,
+    NUMERIC_KINDS,
     FieldSpec,
     Manifest,
     ShardInfo,
@@ -161,7 +162,7 @@ def _dataset(parent: h5py.Group, name: str, dtype: str, shape: tuple[int, ...]) 
     where = f"{parent.name.rstrip('/')}/{name}"
     if not isinstance(ds, h5py.Dataset):
         raise ValueError(f"{where} is missing or not a dataset")
-    if ds.dtype != np.dtype(dtype) or ds.dtype.kind not in "biuf" or ds.dtype.metadata:
+    if ds.dtype != np.dtype(dtype) or ds.dtype.kind not in NUMERIC_KINDS or ds.dtype.metadata:
         raise ValueError(f"{where} has dtype {ds.dtype}, the manifest records {dtype}")
     if ds.shape != shape:
         raise ValueError(f"{where} has shape {ds.shape}, the manifest records {shape}")

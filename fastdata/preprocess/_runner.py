@@ -148,44 +148,76 @@ def preprocess(
     job_id = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
     root = Path(out).absolute()
     with _exclusive(root):
-        complete = _prepare_out(
-            root, {**record, "num_inputs": len(listing.items)}, tasks, job_id, overwrite
+        return _run_job(
+            root,
+            listing=listing,
+            fields=fields,
+            tasks=tasks,
+            options=options,
+            record=record,
+            job_id=job_id,
+            overwrite=overwrite,
+            engine=engine,
+            show_progress=show_progress,
+            started=started,
         )
-        if complete is not None:
-            return _summary(root, complete, len(complete.shards), 0, started)
-        done = _finished_shards(root, tasks, job_id)
-        pending = [task for task in tasks if task.index not in done]
-        job = ShardJob(str(root), options, fields, listing.kind, job_id)
-        bar = progress_bar(
-            total=sum(len(t.items) for t in pending),
-            desc="preprocess",
-            unit="img",
-            enabled=show_progress,
-        )
-        try:
-            for result in engine.run(pending, job, bar.update):
-                _write_or_fail(root / JOB_DIR / f"{result.info.file}.json", result.to_json())
-                done[result.index] = result
-        finally:
-            bar.close()
-        manifest = Manifest(
-            fields=list(fields),
-            shards=[done[t.index].info for t in tasks],
-            class_names=listing.class_names,
-            stats=_combine_stats([done[t.index] for t in tasks]),
-            source={**listing.describe(), "fingerprint": record["fingerprint"]},
-            options=record["options"],
-            skipped=[s for t in tasks for s in done[t.index].skipped],
-        )
-        _write_or_fail(root / MANIFEST_NAME, manifest.to_json())
-        shutil.rmtree(root / JOB_DIR, ignore_errors=True)
+
+
+def _run_job(
+    root: Path,
+    *,
+    listing: SourceListing,
+    fields: tuple[FieldSpec, ...],
+    tasks: list[ShardTask],
+    options: PreprocessOptions,
+    record: dict[str, Any],
+    job_id: str,
+    overwrite: bool,
+    engine: Engine,
+    show_progress: bool,
+    started: float,
+) -> PreprocessSummary:
+    """The job, run while holding the output folder's lock."""
+    complete = _prepare_out(
+        root, {**record, "num_inputs": len(listing.items)}, tasks, job_id, overwrite
+    )
+    if complete is not None:
+        return _summary(root, complete, len(complete.shards), 0, started)
+    done = _finished_shards(root, tasks, job_id)
+    pending = [task for task in tasks if task.index not in done]
+    job = ShardJob(str(root), options, fields, listing.kind, job_id)
+    bar = progress_bar(
+        total=sum(len(t.items) for t in pending),
+        desc="preprocess",
+        unit="img",
+        enabled=show_progress,
+    )
+    try:
+        for result in engine.run(pending, job, bar.update):
+            _write_or_fail(root / JOB_DIR / f"{result.info.file}.json", result.to_json())
+            done[result.index] = result
+    finally:
+        bar.close()
+    manifest = Manifest(
+        fields=list(fields),
+        shards=[done[t.index].info for t in tasks],
+        class_names=listing.class_names,
+        stats=_combine_stats([done[t.index] for t in tasks]),
+        source={**listing.describe(), "fingerprint": record["fingerprint"]},
+        options=record["options"],
+        skipped=[s for t in tasks for s in done[t.index].skipped],
+    )
+    _write_or_fail(root / MANIFEST_NAME, manifest.to_json())
+    shutil.rmtree(root / JOB_DIR, ignore_errors=True)
     reused = len(tasks) - len(pending)
     return _summary(root, manifest, reused, sum(len(t.items) for t in pending), started)
 
 
 def _inputs_digest(items: tuple[SourceItem, ...]) -> str:
-    """SHA-256 over each input's name, size and modification time (and its mask's): changes
-    when an input of the shard is replaced, repaired or edited."""
+    """SHA-256 over each input's size and modification time (and its mask's), in order: it
+    changes when an input of the shard is replaced, repaired or edited. Names are covered by
+    the job's fingerprint; paths are left out so that a moved source tree stays the same job.
+    """
     digest = hashlib.sha256()
     for item in items:
         for path in (item.path, item.mask):
@@ -193,9 +225,9 @@ def _inputs_digest(items: tuple[SourceItem, ...]) -> str:
                 continue
             try:
                 status = os.stat(path)
-                digest.update(f"{path}\0{status.st_size}\0{status.st_mtime_ns}\n".encode())
+                digest.update(f"{status.st_size}\0{status.st_mtime_ns}\n".encode())
             except OSError:
-                digest.update(f"{path}\0missing\n".encode())
+                digest.update(b"missing\n")
     return digest.hexdigest()
 
 

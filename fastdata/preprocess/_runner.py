@@ -2,7 +2,7 @@
 
 Resumability: ``OUT/.fastdata-job/`` holds ``job.json`` (the options and a fingerprint of
 the input list) and, per finished shard, ``shard-NNNNN.h5.json`` (its checksum, pixel
-statistics, skipped inputs and a digest of its inputs' names, sizes and modification
+statistics, skipped inputs and a digest of its inputs' sizes and modification
 times), written right after the shard is renamed into place. A rerun of the same job keeps
 every shard whose file matches its record and whose inputs are unchanged, and redoes the
 rest; ``index.json`` is written last, and the job folder is removed after it (or by the

@@ -56,8 +56,8 @@ class ShardJob:
 
 @dataclass(frozen=True)
 class ShardTask:
-    """Shard number ``index`` holds ``items``, in order; ``inputs`` digests their names,
-    sizes and modification times (a changed input makes the shard stale)."""
+    """Shard number ``index`` holds ``items``, in order; ``inputs`` digests their sizes and
+    modification times (a changed input makes the shard stale)."""
 
     index: int
     items: tuple[SourceItem, ...]

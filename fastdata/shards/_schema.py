@@ -114,7 +114,7 @@ class ShardInfo:
         sha256: Hex SHA-256 of the whole file.
         job: Identity of the job that wrote the set (``""`` when not recorded); the shard
             file holds the same value in its ``job`` attribute.
-        inputs: Digest of the inputs this shard was made from (names, sizes, modification
+        inputs: Digest of the inputs this shard was made from (sizes and modification
             times; ``""`` when not recorded), also in the file's ``inputs`` attribute.
     """
 

@@ -15,6 +15,7 @@ start to end (released by the kernel if the process dies); a second run is refus
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -46,6 +47,7 @@ from fastdata.shards import (
 
 JOB_DIR = ".fastdata-job"
 LOCK_NAME = ".fastdata-lock"
+_READ_ONLY = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
 _PATH_BYTES_ESTIMATE = 64
 
 
@@ -270,6 +272,11 @@ def _exclusive(root: Path) -> Iterator[None]:
                 break
             os.close(fd)
     except OSError as exc:
+        if exc.errno in _READ_ONLY and (root / MANIFEST_NAME).is_file():
+            # A finished set on a read-only folder: a rerun only checks it, and nobody
+            # can write there meanwhile through this mount.
+            yield
+            return
         raise PreprocessError(f"cannot write to output folder {root}: {exc}") from exc
     try:
         yield

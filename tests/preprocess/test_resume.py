@@ -304,3 +304,22 @@ def test_crash_after_manifest_leaves_no_job_folder_after_rerun(
     assert sorted(p.name for p in out.iterdir()) == ["index.json"] + [
         f"shard-{i:05d}.h5" for i in range(8)
     ]
+
+
+def test_rerun_of_finished_set_on_read_only_folder_needs_no_lock(
+    sample_imagefolder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "o"
+    preprocess(sample_imagefolder, out, SMALL_SHARDS, show_progress=False)
+    original_open = os.open
+
+    def read_only_open(path: Any, flags: int, *args: Any) -> int:
+        if flags & os.O_CREAT:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return original_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", read_only_open)
+    summary = preprocess(sample_imagefolder, out, SMALL_SHARDS, show_progress=False)
+    assert (summary.num_reused_shards, summary.num_processed) == (8, 0)
+    with pytest.raises(PreprocessError, match=r"cannot write to output folder .*Read-only"):
+        preprocess(sample_imagefolder, tmp_path / "new", SMALL_SHARDS, show_progress=False)

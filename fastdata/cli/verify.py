@@ -1,4 +1,5 @@
-"""``fastdata verify OUT``: re-check every shard checksum; non-zero exit on corruption."""
+"""``fastdata verify OUT``: re-check the manifest and every shard (size, SHA-256, and the
+structure readers check at open); non-zero exit on any problem."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from fastdata.shards import load_manifest, verify_shards
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "verify",
-        help="re-check every shard's size and SHA-256",
-        description="Re-read every shard file of a shard set and compare its size and SHA-256 "
-        "with index.json. Prints OK, or one line per corrupt or missing shard and exits with 1 "
+        help="re-check the manifest and every shard's size, SHA-256 and structure",
+        description="Re-read every shard file of a shard set: compare its size and SHA-256 with "
+        "index.json and check its structure (sample count, dtypes, shapes, job id) against the "
+        "manifest. Prints OK, or one line per corrupt or missing shard and exits with 1 "
         "(2 for a usage error).",
         formatter_class=HelpFormatter,
     )

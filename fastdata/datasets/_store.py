@@ -2,7 +2,8 @@
 
 Both stores present the same small interface to the datasets: fields, segments
 (a shard, or the one RAM buffer) with direct array views, and a batched gather that
-copies rows in file order, split across a thread pool.
+copies rows in file order, split across a thread pool. Indexing and gathering are the
+functions of :mod:`fastdata._gather`, which :class:`~fastdata.shards.ShardReader` uses too.
 """
 
 from __future__ import annotations
@@ -14,12 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from fastdata._threads import parallel_for
+from fastdata._gather import gather_encoded, gather_rows, locate
 from fastdata.datasets._shm import SharedBuffer
 from fastdata.shards import FieldSpec, ShardReader
-
-# Below this many bytes per sample a vectorised fancy-index read beats a copy loop.
-_SMALL_SAMPLE_BYTES = 512
 
 
 class Store:
@@ -60,31 +58,18 @@ class Store:
         """Copy samples ``indices`` of an array field into ``out[0:len(indices)]``.
 
         Rows are read in ascending (segment, offset) order, and the copy loop is split
-        into ``tasks`` slices on ``executor`` (NumPy releases the GIL while copying).
+        into ``tasks`` slices on ``executor`` (see :func:`fastdata._gather.gather_rows`).
         """
         segments, local = self.locate(indices)
-        small = self.specs[field].sample_nbytes <= _SMALL_SAMPLE_BYTES
-        copies: list[tuple[int, Any, int]] = []  # (output row, view, row in view), file order
-        for segment in np.unique(segments).tolist():
-            positions = np.flatnonzero(segments == segment)
-            view = self.array_view(field, segment)
-            if not isinstance(view, np.ndarray):  # h5py (chunked): sorted unique rows only
-                unique, inverse = np.unique(local[positions], return_inverse=True)
-                out[positions] = view[unique][inverse]
-            elif small:
-                out[positions] = view[local[positions]]
-            else:
-                order = np.argsort(local[positions], kind="stable")
-                rows = local[positions][order].tolist()
-                copies += [
-                    (p, view, r) for p, r in zip(positions[order].tolist(), rows, strict=True)
-                ]
-
-        def body(start: int, stop: int) -> None:
-            for position, view, row in copies[start:stop]:
-                out[position] = view[row]
-
-        parallel_for(executor, len(copies), body, tasks=tasks)
+        gather_rows(
+            lambda segment: self.array_view(field, segment),
+            segments,
+            local,
+            out,
+            sample_nbytes=self.specs[field].sample_nbytes,
+            executor=executor,
+            tasks=tasks,
+        )
 
     def rows(self, field: str, indices: np.ndarray) -> list[np.ndarray] | None:
         """Read-only views of samples ``indices`` of an array field, without copying
@@ -98,14 +83,7 @@ class Store:
     def encoded(self, field: str, indices: np.ndarray) -> list[np.ndarray]:
         """Encoded samples as 1-D ``uint8`` arrays (views where the storage allows)."""
         segments, local = self.locate(indices)
-        cache: dict[int, tuple[Any, np.ndarray]] = {}
-        result = []
-        for segment, position in zip(segments.tolist(), local.tolist(), strict=True):
-            if segment not in cache:
-                cache[segment] = self.encoded_view(field, segment)
-            blob, offsets = cache[segment]
-            result.append(np.asarray(blob[offsets[position] : offsets[position + 1]]))
-        return result
+        return gather_encoded(lambda segment: self.encoded_view(field, segment), segments, local)
 
 
 class ShardStore(Store):
@@ -156,17 +134,13 @@ class RAMStore(Store):
         self.offsets = offsets
         self.num_samples = num_samples
         self.sources = sources
+        self._starts = np.array([0, num_samples], np.int64)  # one segment
 
     def __len__(self) -> int:
         return self.num_samples
 
     def locate(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        indices = np.asarray(indices, dtype=np.int64)
-        n = self.num_samples
-        if indices.size and (indices.min() < -n or indices.max() >= n):
-            bad = indices[(indices < -n) | (indices >= n)][0]
-            raise IndexError(f"sample index {int(bad)} out of range for {n} samples")
-        return np.zeros(indices.shape, np.int64), np.where(indices < 0, indices + n, indices)
+        return locate(self._starts, indices)
 
     def array_view(self, field: str, segment: int) -> np.ndarray:
         spec = self.specs[field]

@@ -64,15 +64,18 @@ class ShardJob:
     options: PreprocessOptions
     fields: tuple[FieldSpec, ...]
     source_kind: str
+    job_id: str = ""  # written into every shard; readers compare it with the manifest
     loader: SampleLoader | None = None
 
 
 @dataclass(frozen=True)
 class ShardTask:
-    """Shard number ``index`` holds ``items``, in order."""
+    """Shard number ``index`` holds ``items``, in order; ``inputs`` digests their sizes and
+    modification times (a changed input makes the shard stale)."""
 
     index: int
     items: tuple[SourceItem, ...]
+    inputs: str = ""
 
     @property
     def file(self) -> str:
@@ -98,7 +101,8 @@ class ShardResult:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ShardResult:
-        return cls(data["index"], ShardInfo(**data["info"]), data["stats"], data["skipped"])
+        info = ShardInfo.from_json(data["info"], "info")
+        return cls(data["index"], info, data["stats"], data["skipped"])
 
 
 def field_names(prefix: str, sizes: tuple[int, ...]) -> list[str]:
@@ -301,7 +305,13 @@ def write_shard(task: ShardTask, job: ShardJob, results: Iterable[SampleResult])
     totals: dict[str, list[Any]] = {}
     skipped: list[dict[str, str]] = []
     try:
-        with ShardWriter(path, job.fields, compression=job.options.compression) as writer:
+        with ShardWriter(
+            path,
+            job.fields,
+            compression=job.options.compression,
+            job=job.job_id,
+            inputs=task.inputs,
+        ) as writer:
             for result in results:
                 if isinstance(result, SampleFailure):
                     if job.options.on_error == "fail":

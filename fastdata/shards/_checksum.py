@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastdata._progress import progress_bar
-from fastdata.shards._schema import ShardInfo, load_manifest
+from fastdata.errors import ShardFormatError
+from fastdata.shards._schema import Manifest, ShardInfo, load_manifest
+from fastdata.shards.reader import open_shard
 
 _BLOCK_BYTES = 8 << 20
 
@@ -48,31 +50,54 @@ class VerifyProblem:
 def verify_shards(root: str | Path, *, show_progress: bool = True) -> list[VerifyProblem]:
     """Re-check every shard of a shard set against its manifest.
 
+    The manifest itself is checked when loaded (types, plain file names, no shard or field
+    listed twice, totals). Then each shard must be a regular file of the recorded size and
+    SHA-256 whose contents agree with the manifest: format attributes, sample count, job
+    identity, and per field the dataset's dtype, shape, storage and offsets (the checks a
+    reader makes when it opens the shard).
+
     Returns:
-        The shards that are missing, of the wrong size, or whose checksum differs; empty
-        when everything verifies.
+        The shards that fail, with the reason; empty when everything verifies.
+
+    Raises:
+        ShardFormatError: The manifest is missing or malformed.
     """
     root = Path(root)
     manifest = load_manifest(root)
+    if root.suffix == ".json":
+        root = root.parent
     problems: list[VerifyProblem] = []
     # Bytes, not shards: one shard is up to a GiB, seconds of hashing.
     total = sum(info.num_bytes for info in manifest.shards)
     bar = progress_bar(total=total, desc="verify", unit="B", enabled=show_progress)
     try:
         for info in manifest.shards:
-            path = root / info.file
-            if not path.is_file():
-                problems.append(VerifyProblem(info.file, "missing"))
-                bar.update(info.num_bytes)
-            elif (size := path.stat().st_size) != info.num_bytes:
-                problems.append(
-                    VerifyProblem(info.file, f"size {size} bytes, expected {info.num_bytes}")
-                )
-                bar.update(info.num_bytes)
-            elif (digest := file_sha256(path, bar.update)) != info.sha256:
-                problems.append(
-                    VerifyProblem(info.file, f"sha256 {digest[:12]}…, expected {info.sha256[:12]}…")
-                )
+            reason = _problem(root / info.file, info, manifest, bar.update)
+            if reason is not None:
+                problems.append(VerifyProblem(info.file, reason))
     finally:
         bar.close()
     return problems
+
+
+def _problem(
+    path: Path, info: ShardInfo, manifest: Manifest, advance: Callable[[int], object]
+) -> str | None:
+    """Why the shard at ``path`` does not match ``info``, or ``None``; ``advance(n)`` counts
+    its ``info.num_bytes`` bytes, hashed or not."""
+    if not path.exists():
+        reason: str | None = "missing"
+    elif not path.is_file():
+        reason = "not a regular file"
+    elif (size := path.stat().st_size) != info.num_bytes:
+        reason = f"size {size} bytes, expected {info.num_bytes}"
+    else:
+        if (digest := file_sha256(path, advance)) != info.sha256:
+            return f"sha256 {digest[:12]}…, expected {info.sha256[:12]}…"
+        try:
+            open_shard(path, info, manifest.fields, use_mmap=False).close()
+        except ShardFormatError as exc:
+            return str(exc).removesuffix(f": {path}")
+        return None
+    advance(info.num_bytes)
+    return reason

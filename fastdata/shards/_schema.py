@@ -67,28 +67,123 @@ class FieldSpec:
         return out
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> FieldSpec:
+    def from_json(cls, data: Any, key: str = "fields[0]") -> FieldSpec:
+        """A spec from its manifest entry; ``ValueError`` naming ``key`` when malformed."""
+        entry = _expect(data, dict, key)
+        kind = _expect(entry.get("kind"), str, f"{key}.kind")
+        if kind not in ("array", "encoded"):
+            raise ValueError(f"{key}.kind must be 'array' or 'encoded', got {kind!r}")
+        dtype = _expect(entry.get("dtype"), str, f"{key}.dtype")
+        try:
+            parsed = np.dtype(dtype)
+        except TypeError as exc:
+            raise ValueError(f"{key}.dtype {dtype!r} is not a NumPy dtype") from exc
+        if parsed.kind not in NUMERIC_KINDS or parsed.fields is not None or parsed.subdtype:
+            raise ValueError(f"{key}.dtype must be a plain numeric dtype, got {dtype!r}")
+        if kind == "encoded" and parsed != np.uint8:
+            raise ValueError(f"{key}.dtype of an encoded field must be 'uint8', got {dtype!r}")
+        shape = _expect(entry.get("shape", []), list, f"{key}.shape")
+        for axis, size in enumerate(shape):
+            _count(size, f"{key}.shape[{axis}]")
+        if kind == "encoded" and shape:
+            raise ValueError(f"{key}.shape of an encoded field must be [], got {shape}")
+        encoding = entry.get("encoding")
+        if encoding is not None:
+            _expect(encoding, str, f"{key}.encoding")
+        name = _expect(entry.get("name"), str, f"{key}.name")
+        if not name or "/" in name or name in (".", ".."):
+            raise ValueError(f"{key}.name must be a non-empty name without '/', got {name!r}")
         return cls(
-            name=data["name"],
-            kind=data["kind"],
-            dtype=data["dtype"],
-            shape=tuple(data.get("shape", ())),
-            layout=data.get("layout", ""),
-            encoding=data.get("encoding"),
+            name=name,
+            kind=kind,
+            dtype=dtype,
+            shape=tuple(shape),
+            layout=_expect(entry.get("layout", ""), str, f"{key}.layout"),
+            encoding=encoding,
         )
 
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """One shard file as the manifest records it."""
+    """One shard file as the manifest records it.
+
+    Attributes:
+        file: File name inside the shard set's folder (never a path).
+        num_samples: Samples in the shard.
+        num_bytes: Size of the file.
+        sha256: Hex SHA-256 of the whole file.
+        job: Identity of the job that wrote the set (``""`` when not recorded); the shard
+            file holds the same value in its ``job`` attribute.
+        inputs: Digest of the inputs this shard was made from (sizes and modification
+            times; ``""`` when not recorded), also in the file's ``inputs`` attribute.
+    """
 
     file: str
     num_samples: int
     num_bytes: int
     sha256: str
+    job: str = ""
+    inputs: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        for key in ("job", "inputs"):
+            if not out[key]:
+                del out[key]
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any, key: str = "shards[0]") -> ShardInfo:
+        """An entry from its manifest JSON; ``ValueError`` naming ``key`` when malformed."""
+        entry = _expect(data, dict, key)
+        file = _expect(entry.get("file"), str, f"{key}.file")
+        if not is_plain_name(file):
+            raise ValueError(
+                f"{key}.file must be a plain file name inside the shard folder, got {file!r}"
+            )
+        sha256 = _expect(entry.get("sha256"), str, f"{key}.sha256")
+        if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+            raise ValueError(f"{key}.sha256 must be 64 lowercase hex digits, got {sha256!r}")
+        return cls(
+            file=file,
+            num_samples=_count(entry.get("num_samples"), f"{key}.num_samples"),
+            num_bytes=_count(entry.get("num_bytes"), f"{key}.num_bytes"),
+            sha256=sha256,
+            job=_expect(entry.get("job", ""), str, f"{key}.job"),
+            inputs=_expect(entry.get("inputs", ""), str, f"{key}.inputs"),
+        )
+
+
+def is_plain_name(name: str) -> bool:
+    """True for a file name that stays inside its folder: no separator, not ``.``/``..``."""
+    return (
+        bool(name)
+        and name not in (".", "..")
+        and "/" not in name
+        and "\\" not in name
+        and "\0" not in name
+    )
+
+
+NUMERIC_KINDS = "biufc"  # bool, int, uint, float, complex: never object, string or void
+
+
+def _expect(value: Any, kind: type, key: str) -> Any:
+    """``value`` when it is a ``kind`` (a JSON type); ``ValueError`` naming ``key`` else."""
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        names = {dict: "an object", list: "a list", str: "a string", int: "an integer"}
+        raise ValueError(
+            f"{key} must be {names.get(kind, kind.__name__)}, got {type(value).__name__} "
+            f"{value!r:.60}"
+        )
+    return value
+
+
+def _count(value: Any, key: str) -> int:
+    """A non-negative JSON integer; ``ValueError`` naming ``key`` else."""
+    if _expect(value, int, key) < 0:
+        raise ValueError(f"{key} must be >= 0, got {value}")
+    return int(value)
 
 
 @dataclass
@@ -146,29 +241,70 @@ class Manifest:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], path: str | Path) -> Manifest:
+    def from_json(cls, data: Any, path: str | Path) -> Manifest:
+        """Parse and check a manifest.
+
+        Raises:
+            ShardFormatError: Not a manifest of a version this fastdata reads, or malformed:
+                a key of the wrong type or value (the message names it), a shard ``file``
+                that is not a plain name inside the folder, a shard listed twice, a field
+                listed twice, or totals that disagree with the shard entries.
+        """
+        if not isinstance(data, dict):
+            raise ShardFormatError(
+                f"malformed manifest (a JSON object expected, got {type(data).__name__})", path
+            )
         if data.get("format") != FORMAT_NAME:
             raise ShardFormatError(f"not a {FORMAT_NAME} manifest", path)
         version = data.get("version")
-        if version != FORMAT_VERSION:
+        if version != FORMAT_VERSION or isinstance(version, bool):
             raise ShardFormatError(
                 f"manifest format version {version} is not supported "
                 f"(this fastdata reads version {FORMAT_VERSION})",
                 path,
             )
         try:
-            return cls(
-                fields=[FieldSpec.from_json(f) for f in data["fields"]],
-                shards=[ShardInfo(**s) for s in data["shards"]],
-                class_names=list(data.get("class_names", [])),
-                stats=dict(data.get("stats", {})),
-                source=dict(data.get("source", {})),
-                options=dict(data.get("options", {})),
-                skipped=list(data.get("skipped", [])),
+            manifest = cls(
+                fields=[
+                    FieldSpec.from_json(f, f"fields[{i}]")
+                    for i, f in enumerate(_expect(data.get("fields"), list, "fields"))
+                ],
+                shards=[
+                    ShardInfo.from_json(s, f"shards[{i}]")
+                    for i, s in enumerate(_expect(data.get("shards"), list, "shards"))
+                ],
+                class_names=list(_expect(data.get("class_names", []), list, "class_names")),
+                stats=dict(_expect(data.get("stats", {}), dict, "stats")),
+                source=dict(_expect(data.get("source", {}), dict, "source")),
+                options=dict(_expect(data.get("options", {}), dict, "options")),
+                skipped=list(_expect(data.get("skipped", []), list, "skipped")),
                 version=version,
             )
+            manifest.check()
+            for key in ("num_samples", "num_bytes"):
+                if key in data and _count(data[key], key) != getattr(manifest, key):
+                    raise ValueError(
+                        f"{key} is {data[key]} but the shard entries add up to "
+                        f"{getattr(manifest, key)}"
+                    )
         except (KeyError, TypeError, ValueError) as exc:
             raise ShardFormatError(f"malformed manifest ({exc})", path) from exc
+        return manifest
+
+    def check(self) -> None:
+        """``ValueError`` when a field or a shard file is listed twice, or no field at all."""
+        if not self.fields:
+            raise ValueError("fields must list at least one field")
+        for what, names in (
+            ("fields", [f.name for f in self.fields]),
+            ("shards", [s.file for s in self.shards]),
+        ):
+            seen: set[str] = set()
+            for i, name in enumerate(names):
+                if name in seen:
+                    key = "name" if what == "fields" else "file"
+                    raise ValueError(f"{what}[{i}].{key} {name!r} is listed twice")
+                seen.add(name)
 
 
 def manifest_path(root: str | Path) -> Path:
@@ -194,11 +330,15 @@ def load_manifest(root: str | Path) -> Manifest:
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON to ``path`` so that readers see the old file or the whole new one."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as fh:
+            json.dump(data, fh, indent=1)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # disk full, interrupted: leave no temporary file behind
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
 
 

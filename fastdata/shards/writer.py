@@ -39,10 +39,19 @@ class ShardWriter:
         fields: What every sample holds (see :class:`FieldSpec`).
         compression: ``None`` (default: contiguous, memory-mappable), ``"gzip"`` or
             ``"lzf"`` (lossless, chunked by sample; array fields only).
+        job: Identity of the job writing the set, stored as the shard's ``job`` attribute
+            and in its :class:`ShardInfo` (readers compare the two).
+        inputs: Digest of the inputs of this shard, stored likewise as ``inputs``.
     """
 
     def __init__(
-        self, path: str | Path, fields: Sequence[FieldSpec], *, compression: str | None = None
+        self,
+        path: str | Path,
+        fields: Sequence[FieldSpec],
+        *,
+        compression: str | None = None,
+        job: str = "",
+        inputs: str = "",
     ) -> None:
         if compression is not None and compression not in COMPRESSIONS:
             raise ValueError(
@@ -54,6 +63,7 @@ class ShardWriter:
         self.path = Path(path)
         self.fields = list(fields)
         self.compression = compression
+        self.identity = {"job": job, "inputs": inputs}
         self.num_samples = 0
         self._spill_dir = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", dir=self.path.parent))
         self._spills: dict[str, BinaryIO] = {
@@ -103,6 +113,7 @@ class ShardWriter:
             num_samples=self.num_samples,
             num_bytes=self.path.stat().st_size,
             sha256=file_sha256(self.path),
+            **self.identity,
         )
 
     def abort(self) -> None:
@@ -137,6 +148,9 @@ class ShardWriter:
             h5.attrs["format"] = FORMAT_NAME
             h5.attrs["version"] = FORMAT_VERSION
             h5.attrs["num_samples"] = n
+            for key, value in self.identity.items():
+                if value:
+                    h5.attrs[key] = value
             for spec in self.fields:
                 spill = self._spill_dir / spec.name
                 if spec.kind == "array":

@@ -31,9 +31,7 @@ class _CollatedTensor(torch.Tensor):
     """
 
     @classmethod
-    def __torch_function__(  # type: ignore[override]
-        cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
-    ) -> Any:
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         with torch._C.DisableTorchFunctionSubclass():
             out = func(*args, **(kwargs or {}))
         if func is torch.Tensor.__getitem__ and type(out) is torch.Tensor:

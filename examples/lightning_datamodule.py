@@ -50,11 +50,10 @@ class ShardDataModule(L.LightningDataModule):
         self.train_set = ShardDataset(self.path, fields=("image", "label"), num_threads=1)
 
     def train_dataloader(self) -> ResumableDataLoader:
+        trainer = self.trainer
+        assert trainer is not None  # Lightning calls this with the trainer attached
         sampler = ShardAwareDistributedSampler(
-            self.train_set,
-            num_replicas=self.trainer.world_size,
-            rank=self.trainer.global_rank,
-            seed=0,
+            self.train_set, num_replicas=trainer.world_size, rank=trainer.global_rank, seed=0
         )
         return self.train_set.loader(
             batch_size=self.batch_size,
@@ -90,7 +89,9 @@ class TinyClassifier(L.LightningModule):
 
     def on_train_epoch_end(self) -> None:
         seen = torch.tensor([self.seen], dtype=torch.int64)
-        total = int(self.all_gather(seen).sum())
+        gathered = self.all_gather(seen)
+        assert isinstance(gathered, torch.Tensor)
+        total = int(gathered.sum())
         if self.global_rank == 0:
             print(
                 f"epoch {self.current_epoch}: {total} samples over {self.trainer.world_size} ranks"
@@ -119,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     data = ShardDataModule(args.shards, args.batch_size, args.num_workers)
     model = TinyClassifier(data.num_classes, record=args.record)
-    callbacks = []
+    callbacks: list[L.Callback] = []
     if args.checkpoint_every:
         callbacks.append(
             ModelCheckpoint(

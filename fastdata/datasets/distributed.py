@@ -230,7 +230,10 @@ class ShardAwareDistributedSampler(DistributedSampler):
     def _inspect_callers(self) -> int:
         """Refuse a second sharding wrapper; return the worker count of a plain DataLoader
         iterator driving this iteration (0 for none, for torchdata's, or single-process)."""
-        frame: FrameType | None = sys._getframe(2)
+        try:
+            frame: FrameType | None = sys._getframe(2)  # the caller of __iter__
+        except ValueError:  # called from the top of the stack
+            return 0
         for _ in range(_MAX_CALLER_FRAMES):
             if frame is None:
                 break

@@ -30,8 +30,8 @@ demo: $(VENV)/.installed-$(DEMO_EXTRAS)
 	$(PY) tools/demo.py
 
 test: $(VENV)/.installed-$(TEST_EXTRAS)
-	$(VENV)/bin/ruff check fastdata tests tools benchmarks
-	$(VENV)/bin/ruff format --check fastdata tests tools benchmarks
+	$(VENV)/bin/ruff check fastdata tests tools benchmarks examples
+	$(VENV)/bin/ruff format --check fastdata tests tools benchmarks examples
 	$(VENV)/bin/mypy
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 	$(PY) -m pytest -q
@@ -48,8 +48,8 @@ docs: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 lint: $(VENV)/.installed-$(TEST_EXTRAS)
-	$(VENV)/bin/ruff check fastdata tests tools benchmarks
-	$(VENV)/bin/ruff format --check fastdata tests tools benchmarks
+	$(VENV)/bin/ruff check fastdata tests tools benchmarks examples
+	$(VENV)/bin/ruff format --check fastdata tests tools benchmarks examples
 	$(VENV)/bin/mypy
 
 # Each run writes benchmarks/results/runs/ (git-ignored); `make bench BENCH_ARGS=--publish`

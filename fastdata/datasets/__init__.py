@@ -2,7 +2,10 @@
 
 - :class:`ShardDataset`: memory-mapped shard sets (``fastdata preprocess`` output).
 - :class:`RAMDataset`: a dataset in shared RAM (encoded files, shards or arrays).
-- :func:`passthrough_collate`: the ``collate_fn`` for their ready-made batches.
+- :func:`passthrough_collate`: the ``collate_fn`` for their ready-made batches (the
+  default collate recognises them too).
+- :class:`ResumableDataLoader`: a ``DataLoader`` whose ``state_dict()`` resumes mid-epoch
+  exactly with workers (``dataset.loader(...)`` makes one).
 - :class:`ShardAwareDistributedSampler`: DDP sampling that keeps each rank on its shards.
 - :func:`share_on_node`: one ``RAMDataset`` per node for all its local ranks.
 
@@ -12,6 +15,7 @@ process): the ``fastdata.tune`` autotuner tries ``num_workers=0`` with several
 """
 
 from fastdata.datasets._collate import passthrough_collate
+from fastdata.datasets._loader import ResumableDataLoader
 from fastdata.datasets._memory import MemoryReport
 from fastdata.datasets.distributed import ShardAwareDistributedSampler, ShardSized, shard_sizes_of
 from fastdata.datasets.node_shared import share_on_node, shared_memory_usage
@@ -21,6 +25,7 @@ from fastdata.datasets.shard_dataset import ShardDataset
 __all__ = [
     "MemoryReport",
     "RAMDataset",
+    "ResumableDataLoader",
     "ShardAwareDistributedSampler",
     "ShardDataset",
     "ShardSized",

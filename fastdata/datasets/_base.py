@@ -16,6 +16,8 @@ from torch.utils.data import Dataset, get_worker_info
 from fastdata._codec import decode_image
 from fastdata._system import available_memory_bytes, usable_cpus
 from fastdata._threads import parallel_for
+from fastdata.datasets._collate import mark_collated
+from fastdata.datasets._loader import ResumableDataLoader
 from fastdata.datasets._memory import MemoryReport
 from fastdata.datasets._store import RAMStore, Store
 from fastdata.errors import DecodeError
@@ -129,11 +131,32 @@ class BatchedDataset(Dataset):
             A tuple in ``fields`` order (the bare value for one field): images
             ``(B, C, H, W)`` uint8 (a channels-last view of ``(B, H, W, C)`` memory, no
             copy) or ``(B, H, W, C)``, masks ``(B, H, W)`` uint8, labels ``(B,)`` int64, and
-            for encoded fields with ``decode=False`` a list of 1-D uint8 tensors. Pass
-            :func:`~fastdata.datasets.passthrough_collate` as the DataLoader's ``collate_fn``.
+            for encoded fields with ``decode=False`` a list of 1-D uint8 tensors. The
+            DataLoader's default collate hands it on untouched, as
+            :func:`~fastdata.datasets.passthrough_collate` does (its first value is marked
+            as collated; both collates return plain tensors).
         """
         batch = self._read(np.asarray(indices, dtype=np.int64).reshape(-1), single=False)
-        return batch if len(batch) > 1 else batch[0]
+        return mark_collated(batch if len(batch) > 1 else batch[0])
+
+    def loader(self, batch_size: int = 1, **kwargs: Any) -> ResumableDataLoader:
+        """A :class:`~fastdata.datasets.ResumableDataLoader` over this dataset.
+
+        A ``DataLoader`` with ``collate_fn`` defaulting to
+        :func:`~fastdata.datasets.passthrough_collate` whose ``state_dict()`` /
+        ``load_state_dict()`` resume mid-epoch exactly (with a
+        :class:`~fastdata.datasets.ShardAwareDistributedSampler`), workers or not.
+
+        Args:
+            batch_size: Samples per batch.
+            **kwargs: Any other ``DataLoader`` argument (``sampler``, ``shuffle``,
+                ``num_workers``, ``pin_memory``, ...).
+
+        Example:
+            >>> loader = ds.loader(batch_size=64, shuffle=True)            # doctest: +SKIP
+            >>> images, labels = next(iter(loader))  # (64, 3, H, W) uint8, (64,) int64
+        """
+        return ResumableDataLoader(self, batch_size=batch_size, **kwargs)
 
     # -- reading ------------------------------------------------------------------------
     def _read(self, indices: np.ndarray, single: bool) -> tuple[Any, ...]:
@@ -161,7 +184,12 @@ class BatchedDataset(Dataset):
                     values[name] = value[torch.from_numpy(keep)]
         first = self.fields[0]
         values[first] = self._transform(values[first], first, executor, tasks)
-        return tuple(self._to_torch(name, values[name]) for name in self.fields)
+        return tuple(
+            values[name]
+            if name == first and self._per_sample(name)
+            else self._to_torch(name, values[name])
+            for name in self.fields
+        )
 
     def _gather(
         self, name: str, spec: FieldSpec, indices: np.ndarray, executor: Executor | None, tasks: int
@@ -214,28 +242,39 @@ class BatchedDataset(Dataset):
                 logger.debug("skipped a sample: %s", error)
         return decoded
 
-    def _transform(self, images: Any, name: str, executor: Executor | None, tasks: int) -> Any:
-        """Apply ``transform`` to the first field: batch transforms once per batch on the
-        NumPy ``(B, H, W, C)`` batch, any other callable per sample on tensors."""
+    def _transforms(self, name: str) -> bool:
+        """Whether ``transform`` applies to field ``name`` (the first, an image)."""
         spec = self.store.specs[name]
         is_image = spec.kind == "array" or (self.decode and spec.encoding in IMAGE_ENCODINGS)
-        if self.transform is None or not is_image:
+        return self.transform is not None and is_image and name == self.fields[0]
+
+    def _per_sample(self, name: str) -> bool:
+        """Whether a per-sample (torchvision-style) callable transforms field ``name``."""
+        return self._transforms(name) and not getattr(self.transform, "batched", False)
+
+    def _transform(self, images: Any, name: str, executor: Executor | None, tasks: int) -> Any:
+        """Apply ``transform`` to the first field: batch transforms once per batch on the
+        NumPy ``(B, H, W, C)`` batch, any other callable per sample on a ``(C, H, W)``
+        tensor (the output stacked in ``layout``)."""
+        if not self._transforms(name) or self.transform is None:
             return images
         if getattr(self.transform, "batched", False):
             array = images.numpy() if isinstance(images, torch.Tensor) else images
             return self.transform.apply(array, executor, tasks)  # type: ignore[attr-defined]
-        return [self.transform(self._image_tensor(image)) for image in images]
+        outputs = [self.transform(self._image_tensor(image)) for image in images]
+        return _stack_transformed(outputs, self.transform, self.layout)
 
-    def _image_tensor(self, image: np.ndarray | torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _image_tensor(image: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """A per-sample transform's input: ``(C, H, W)`` uint8 (``(H, W)`` for gray), the
+        torchvision convention, whatever ``layout`` the batches have."""
         tensor = image if isinstance(image, torch.Tensor) else torch.from_numpy(image)
-        if tensor.dim() == 3 and self.layout == "CHW":
+        if tensor.dim() == 3:
             return tensor.permute(2, 0, 1)
         return tensor
 
     def _to_torch(self, name: str, value: Any) -> Any:
         if isinstance(value, list):
-            if value and isinstance(value[0], torch.Tensor) and self.transform is not None:
-                return torch.stack(value)  # per-sample (torchvision-style) transform outputs
             if not value or not isinstance(value[0], np.ndarray):
                 return value  # encoded bytes as 1-D tensors, or strings
             value = stack_images(value)
@@ -269,6 +308,41 @@ class BatchedDataset(Dataset):
         state = self.__dict__.copy()
         state["_executor"] = None
         return state
+
+
+def _stack_transformed(outputs: list[Any], transform: Any, layout: str) -> Any:
+    """Stack per-sample transform outputs into a batch in ``layout``.
+
+    The transform gets ``(C, H, W)`` and returns ``(C, H', W')`` (or ``(H', W')``); the batch
+    is ``(B, C, H', W')`` for ``"CHW"`` and a ``(B, H', W', C)`` view for ``"HWC"``.
+
+    Raises:
+        TypeError: An output is not a tensor or an array.
+        ValueError: Outputs differ in shape (they cannot make one batch).
+    """
+    if not outputs:
+        return torch.empty(0, dtype=torch.uint8)
+    tensors = []
+    for item in outputs:
+        output = torch.from_numpy(item) if isinstance(item, np.ndarray) else item
+        if not isinstance(output, torch.Tensor):
+            raise TypeError(
+                f"transform {transform!r} returned {type(output).__name__}; a per-sample "
+                "transform must return a tensor (end it with e.g. torchvision's "
+                "transforms.v2.ToImage() / PILToTensor())"
+            )
+        tensors.append(output)
+    shapes = {tuple(t.shape) for t in tensors}
+    if len(shapes) > 1:
+        raise ValueError(
+            f"transform {transform!r} returned samples of different shapes "
+            f"{sorted(shapes)[:3]}: a per-sample transform gets (C, H, W) and must give every "
+            "sample one shape (add a Resize/CenterCrop to a fixed size)"
+        )
+    batch = torch.stack(tensors)
+    if batch.dim() == 4 and layout == "HWC":
+        return batch.permute(0, 2, 3, 1)
+    return batch
 
 
 def _empty(shape: tuple[int, ...], dtype: str) -> torch.Tensor:

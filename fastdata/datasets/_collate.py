@@ -1,10 +1,110 @@
-"""Collate for datasets whose ``__getitems__`` already returns a collated batch."""
+"""Collate for datasets whose ``__getitems__`` already returns a collated batch.
+
+``DataLoader``'s default ``collate_fn`` would take such a batch apart as if it were a list
+of samples. fastdata marks the first value of each batch (a zero-copy view of a private
+tensor subclass, or a list subclass) and registers that type with PyTorch's collate
+extension mechanism (``torch.utils.data._utils.collate.default_collate_fn_map``): the
+default collate then hands the batch on untouched, as :func:`passthrough_collate` does,
+and both give back plain tensors and lists.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch.utils.data import default_collate
+from torch.utils.data._utils.collate import default_collate_fn_map
+
+
+class _CollatedRow(torch.Tensor):
+    """``batch[0]`` of a marked one-field batch: what the default collate dispatches on."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+
+
+class _CollatedTensor(torch.Tensor):
+    """Marks a batch tensor ``__getitems__`` already collated (first field, or the only one).
+
+    Operations on it return plain tensors, except indexing, which returns a
+    :class:`_CollatedRow` so that the default collate recognises a one-field batch too.
+    """
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **(kwargs or {}))
+        if func is torch.Tensor.__getitem__ and type(out) is torch.Tensor:
+            return out.as_subclass(_CollatedRow)
+        return out
+
+
+class _CollatedList(list):
+    """Marks a list field (encoded bytes, strings) at the head of a collated batch."""
+
+
+def mark_collated(batch: Any) -> Any:
+    """``batch`` with its first value marked as already collated (no data copied).
+
+    Args:
+        batch: What ``__getitems__`` returns: a tuple of fields (tensors or lists), a bare
+            ``(B, ...)`` tensor (one field) or a bare list (one encoded field).
+    """
+    if type(batch) is torch.Tensor:
+        return batch.as_subclass(_CollatedTensor)
+    if isinstance(batch, tuple) and batch:
+        return (_mark(batch[0]), *batch[1:])
+    if isinstance(batch, list) and batch and isinstance(batch[0], torch.Tensor):
+        return [_mark(batch[0]), *batch[1:]]
+    return batch
+
+
+def _mark(value: Any) -> Any:
+    if type(value) is torch.Tensor:
+        return value.as_subclass(_CollatedTensor)
+    if type(value) is list:
+        return _CollatedList(value)
+    return value
+
+
+def _unmark(value: Any) -> Any:
+    if isinstance(value, _CollatedTensor | _CollatedRow):
+        return value.as_subclass(torch.Tensor)
+    if isinstance(value, _CollatedList):
+        return list(value)
+    return value
+
+
+def unmark_collated(batch: Any) -> Any:
+    """``batch`` with plain types again (the inverse of :func:`mark_collated`)."""
+    if isinstance(batch, _CollatedTensor):
+        return _unmark(batch)
+    if isinstance(batch, tuple) and batch and isinstance(batch[0], _CollatedTensor | _CollatedList):
+        return (_unmark(batch[0]), *batch[1:])
+    if isinstance(batch, list) and batch and isinstance(batch[0], _CollatedTensor):
+        return [_unmark(batch[0]), *batch[1:]]
+    return batch
+
+
+def is_collated(batch: Any) -> bool:
+    """Whether ``batch`` came marked from a fastdata ``__getitems__``."""
+    if isinstance(batch, _CollatedTensor):
+        return True
+    return (
+        isinstance(batch, tuple | list)
+        and bool(batch)
+        and isinstance(batch[0], _CollatedTensor | _CollatedList)
+    )
+
+
+def _collate_marked(batch: Any, *, collate_fn_map: Any = None) -> Any:
+    """``default_collate``'s handler for a marked batch: hand it on untouched."""
+    return unmark_collated(batch)
+
+
+default_collate_fn_map[_CollatedTensor] = _collate_marked
+default_collate_fn_map[_CollatedList] = _collate_marked
+default_collate_fn_map[_CollatedRow] = _collate_marked
 
 
 def passthrough_collate(batch: Any) -> Any:
@@ -12,16 +112,19 @@ def passthrough_collate(batch: Any) -> Any:
 
     ``DataLoader`` calls ``collate_fn`` on whatever the dataset's ``__getitems__``
     returned. fastdata datasets return a finished batch (a tuple of tensors, or of a list
-    of encoded-byte tensors and tensors), which ``default_collate`` would take apart
-    sample by sample. Pass this function as ``collate_fn``.
+    of encoded-byte tensors and tensors). The default collate recognises these batches too
+    (see the module docs); this function states it explicitly and is the default of
+    :meth:`~fastdata.datasets.ShardDataset.loader`.
 
-    A ``list`` is what ``DataLoader`` hands over when it fetched samples one by one
-    (a dataset without ``__getitems__``); it is collated with ``default_collate`` so
+    A ``list`` of samples is what ``DataLoader`` hands over when it fetched samples one by
+    one (a dataset without ``__getitems__``); it is collated with ``default_collate`` so
     this function is safe with any dataset.
 
     Example:
         >>> loader = DataLoader(ds, batch_size=64, collate_fn=passthrough_collate)  # doctest: +SKIP
     """
+    if is_collated(batch):
+        return unmark_collated(batch)
     if isinstance(batch, list):
         return default_collate(batch)
     return batch

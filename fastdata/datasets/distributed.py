@@ -11,23 +11,59 @@ processes see the same order, split differently.
 With ``partition="fixed"`` a rank reads the same samples every epoch (the slice of the
 shards in an order drawn from ``seed`` alone), in an order reshuffled each epoch: after
 the first epoch, each node's page cache holds just the shards of its own ranks.
+
+The sampler is a ``torch.utils.data.DistributedSampler``, so frameworks that add a
+distributed sampler when there is none (Lightning's ``use_distributed_sampler``) leave it
+alone. Wrappers that shard its output a second time (Lightning's
+``DistributedSamplerWrapper``, Accelerate's ``prepare(dataloader)``) are detected when the
+iteration starts and refused with the fix.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
-from collections.abc import Iterator, Mapping, Sequence, Sized
+import sys
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from pathlib import Path
+from types import FrameType
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch.distributed as dist
-from torch.utils.data import Sampler
+from torch.utils.data import DistributedSampler
 
 from fastdata.shards import Manifest, load_manifest
 
-_STATE_KEYS = ("seed", "epoch", "num_replicas", "num_samples", "partition", "num_consumed")
+# What a saved position means depends on every setting that shapes the order: a state
+# saved with other settings is refused rather than resumed into a different order. The rank
+# is not among them: every rank consumes the same count, so one rank's state is valid on
+# all (Lightning saves rank 0's state only and loads it on every rank).
+_STATE_KEYS = (
+    "seed",
+    "epoch",
+    "num_replicas",
+    "num_samples",
+    "partition",
+    "shuffle",
+    "drop_last",
+    "window_shards",
+    "shard_layout",
+    "num_consumed",
+)
+_SETTINGS = (
+    "seed",
+    "num_replicas",
+    "num_samples",
+    "partition",
+    "shuffle",
+    "drop_last",
+    "window_shards",
+    "shard_layout",
+)
+_MAX_CALLER_FRAMES = 12  # how far up __iter__ looks for a wrapper or a DataLoader iterator
 PARTITIONS = ("epoch", "fixed")
 
 
@@ -79,7 +115,7 @@ def shard_sizes_of(source: object) -> list[int]:
     return counts
 
 
-class ShardAwareDistributedSampler(Sampler[int]):
+class ShardAwareDistributedSampler(DistributedSampler):
     """Distributed sampler for sharded datasets: locality per rank, equal length per rank.
 
     Every rank yields ``num_samples`` global indices per epoch, so every rank runs the
@@ -91,9 +127,17 @@ class ShardAwareDistributedSampler(Sampler[int]):
     - ``drop_last=True``: the last ``len(G) % num_replicas`` samples of ``G`` are left out
       (different ones each epoch when shuffling); every other sample is seen once.
 
+    ``len(sampler)`` is always ``num_samples``, the epoch's per-rank count (as torchdata's
+    ``StatefulDistributedSampler``), also for a resumed epoch.
+
     Resuming: ``state_dict()`` records the epoch and how many samples this rank has
     consumed; after ``load_state_dict()`` the next iteration yields the rest of that epoch
-    (same ``seed`` and ``num_replicas`` required), then ``set_epoch`` goes on as usual.
+    only, then ``set_epoch`` goes on with full epochs. A state saved with other settings
+    (seed, world size, shuffle, drop_last, window_shards, partition, shard layout) is
+    refused. With DataLoader workers, save the state through a loader that knows what the
+    loop took: :class:`~fastdata.datasets.ResumableDataLoader` (``dataset.loader(...)``)
+    or torchdata's ``StatefulDataLoader``; a plain ``DataLoader`` with workers prefetches,
+    and ``state_dict()`` then refuses to guess (pass ``num_consumed``).
 
     Args:
         dataset: Anything :func:`shard_sizes_of` accepts; indices are global sample indices
@@ -134,6 +178,7 @@ class ShardAwareDistributedSampler(Sampler[int]):
         partition: str = "epoch",
     ) -> None:
         self.shard_sizes = shard_sizes_of(dataset)
+        self.dataset = dataset  # type: ignore[assignment]  # DistributedSampler's attribute
         num_replicas, rank = _world(num_replicas, rank)
         if isinstance(window_shards, bool) or not isinstance(window_shards, int):
             raise TypeError(f"window_shards must be an int, got {window_shards!r}")
@@ -158,22 +203,49 @@ class ShardAwareDistributedSampler(Sampler[int]):
         else:
             self.num_samples = math.ceil(total / num_replicas)
         self.total_size = self.num_samples * num_replicas
+        self.shard_layout = _layout_digest(self.shard_sizes)
         self._resume_from: int | None = None  # samples the next iteration skips (resume)
-        self._iter_offset = 0  # samples the latest iteration skipped
         self._yielded = 0  # samples of this epoch handed out, skipped ones included
+        self._prefetching_workers = 0  # workers of the plain DataLoader iterating this epoch
+        self._consumer: Callable[[], int | None] | None = None  # a loader's exact count
 
     # -- torch Sampler ------------------------------------------------------------------
     def __len__(self) -> int:
-        """Samples the next (or current) iteration yields on this rank."""
-        offset = self._iter_offset if self._resume_from is None else self._resume_from
-        return self.num_samples - offset
+        """``num_samples``: the per-rank sample count of an epoch (also a resumed one)."""
+        return self.num_samples
 
     def __iter__(self) -> Iterator[int]:
+        """This rank's indices of the epoch, less those a loaded state says were consumed.
+
+        Raises:
+            ValueError: A wrapper shards this sampler's output again (Lightning's
+                ``DistributedSamplerWrapper``, Accelerate's ``prepare(dataloader)``).
+        """
+        self._prefetching_workers = self._inspect_callers()
         start = self._resume_from or 0
         self._resume_from = None
-        self._iter_offset = start
         self._yielded = start
         return self._generate(self.rank_indices()[start:])
+
+    def _inspect_callers(self) -> int:
+        """Refuse a second sharding wrapper; return the worker count of a plain DataLoader
+        iterator driving this iteration (0 for none, for torchdata's, or single-process)."""
+        try:
+            frame: FrameType | None = sys._getframe(2)  # the caller of __iter__
+        except ValueError:  # called from the top of the stack
+            return 0
+        for _ in range(_MAX_CALLER_FRAMES):
+            if frame is None:
+                break
+            owner = frame.f_locals.get("self")
+            if owner is not None and owner is not self:
+                _refuse_double_sharding(owner, self.num_replicas)
+                if _is_loader_iterator(owner):
+                    if type(owner).__module__.startswith("torchdata"):
+                        return 0  # StatefulDataLoader snapshots the sampler at the right time
+                    return int(getattr(owner, "_num_workers", 0))
+            frame = frame.f_back
+        return 0
 
     def _generate(self, indices: np.ndarray) -> Iterator[int]:
         for index in indices.tolist():
@@ -184,8 +256,9 @@ class ShardAwareDistributedSampler(Sampler[int]):
         """Choose the epoch whose order the next iteration yields (call on every rank)."""
         if epoch != self.epoch:
             self._resume_from = None
-            self._iter_offset = 0
             self._yielded = 0
+            self._prefetching_workers = 0
+            self._consumer = None
         self.epoch = epoch
 
     # -- the order ----------------------------------------------------------------------
@@ -245,17 +318,34 @@ class ShardAwareDistributedSampler(Sampler[int]):
         return np.concatenate(pieces)[begin - window_begin : end - window_begin]
 
     # -- resuming -----------------------------------------------------------------------
-    def state_dict(self, num_consumed: int | None = None) -> dict[str, int | str]:
+    def state_dict(self, num_consumed: int | None = None) -> dict[str, Any]:
         """Where this rank is in the epoch, for :meth:`load_state_dict`.
 
         Args:
             num_consumed: Samples of this epoch the training loop has consumed on this rank.
-                Defaults to the number the sampler has handed out, which is exact with
-                ``num_workers=0`` and runs ahead of the loop by the DataLoader's prefetch
-                (``num_workers * prefetch_factor`` batches) otherwise: pass
-                ``batches_done * batch_size`` then.
+                Defaults to the exact count of the :class:`ResumableDataLoader` iterating
+                this sampler, else the number the sampler has handed out: exact with
+                ``num_workers=0`` and under torchdata's ``StatefulDataLoader`` (which
+                saves this state when the batch is yielded).
+
+        Raises:
+            ValueError: ``num_consumed`` is out of range, or is left out while a plain
+                ``DataLoader`` with workers (which prefetch ahead of the loop) iterates this
+                epoch: the handed-out count would skip the prefetched samples on resume.
         """
-        consumed = self._yielded if num_consumed is None else num_consumed
+        consumed = num_consumed
+        if consumed is None and self._consumer is not None:
+            consumed = self._consumer()
+        if consumed is None:
+            if self._prefetching_workers and self._yielded:
+                raise ValueError(
+                    f"state_dict() cannot tell what the loop consumed: a DataLoader with "
+                    f"{self._prefetching_workers} workers prefetches ahead of it (handed out "
+                    f"{self._yielded}); iterate a fastdata ResumableDataLoader "
+                    "(dataset.loader(...)) or torchdata's StatefulDataLoader and save "
+                    "loader.state_dict(), or pass num_consumed=batches_done * batch_size"
+                )
+            consumed = self._yielded
         if not 0 <= consumed <= self.num_samples:
             raise ValueError(f"num_consumed must be in [0, {self.num_samples}], got {consumed}")
         return {
@@ -264,38 +354,103 @@ class ShardAwareDistributedSampler(Sampler[int]):
             "num_replicas": self.num_replicas,
             "num_samples": self.num_samples,
             "partition": self.partition,
-            "num_consumed": consumed,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "window_shards": self.window_shards,
+            "shard_layout": self.shard_layout,
+            "num_consumed": int(consumed),
         }
 
-    def load_state_dict(self, state: Mapping[str, int | str]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume: the next iteration yields the samples of ``state`` not yet consumed.
+
+        A state from any rank of the same run is valid on every rank (all ranks consume
+        the same count).
 
         Raises:
             ValueError: ``state`` lacks keys, or was saved with another seed, world size,
-                partition or dataset size (its order would differ).
+                partition, shuffle, drop_last, window_shards or shard layout (its order
+                would differ: the resume would repeat some samples and skip others).
         """
+        if not isinstance(state, Mapping):
+            raise TypeError(
+                f"state must be a mapping from state_dict(), got {type(state).__name__}"
+            )
         missing = [key for key in _STATE_KEYS if key not in state]
         if missing:
-            raise ValueError(f"state lacks keys {missing}; expected {list(_STATE_KEYS)}")
-        for key, mine in (
-            ("seed", self.seed),
-            ("num_replicas", self.num_replicas),
-            ("num_samples", self.num_samples),
-            ("partition", self.partition),
-        ):
+            raise ValueError(
+                f"state lacks keys {missing} (saved by another fastdata version?); "
+                f"expected {list(_STATE_KEYS)}"
+            )
+        for key in _SETTINGS:
+            mine = getattr(self, key)
             if state[key] != mine:
                 raise ValueError(
                     f"state was saved with {key}={state[key]!r}, this sampler has "
-                    f"{key}={mine!r}; a mid-epoch resume needs the same seed, world size, "
-                    "partition and dataset"
+                    f"{key}={mine!r}; a mid-epoch resume needs the same dataset (shard "
+                    "layout), world size and sampler settings (seed, shuffle, drop_last, "
+                    "window_shards, partition)"
                 )
         consumed = int(state["num_consumed"])
         if not 0 <= consumed <= self.num_samples:
             raise ValueError(f"num_consumed must be in [0, {self.num_samples}], got {consumed}")
         self.epoch = int(state["epoch"])
         self._resume_from = consumed
-        self._iter_offset = consumed
         self._yielded = consumed
+        self._prefetching_workers = 0
+        self._consumer = None
+
+    def _pending_offset(self) -> int:
+        """Samples of the epoch the next iteration skips (set by :meth:`load_state_dict`)."""
+        return self._resume_from or 0
+
+    def _attach(self, consumer: object, count: Callable[[], int | None]) -> None:
+        """Let ``consumer`` (a loader) answer :meth:`state_dict` with its exact count."""
+        ref = weakref.ref(consumer)
+
+        def consumed() -> int | None:
+            return count() if ref() is not None else None
+
+        self._consumer = consumed
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_consumer"] = None  # a closure over a loader: not picklable, not needed
+        return state
+
+
+def _layout_digest(sizes: Sequence[int]) -> str:
+    """A short fingerprint of the per-shard sample counts (the order depends on them)."""
+    data = np.asarray(sizes, dtype="<i8").tobytes()
+    return f"{len(sizes)}:{sum(sizes)}:{hashlib.sha256(data).hexdigest()[:16]}"
+
+
+def _is_loader_iterator(owner: object) -> bool:
+    return any(cls.__name__ == "_BaseDataLoaderIter" for cls in type(owner).__mro__)
+
+
+def _refuse_double_sharding(owner: object, num_replicas: int) -> None:
+    """Raise when ``owner`` (a caller of ``__iter__``) splits this sampler's output again."""
+    if num_replicas <= 1:
+        return
+    if isinstance(owner, DistributedSampler) and not isinstance(
+        owner, ShardAwareDistributedSampler
+    ):
+        if owner.num_replicas > 1:
+            raise ValueError(
+                f"ShardAwareDistributedSampler is wrapped by {type(owner).__name__}, which "
+                f"shards it a second time (each rank would see 1/{owner.num_replicas} of its "
+                "share): give the DataLoader the sampler itself; under Lightning, "
+                "Trainer(use_distributed_sampler=False) if your Lightning version still wraps it"
+            )
+    elif type(owner).__name__ == "BatchSamplerShard" and getattr(owner, "num_processes", 1) > 1:
+        raise ValueError(
+            "accelerator.prepare(dataloader) shards the batches of a DataLoader whose "
+            "ShardAwareDistributedSampler already gives each process its share (each would "
+            f"see 1/{owner.num_processes} of it): prepare only the model and optimizer, "  # type: ignore[attr-defined]
+            "keep the DataLoader out of prepare() and move batches with "
+            ".to(accelerator.device)"
+        )
 
 
 def _world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:

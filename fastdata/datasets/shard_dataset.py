@@ -19,7 +19,8 @@ class ShardDataset(BatchedDataset):
     across ``fork``), so the dataset works with ``fork``, ``spawn`` and ``forkserver``
     workers and with ``persistent_workers``. Uncompressed fields are memory-mapped.
 
-    Use it with a standard ``DataLoader`` and :func:`passthrough_collate`:
+    Use it with a standard ``DataLoader`` (its default collate, or
+    :func:`passthrough_collate`, hands the batches on) or :meth:`loader`:
     ``__getitems__`` reads a whole batch (indices grouped by shard, in file order) into one
     preallocated batch. For raw pixels the fastest setting is usually ``num_workers=0``
     with ``num_threads`` threads doing the copies in the training process; for JPEG
@@ -29,8 +30,9 @@ class ShardDataset(BatchedDataset):
         path: The shard folder (or its ``index.json``).
         fields: Fields to return, in order. The first is the one ``transform`` applies to.
         transform: A :class:`~fastdata.transforms.BatchTransform` (applied once per batch
-            to ``(B, H, W, C)`` uint8), or any callable applied per sample to a uint8
-            tensor in ``layout`` (torchvision style).
+            to ``(B, H, W, C)`` uint8), or any callable applied per sample to a
+            ``(C, H, W)`` uint8 tensor whatever ``layout`` (torchvision style); it must
+            return one shape for every sample, and the batch is stacked in ``layout``.
         layout: ``"CHW"``: images ``(B, C, H, W)``, a channels-last view of the
             ``(B, H, W, C)`` memory (no copy; ``.contiguous()`` makes it planar).
             ``"HWC"``: ``(B, H, W, C)``.

@@ -112,9 +112,11 @@ def test_resume_mid_epoch_neither_repeats_nor_skips() -> None:
     resumed = ShardAwareDistributedSampler(SIZES, 3, 1, seed=5)
     resumed.load_state_dict(state)
     resumed.set_epoch(4)  # the usual loop calls set_epoch with the saved epoch: no effect
-    assert len(resumed) == len(full) - 7
-    assert head + list(resumed) == full
-    assert len(resumed) == len(full) - 7  # still during/after the resumed epoch
+    # len() is the epoch's per-rank count, as torchdata's StatefulDistributedSampler: a
+    # framework that reads it once per epoch must not cut later epochs short
+    assert len(resumed) == len(full) == 18
+    assert head + list(resumed) == full  # the resumed epoch yields only what remains
+    assert len(resumed) == len(full)
     resumed.set_epoch(5)
     assert len(resumed) == len(full)
     expected = ShardAwareDistributedSampler(SIZES, 3, 1, seed=5)

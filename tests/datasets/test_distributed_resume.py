@@ -1,0 +1,221 @@
+"""Resuming the shard-aware sampler: refused states, exact counts with workers, frameworks."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
+
+from fastdata.datasets import ResumableDataLoader, ShardAwareDistributedSampler
+
+SIZES = [7, 3, 10, 0, 5, 9, 4, 6, 8, 2]  # 54 samples
+TOTAL = sum(SIZES)
+
+
+def _full(world: int, rank: int, epoch: int, **kwargs: object) -> list[int]:
+    sampler = ShardAwareDistributedSampler(SIZES, world, rank, **kwargs)  # type: ignore[arg-type]
+    sampler.set_epoch(epoch)
+    return sampler.rank_indices().tolist()
+
+
+@pytest.mark.parametrize(
+    ("changed", "match"),
+    [
+        ({"window_shards": 2}, "saved with window_shards=4, this sampler has window_shards=2"),
+        ({"shuffle": False}, "saved with shuffle=True"),
+        ({"drop_last": True}, "saved with drop_last=False"),  # 27 per rank either way
+        ({"seed": 2}, "saved with seed=1"),
+        ({"partition": "fixed"}, "saved with partition='epoch'"),
+        ({"world": 3}, "saved with num_replicas=2"),
+        ({"sizes": [3, 7, 10, 0, 5, 9, 4, 6, 8, 2]}, "saved with shard_layout="),  # same total
+        ({"sizes": [*SIZES, 4]}, "saved with num_samples=27"),  # a longer dataset
+    ],
+)
+def test_a_state_saved_with_other_settings_is_refused(changed: dict, match: str) -> None:
+    saved = ShardAwareDistributedSampler(SIZES, 2, 0, seed=1, window_shards=4)
+    saved.set_epoch(3)
+    iterator = iter(saved)
+    for _ in range(11):
+        next(iterator)
+    state = saved.state_dict()
+    kwargs = {"seed": 1, "window_shards": 4, **changed}
+    sizes = kwargs.pop("sizes", SIZES)
+    world = kwargs.pop("world", 2)
+    other = ShardAwareDistributedSampler(sizes, world, 0, **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=match):
+        other.load_state_dict(state)
+
+
+def test_drop_last_is_part_of_the_state() -> None:
+    # 54 samples on 4 ranks: 14 with padding, 13 with drop_last
+    state = ShardAwareDistributedSampler(SIZES, 4, 0, drop_last=True).state_dict()
+    state["num_samples"] = 14  # even where the count agrees, the order would differ
+    with pytest.raises(ValueError, match="saved with drop_last=True"):
+        ShardAwareDistributedSampler(SIZES, 4, 0).load_state_dict(state)
+
+
+def test_a_state_from_another_rank_resumes_this_ranks_order() -> None:
+    # Lightning saves rank 0's state and loads it on every rank: equal counts make it valid
+    saved = ShardAwareDistributedSampler(SIZES, 2, 0, seed=4)
+    saved.set_epoch(1)
+    state = saved.state_dict(num_consumed=10)
+    other = ShardAwareDistributedSampler(SIZES, 2, 1, seed=4)
+    other.load_state_dict(state)
+    assert list(other) == _full(2, 1, 1, seed=4)[10:]
+
+
+def test_states_without_the_settings_are_refused() -> None:
+    sampler = ShardAwareDistributedSampler(SIZES, 2, 0)
+    state = sampler.state_dict()
+    old = {k: state[k] for k in ("seed", "epoch", "num_replicas", "num_samples", "partition")}
+    with pytest.raises(ValueError, match=r"state lacks keys \['shuffle', 'drop_last'"):
+        sampler.load_state_dict({**old, "num_consumed": 3})
+    with pytest.raises(TypeError, match="state must be a mapping"):
+        sampler.load_state_dict([1, 2])  # type: ignore[arg-type]
+
+
+def test_len_is_the_epochs_count_before_during_and_after_a_resume() -> None:
+    sampler = ShardAwareDistributedSampler(SIZES, 2, 1, seed=3)
+    state = sampler.state_dict(num_consumed=20)
+    resumed = ShardAwareDistributedSampler(SIZES, 2, 1, seed=3)
+    resumed.load_state_dict(state)
+    loader = DataLoader(range(TOTAL), batch_size=4, sampler=resumed)
+    assert len(resumed) == 27 and len(loader) == 7
+    assert sum(len(batch) for batch in loader) == 7  # the resumed epoch: what remains
+    for epoch in (1, 2):
+        resumed.set_epoch(epoch)
+        assert len(loader) == 7
+        assert sum(len(batch) for batch in loader) == 27  # later epochs are full
+
+
+# -- DataLoader workers prefetch: the exact count comes from the loader --------------------
+def test_plain_loader_with_workers_refuses_to_guess_the_consumed_count() -> None:
+    sampler = ShardAwareDistributedSampler(SIZES, 1, 0, seed=2)
+    loader = DataLoader(range(TOTAL), batch_size=4, sampler=sampler, num_workers=2)
+    iterator = iter(loader)
+    next(iterator)
+    with pytest.raises(ValueError, match="a DataLoader with 2 workers prefetches"):
+        sampler.state_dict()
+    assert sampler.state_dict(num_consumed=4)["num_consumed"] == 4  # explicit: fine
+    del iterator
+    # without workers the handed-out count is exact
+    single = ShardAwareDistributedSampler(SIZES, 1, 0, seed=2)
+    batches = iter(DataLoader(range(TOTAL), batch_size=4, sampler=single))
+    next(batches), next(batches)
+    assert single.state_dict()["num_consumed"] == 8
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resumable_loader_saves_what_the_loop_took(num_workers: int) -> None:
+    sampler = ShardAwareDistributedSampler(SIZES, 2, 1, seed=6)
+    sampler.set_epoch(2)
+    loader = (
+        ResumableDataLoader(
+            range(TOTAL), batch_size=4, sampler=sampler, num_workers=num_workers, prefetch_factor=3
+        )
+        if num_workers
+        else ResumableDataLoader(range(TOTAL), batch_size=4, sampler=sampler)
+    )
+    head: list[int] = []
+    for step, batch in enumerate(loader):
+        head += batch.tolist()
+        if step == 2:
+            break
+    state = loader.state_dict()
+    assert state["sampler"]["num_consumed"] == 12 and state["num_batches"] == 3
+    assert sampler.state_dict()["num_consumed"] == 12  # the sampler asks the loader
+    state = pickle.loads(pickle.dumps(state))
+
+    fresh = ShardAwareDistributedSampler(SIZES, 2, 1, seed=6)
+    resumed = ResumableDataLoader(range(TOTAL), batch_size=4, sampler=fresh)
+    resumed.load_state_dict(state)
+    tail = [i for batch in resumed for i in batch.tolist()]
+    assert head + tail == _full(2, 1, 2, seed=6)
+    assert resumed.state_dict()["sampler"]["num_consumed"] == 27  # the epoch is done
+    fresh.set_epoch(3)
+    assert [i for batch in resumed for i in batch.tolist()] == _full(2, 1, 3, seed=6)
+
+
+def test_resumable_loader_with_a_batch_sampler_and_other_samplers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sampler = ShardAwareDistributedSampler(SIZES, 1, 0)
+    loader = ResumableDataLoader(range(TOTAL), batch_sampler=BatchSampler(sampler, 5, False))
+    iterator = iter(loader)
+    next(iterator), next(iterator)
+    assert loader.state_dict()["sampler"]["num_consumed"] == 10
+    plain = ResumableDataLoader(range(10), batch_size=2)
+    assert plain.state_dict() == {"sampler": None, "num_batches": 0}
+    plain.load_state_dict({"sampler": None, "num_batches": 2})
+    assert "restarts from its beginning" in caplog.text
+    with pytest.raises(TypeError, match="state must be the mapping"):
+        plain.load_state_dict({"num_consumed": 3})
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_torchdata_stateful_dataloader_resumes_exactly(num_workers: int) -> None:
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    kwargs = {"num_workers": num_workers}
+    if num_workers:
+        kwargs["prefetch_factor"] = 3
+    sampler = ShardAwareDistributedSampler(SIZES, 2, 0, seed=8)
+    sampler.set_epoch(1)
+    loader = stateful.StatefulDataLoader(range(TOTAL), batch_size=4, sampler=sampler, **kwargs)
+    head: list[int] = []
+    for step, batch in enumerate(loader):
+        head += batch.tolist()
+        if step == 3:
+            break
+    state = loader.state_dict()
+    fresh = ShardAwareDistributedSampler(SIZES, 2, 0, seed=8)
+    resumed = stateful.StatefulDataLoader(range(TOTAL), batch_size=4, sampler=fresh, **kwargs)
+    resumed.load_state_dict(state)
+    assert len(resumed) == 7
+    tail = [i for batch in resumed for i in batch.tolist()]
+    assert head + tail == _full(2, 0, 1, seed=8)
+    fresh.set_epoch(2)
+    assert [i for batch in resumed for i in batch.tolist()] == _full(2, 0, 2, seed=8)
+
+
+# -- frameworks that shard again ---------------------------------------------------------
+def test_is_a_distributed_sampler_so_lightning_does_not_wrap_it() -> None:
+    sampler = ShardAwareDistributedSampler(SIZES, 2, 0)
+    assert isinstance(sampler, DistributedSampler)
+    assert (sampler.num_replicas, sampler.rank, len(sampler)) == (2, 0, 27)
+
+
+def test_lightning_distributed_sampler_wrapper_is_refused() -> None:
+    wrappers = pytest.importorskip("lightning.fabric.utilities.distributed")
+    sampler = ShardAwareDistributedSampler(SIZES, 2, 0)
+    wrapped = wrappers.DistributedSamplerWrapper(sampler, num_replicas=2, rank=0)
+    with pytest.raises(ValueError, match="wrapped by DistributedSamplerWrapper, which shards"):
+        list(wrapped)
+    # one process: the wrapper splits nothing, and the sampler gives the whole epoch
+    alone = ShardAwareDistributedSampler(SIZES, 1, 0)
+    assert len(list(wrappers.DistributedSamplerWrapper(alone, num_replicas=2, rank=0))) == 27
+
+
+def test_accelerate_prepare_dataloader_is_refused() -> None:
+    accelerate = pytest.importorskip("accelerate")
+    sampler = ShardAwareDistributedSampler(SIZES, 2, 0)
+    loader = DataLoader(range(TOTAL), batch_size=4, sampler=sampler)
+    prepared = accelerate.data_loader.prepare_data_loader(
+        loader, num_processes=2, process_index=0, put_on_device=False
+    )
+    with pytest.raises(ValueError, match=r"accelerator.prepare\(dataloader\) shards the batches"):
+        next(iter(prepared))
+    # a loader kept out of prepare() reads this rank's share
+    assert [i for b in loader for i in b.tolist()] == _full(2, 0, 0)
+
+
+def test_the_sampler_pickles_while_a_loader_is_attached() -> None:
+    sampler = ShardAwareDistributedSampler(SIZES, 1, 0)
+    loader = ResumableDataLoader(range(TOTAL), batch_size=4, sampler=sampler)
+    next(iter(loader))
+    copy = pickle.loads(pickle.dumps(sampler))
+    assert copy.state_dict()["num_consumed"] == 4
+    assert np.array_equal(copy.rank_indices(), sampler.rank_indices())
+    assert torch.utils.data.get_worker_info() is None

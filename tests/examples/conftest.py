@@ -1,0 +1,79 @@
+"""A tiny shard set whose labels are the sample indices, and a way to run the examples."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+SHARD_SIZES = (13, 9, 17, 8, 13)  # 60 samples, uneven shards
+NUM_SAMPLES = sum(SHARD_SIZES)
+
+
+@pytest.fixture(scope="session")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``(16, 16, 3)`` uint8 images; label ``i`` for sample ``i`` (60 classes)."""
+    root = tmp_path_factory.mktemp("examples") / "shards"
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    fields = [
+        FieldSpec("image", "array", "uint8", (16, 16, 3), "HWC"),
+        FieldSpec("label", "array", "int64"),
+    ]
+    infos, index = [], 0
+    for number, count in enumerate(SHARD_SIZES):
+        with ShardWriter(root / f"shard-{number:05d}.h5", fields) as writer:
+            for _ in range(count):
+                image = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
+                writer.append({"image": image, "label": index})
+                index += 1
+            infos.append(writer.close())
+    class_names = [f"c{i}" for i in range(NUM_SAMPLES)]
+    save_manifest(root, Manifest(fields=fields, shards=infos, class_names=class_names))
+    return root
+
+
+def run_example(args: list[str], cwd: Path, timeout_s: float = 300) -> str:
+    """Run ``python examples/<args>`` as a user would; return its stdout (asserts success)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run(
+        [sys.executable, *args],
+        check=False,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def load_example(name: str) -> ModuleType:
+    """Import ``examples/<name>.py`` (to call its ``main`` in this process: no re-import)."""
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def recorded(path: Path) -> dict[tuple[int, int], list[int]]:
+    """``{(epoch, rank): labels in the order read}`` from an example's ``--record`` file."""
+    seen: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for line in path.read_text().splitlines():
+        entry = json.loads(line)
+        seen[(entry["epoch"], entry["rank"])] += entry["labels"]
+    return dict(seen)

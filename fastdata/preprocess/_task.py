@@ -224,7 +224,9 @@ def write_shard(task: ShardTask, job: ShardJob, results: Iterable[SampleResult])
     totals: dict[str, list[Any]] = {}
     skipped: list[dict[str, str]] = []
     try:
-        with ShardWriter(path, job.fields, compression=job.options.compression) as writer:
+        with ShardWriter(
+            path, job.fields, compression=job.options.compression, max_samples=len(task.items)
+        ) as writer:
             for result in results:
                 if isinstance(result, SampleFailure):
                     if job.options.on_error == "fail":

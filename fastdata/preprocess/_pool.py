@@ -303,13 +303,7 @@ class WorkerPool:
         try:
             return conn.recv()
         except (EOFError, OSError):
-            process.join(_JOIN_TIMEOUT_S)
-            raise PreprocessError(
-                f"a preprocess worker process (pid {process.pid}) exited with code "
-                f"{process.exitcode} {doing}; its error, if any, is printed above. "
-                "Out of memory is a common cause (fewer workers need less)"
-                + ("" if doing != "while starting" else _STARTUP_HINT)
-            ) from None
+            raise _died(process, doing) from None
 
     def results(
         self, items: Sequence[SourceItem], advance: Callable[[int], None]
@@ -335,7 +329,10 @@ class WorkerPool:
                     entries = [
                         (item, (start + k) % self._num_slots) for k, item in enumerate(chunks[sent])
                     ]
-                    self._conns[worker].send((sent, entries))
+                    try:
+                        self._conns[worker].send((sent, entries))
+                    except OSError:
+                        raise _died(self._processes[worker], "while processing images") from None
                     busy[worker] = busy.get(worker, 0) + 1
                     sent += 1
                 self._collect(done, idle, busy)
@@ -389,6 +386,16 @@ class WorkerPool:
             with suppress(BufferError):  # a sample view still alive: unmapped when collected
                 self._slots.close()
             self._slots = None
+
+
+def _died(process: Any, doing: str) -> PreprocessError:
+    process.join(_JOIN_TIMEOUT_S)
+    return PreprocessError(
+        f"a preprocess worker process (pid {process.pid}) exited with code "
+        f"{process.exitcode} {doing}; its error, if any, is printed above. "
+        "Out of memory is a common cause (fewer workers need less)"
+        + (_STARTUP_HINT if doing == "while starting" else "")
+    )
 
 
 _STARTUP_HINT = (

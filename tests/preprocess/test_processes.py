@@ -205,3 +205,29 @@ def _job(src: Path, out: Path):  # type: ignore[no-untyped-def]
     listing = _listing(src)
     options = PreprocessOptions(sizes=(16,))
     return ShardJob(str(out), options, build_fields(listing, options), listing.kind)
+
+
+def test_runs_from_a_jupyter_notebook(tmp_path: Path) -> None:
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    src = _images(tmp_path / "src", 40, side=32)
+    out = tmp_path / "out"
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [
+        nbformat.v4.new_code_cell(f"import sys\nsys.path.insert(0, {str(REPO)!r})"),
+        nbformat.v4.new_code_cell(
+            "from fastdata.preprocess import PreprocessOptions, preprocess\n"
+            f"summary = preprocess({str(src)!r}, {str(out)!r}, PreprocessOptions(sizes=(16,)),"
+            " workers=2, show_progress=False)\n"
+            "print(summary.num_samples)"
+        ),
+    ]
+    client = nbclient.NotebookClient(
+        notebook, timeout=240, kernel_name="python3", resources={"metadata": {"path": tmp_path}}
+    )
+    client.execute()
+    outputs = notebook.cells[1].outputs
+    printed = [o.get("text", "").strip() for o in outputs if o.get("name") == "stdout"]
+    assert printed == ["40"]
+    assert len(ShardReader(out)) == 40

@@ -40,7 +40,11 @@ from fastdata.preprocess._task import SampleFailure, SampleResult, ShardJob, pro
 from fastdata.shards import FieldSpec
 
 CHUNK_ITEMS = 16
-_CHUNKS_PER_WORKER = 3  # in flight: one being processed, the next ones queued
+# In flight per worker: enough for the workers to go on while the parent closes a shard
+# (fsync, checksum), bounded by the shared memory the slots take.
+_CHUNKS_PER_WORKER = 8
+_MIN_CHUNKS_PER_WORKER = 2
+_MAX_SLOT_MEMORY_BYTES = 64 << 20
 _MIN_SLOT_FIELD_BYTES = 4096  # smaller arrays (labels) travel with the results
 _WATCHDOG_PERIOD_S = 0.5
 _JOIN_TIMEOUT_S = 5.0
@@ -265,7 +269,12 @@ class WorkerPool:
         self._job = job
         self._fields = slot_fields(job)
         self._slot_bytes = _slot_bytes(self._fields)
-        self._num_slots = workers * _CHUNKS_PER_WORKER * CHUNK_ITEMS
+        per_worker = _CHUNKS_PER_WORKER
+        if self._slot_bytes:
+            affordable = _MAX_SLOT_MEMORY_BYTES // (self._slot_bytes * CHUNK_ITEMS * workers)
+            per_worker = max(_MIN_CHUNKS_PER_WORKER, min(per_worker, affordable))
+        self._chunks_per_worker = per_worker
+        self._num_slots = workers * per_worker * CHUNK_ITEMS
         self._slots: mmap.mmap | None = None
         self._conns: list[Connection] = []
         self._processes: list[Any] = []
@@ -310,7 +319,7 @@ class WorkerPool:
     ) -> Iterator[SampleResult]:
         chunks = [items[i : i + CHUNK_ITEMS] for i in range(0, len(items), CHUNK_ITEMS)]
         idle: deque[int] = deque(
-            w for w in range(len(self._conns)) for _ in range(_CHUNKS_PER_WORKER)
+            w for _ in range(self._chunks_per_worker) for w in range(len(self._conns))
         )
         busy: dict[int, int] = {}  # connection index -> chunks in flight
         done: dict[int, list[SampleResult]] = {}

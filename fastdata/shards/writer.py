@@ -6,6 +6,7 @@ import errno
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
@@ -134,8 +135,13 @@ class ShardWriter:
                 if self._direct:  # fewer samples than laid out: build the compact file
                     os.replace(partial, self._spill_dir / _PREALLOCATED)
                 self._build(partial)
-            with open(partial, "rb") as fh:
-                os.fsync(fh.fileno())
+            # hash while the kernel writes the file out: fsync waits on the disk, hashing
+            # reads the page cache; both release the GIL
+            with ThreadPoolExecutor(1, thread_name_prefix="fastdata-shard-hash") as hasher:
+                sha256 = hasher.submit(file_sha256, partial)
+                with open(partial, "rb") as fh:
+                    os.fsync(fh.fileno())
+                digest = sha256.result()
             os.replace(partial, self.path)
             fsync_dir(self.path.parent)
         finally:
@@ -144,7 +150,7 @@ class ShardWriter:
             file=self.path.name,
             num_samples=self.num_samples,
             num_bytes=self.path.stat().st_size,
-            sha256=file_sha256(self.path),
+            sha256=digest,
         )
 
     def abort(self) -> None:

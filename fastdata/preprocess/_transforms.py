@@ -100,8 +100,10 @@ def transform(image: np.ndarray, side: int, mode: str, *, nearest: bool = False)
     if mode == "exact":
         out = resize_to(image, side, side, nearest=nearest)
     elif mode == "shorter":
-        new_h, new_w = scaled_size(h, w, side, longer=False)
-        out = center_crop(resize_to(image, new_w, new_h, nearest=nearest), side, side)
+        # the centred square of the source, then one resize: the same picture as scaling
+        # the shorter side to S and cropping (the crop's scale is exact on both axes), at
+        # the cost of the pixels kept only
+        out = resize_to(center_crop(image, min(h, w), min(h, w)), side, side, nearest=nearest)
     elif mode == "pad":
         new_h, new_w = scaled_size(h, w, side, longer=True)
         out = pad_to_square(resize_to(image, new_w, new_h, nearest=nearest), side)

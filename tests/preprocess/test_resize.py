@@ -54,3 +54,24 @@ def test_shrink_handles_one_axis_gray_and_large_factors() -> None:
     gray = transform(image[..., :1].copy(), 64, "shorter")
     assert gray.shape == (64, 64, 1) and gray.flags.c_contiguous
     np.testing.assert_array_equal(shrink(image, 100, 70), shrink(image.copy(), 100, 70))
+
+
+@pytest.mark.parametrize(
+    ("size", "side"), [((500, 375), 224), ((333, 500), 256), ((500, 500), 160)]
+)
+def test_shorter_mode_is_the_centred_square_scaled(
+    sample_tool: Any, size: tuple[int, int], side: int
+) -> None:
+    """``shorter`` keeps the centred square and scales it to S x S (one scale for both axes):
+    within the budget of PIL decode + centre crop + area resize, the reference the decoder
+    tests use for crops too."""
+    for index in range(3):
+        photo = _photo(sample_tool, index, size)
+        h, w = photo.shape[:2]
+        short = min(h, w)
+        top, left = (h - short) // 2, (w - short) // 2
+        square = photo[top : top + short, left : left + short]
+        expected = cv2.resize(square, (side, side), interpolation=cv2.INTER_AREA)
+        got = transform(photo, side, "shorter")
+        assert got.shape == (side, side, 3) and got.flags.c_contiguous
+        assert np.abs(got.astype(np.int16) - expected).mean() <= MEAN_TOLERANCE

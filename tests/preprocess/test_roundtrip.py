@@ -30,20 +30,16 @@ def _shrink_reference(image: np.ndarray, new_w: int, new_h: int) -> np.ndarray:
 
 
 def _reference(path: Path, side: int, reduce: int = 1, gray: bool = False) -> np.ndarray:
-    """Independent reference: (reduced) decode, shorter side downscale, centre crop."""
+    """Independent reference: (reduced) decode, centred square, downscale to the side."""
     flags = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2}
     gray_flags = {1: cv2.IMREAD_GRAYSCALE, 2: cv2.IMREAD_REDUCED_GRAYSCALE_2}
     image = cv2.imread(str(path), (gray_flags if gray else flags)[reduce])
     if not gray:
         image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
     h, w = image.shape[:2]
-    if h <= w:
-        new_h, new_w = side, round(w * side / h)
-    else:
-        new_h, new_w = round(h * side / w), side
-    image = _shrink_reference(image, new_w, new_h)
-    top, left = (new_h - side) // 2, (new_w - side) // 2
-    out = image[top : top + side, left : left + side]
+    short = min(h, w)
+    top, left = (h - short) // 2, (w - short) // 2
+    out = _shrink_reference(image[top : top + short, left : left + short], side, side)
     return out[..., None] if gray else out
 
 

@@ -16,7 +16,7 @@ the single-core rate of fastdata's own per-image work (decode, resize, statistic
 process, one OpenCV thread, measured right before and after the runs, averaged) times the
 number of workers; its ratio is the job's rate over that bound.
 
-    python benchmarks/bench_preprocess.py [--num-images 4000] [--workers N] [--rounds 2]
+    python benchmarks/bench_preprocess.py [--num-images 4000] [--workers N] [--rounds 3]
 
 FFCV is not a dependency of fastdata; to include it (Linux):
 ``apt-get install libopencv-dev libturbojpeg0-dev pkg-config && pip install ffcv``.
@@ -174,7 +174,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=usable_cpus())
     parser.add_argument("--data", type=Path, default=REPO_ROOT / "demo-data")
     parser.add_argument("--jobs", nargs="+", choices=sorted(JOBS), default=list(JOBS))
-    parser.add_argument("--rounds", type=int, default=2, help="runs of each tool per job")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each tool per job")
     args = parser.parse_args()
     src = ensure_sample_dataset(args.data / f"sample-{args.num_images}", args.num_images)
     work = args.data / "bench-preprocess-out"

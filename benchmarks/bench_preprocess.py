@@ -139,9 +139,8 @@ def measure(
         order = ["fastdata", "ffcv"] if round_index % 2 == 0 else ["ffcv", "fastdata"]
         for tool in order:
             if tool == "fastdata":
-                summary = preprocess(
-                    src, out, options, workers=workers, overwrite=True, show_progress=False
-                )
+                shutil.rmtree(out, ignore_errors=True)  # both tools start without output
+                summary = preprocess(src, out, options, workers=workers, show_progress=False)
                 fastdata_runs.append(summary.elapsed_s)
             elif with_ffcv:
                 beton = work / f"ffcv-{name}.beton"

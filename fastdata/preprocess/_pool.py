@@ -127,19 +127,24 @@ def worker_main(conn: Connection, job: ShardJob, parent_pid: int, slot_bytes: in
     while True:
         try:
             message = conn.recv()
-        except EOFError:
+        except (EOFError, OSError):
             return
         if message is None:
             return
         chunk_id, entries = message
+        reply: tuple[str, int, Any]
         try:
-            results = [
-                _process(item, job, (slots, slot * slot_bytes), fields) for item, slot in entries
-            ]
+            reply = (
+                "done",
+                chunk_id,
+                [_process(item, job, (slots, slot * slot_bytes), fields) for item, slot in entries],
+            )
         except Exception as exc:  # any failure: re-raised in the parent
-            conn.send(("error", chunk_id, _picklable(exc)))
-            continue
-        conn.send(("done", chunk_id, results))
+            reply = ("error", chunk_id, _picklable(exc))
+        try:
+            conn.send(reply)
+        except OSError:  # the parent stopped listening (job over or failed): just go
+            return
 
 
 def _process(
@@ -382,14 +387,13 @@ class WorkerPool:
         for conn in self._conns:
             with suppress(OSError):
                 conn.send(None)
+            conn.close()  # a worker blocked sending a result gets an error and exits
         deadline = time.monotonic() + _JOIN_TIMEOUT_S
         for process in self._processes:
             process.join(max(0.0, deadline - time.monotonic()))
             if process.is_alive():
                 process.kill()
                 process.join()
-        for conn in self._conns:
-            conn.close()
         self._conns, self._processes = [], []
         if self._slots is not None:
             with suppress(BufferError):  # a sample view still alive: unmapped when collected

@@ -412,6 +412,8 @@ def _died(process: Any, doing: str) -> PreprocessError:
 
 
 _STARTUP_HINT = (
-    ". Workers are spawned: they import the calling script as a module first, so a script "
-    'must call preprocess() under `if __name__ == "__main__":`'
+    ". Workers are spawned processes: they must be able to import everything the job refers "
+    "to (an object defined in a notebook or in `python -` cannot be: define it in a module), "
+    "and a script that defines such objects must call preprocess() under `if __name__ == "
+    '"__main__":`'
 )

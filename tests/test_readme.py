@@ -51,7 +51,8 @@ def workdir(tmp_path_factory: pytest.TempPathFactory, sample_tool: Any) -> Path:
     )
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(root)
-        scope = run(example('summary = preprocess("demo-data/sample"'))
+        # run as the README shows it: a script's guarded main block
+        scope = run(example('summary = preprocess("demo-data/sample"'), {"__name__": "__main__"})
         assert scope["summary"].num_processed == NUM_IMAGES
         preprocess(
             "demo-data/sample",

@@ -311,6 +311,7 @@ def write_shard(task: ShardTask, job: ShardJob, results: Iterable[SampleResult])
             compression=job.options.compression,
             job=job.job_id,
             inputs=task.inputs,
+            max_samples=len(task.items),
         ) as writer:
             for result in results:
                 if isinstance(result, SampleFailure):

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import errno
+import hashlib
+import mmap
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
@@ -22,6 +25,10 @@ _COPY_BLOCK_BYTES = 64 << 20
 # without support, seccomp filters): the copy goes through pread/pwrite instead.
 _NO_KERNEL_COPY = frozenset({errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP})
 
+# Array fields of at least this many bytes per sample are written in place (max_samples).
+_DIRECT_MIN_BYTES = 4096
+_PREALLOCATED = "preallocated.h5"
+
 SampleValue = np.ndarray | bytes | int | str
 
 
@@ -34,6 +41,12 @@ class ShardWriter:
     renames it into place and returns its :class:`ShardInfo`. An exception inside a
     ``with`` block, or ``abort()``, removes everything written.
 
+    With ``max_samples`` (and no compression), the large array fields (images, masks) are
+    laid out first in the shard, sized for ``max_samples``, and each sample is written
+    straight into place: no spill and no copy at ``close()`` when exactly that many
+    samples were appended. With fewer, ``close()`` builds the usual compact file from them.
+    Both layouts are deterministic functions of the samples and ``max_samples``.
+
     Args:
         path: Final shard path (``.../shard-00000.h5``).
         fields: What every sample holds (see :class:`FieldSpec`).
@@ -42,6 +55,7 @@ class ShardWriter:
         job: Identity of the job writing the set, stored as the shard's ``job`` attribute
             and in its :class:`ShardInfo` (readers compare the two).
         inputs: Digest of the inputs of this shard, stored likewise as ``inputs``.
+        max_samples: The most samples that will be appended (optional; see above).
     """
 
     def __init__(
@@ -52,6 +66,7 @@ class ShardWriter:
         compression: str | None = None,
         job: str = "",
         inputs: str = "",
+        max_samples: int | None = None,
     ) -> None:
         if compression is not None and compression not in COMPRESSIONS:
             raise ValueError(
@@ -65,11 +80,25 @@ class ShardWriter:
         self.compression = compression
         self.identity = {"job": job, "inputs": inputs}
         self.num_samples = 0
+        if max_samples is not None and (not isinstance(max_samples, int) or max_samples < 0):
+            raise ValueError(f"max_samples must be None or an int >= 0, got {max_samples!r}")
+        self.max_samples = max_samples
         self._spill_dir = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", dir=self.path.parent))
-        self._spills: dict[str, BinaryIO] = {
-            f.name: open(self._spill_dir / f.name, "wb")  # noqa: SIM115 - closed in close()/abort()
-            for f in self.fields
-        }
+        # field name -> offset of its data in the preallocated partial file
+        self._direct: dict[str, int] = {}
+        self._direct_fd = -1
+        try:
+            if max_samples and compression is None:
+                self._preallocate(max_samples)
+            self._spills: dict[str, BinaryIO] = {
+                f.name: open(self._spill_dir / f.name, "wb")  # noqa: SIM115 - closed in close()/abort()
+                for f in self.fields
+                if f.name not in self._direct
+            }
+        except BaseException:
+            self._close_direct()
+            _remove_tree(self._spill_dir)
+            raise
         self._lengths: dict[str, list[int]] = {
             f.name: [] for f in self.fields if f.kind == "encoded"
         }
@@ -85,8 +114,14 @@ class ShardWriter:
             raise ValueError(
                 f"sample lacks fields {missing}; expected {[f.name for f in self.fields]}"
             )
+        if self.num_samples == self.max_samples:
+            raise ValueError(f"ShardWriter for {self.path} takes at most {self.max_samples}")
         for spec in self.fields:
             data = _to_bytes(spec, sample[spec.name])
+            offset = self._direct.get(spec.name)
+            if offset is not None:
+                _pwrite_all(self._direct_fd, data, offset + self.num_samples * spec.sample_nbytes)
+                continue
             self._spills[spec.name].write(data)
             if spec.kind == "encoded":
                 self._lengths[spec.name].append(len(data))
@@ -99,11 +134,22 @@ class ShardWriter:
         self._closed = True
         for fh in self._spills.values():
             fh.close()
+        self._close_direct()
         partial = self._spill_dir / "shard.h5"
         try:
-            self._build(partial)
-            with open(partial, "rb") as fh:
-                os.fsync(fh.fileno())
+            if self._direct and self.num_samples == self.max_samples:
+                self._complete(partial)
+            else:
+                if self._direct:  # fewer samples than laid out: build the compact file
+                    os.replace(partial, self._spill_dir / _PREALLOCATED)
+                self._build(partial)
+            # hash while the kernel writes the file out: fsync waits on the disk, hashing
+            # reads the page cache; both release the GIL
+            with ThreadPoolExecutor(1, thread_name_prefix="fastdata-shard-hash") as hasher:
+                sha256 = hasher.submit(_mapped_sha256, partial)
+                with open(partial, "rb") as fh:
+                    os.fsync(fh.fileno())
+                digest = sha256.result()
             os.replace(partial, self.path)
             fsync_dir(self.path.parent)
         finally:
@@ -112,7 +158,7 @@ class ShardWriter:
             file=self.path.name,
             num_samples=self.num_samples,
             num_bytes=self.path.stat().st_size,
-            sha256=file_sha256(self.path),
+            sha256=digest,
             **self.identity,
         )
 
@@ -122,7 +168,57 @@ class ShardWriter:
             self._closed = True
             for fh in self._spills.values():
                 fh.close()
+        self._close_direct()
         _remove_tree(self._spill_dir)
+
+    def _preallocate(self, max_samples: int) -> None:
+        """Lay out the large uncompressed array fields for ``max_samples`` samples."""
+        direct = [
+            spec
+            for spec in self.fields
+            if spec.kind == "array" and spec.sample_nbytes >= _DIRECT_MIN_BYTES
+        ]
+        if not direct:
+            return
+        partial = self._spill_dir / "shard.h5"
+        with h5py.File(partial, "w") as h5:
+            for spec in direct:
+                ds = _create_contiguous(h5, spec.name, (max_samples, *spec.shape), spec.dtype)
+                ds.attrs["layout"] = spec.layout
+                offset = ds.id.get_offset()
+                if offset is None:
+                    raise OSError(f"HDF5 gave no offset for field {spec.name!r} of {partial}")
+                self._direct[spec.name] = offset
+        self._direct_fd = os.open(partial, os.O_WRONLY)
+
+    def _close_direct(self) -> None:
+        if self._direct_fd >= 0:
+            os.close(self._direct_fd)
+            self._direct_fd = -1
+
+    def _complete(self, partial: Path) -> None:
+        """Add the attributes and the spilled fields to the preallocated file."""
+        regions: list[tuple[Path, int, int, int]] = []
+        with h5py.File(partial, "r+") as h5:
+            self._write_attrs(h5, self.num_samples)
+            for spec in self.fields:
+                if spec.name in self._direct:
+                    continue
+                spill = self._spill_dir / spec.name
+                if spec.kind == "array":
+                    regions += self._write_array(h5, spec, (spill, 0), self.num_samples)
+                else:
+                    regions += self._write_encoded(h5, spec, spill)
+        _copy_regions(partial, regions)
+
+    def _write_attrs(self, h5: h5py.File, num_samples: int) -> None:
+        """The file's attributes: format, version, sample count, and the job identity."""
+        h5.attrs["format"] = FORMAT_NAME
+        h5.attrs["version"] = FORMAT_VERSION
+        h5.attrs["num_samples"] = num_samples
+        for key, value in self.identity.items():
+            if value:
+                h5.attrs[key] = value
 
     def __enter__(self) -> ShardWriter:
         return self
@@ -143,29 +239,23 @@ class ShardWriter:
         # then copied from the spill files into those regions by the kernel, never through
         # Python or HDF5's own buffers.
         n = self.num_samples
-        regions: list[tuple[Path, int, int]] = []  # (spill file, offset in shard, bytes)
+        # (source file, offset in it, offset in shard, bytes)
+        regions: list[tuple[Path, int, int, int]] = []
         with h5py.File(partial, "w") as h5:
-            h5.attrs["format"] = FORMAT_NAME
-            h5.attrs["version"] = FORMAT_VERSION
-            h5.attrs["num_samples"] = n
-            for key, value in self.identity.items():
-                if value:
-                    h5.attrs[key] = value
+            self._write_attrs(h5, n)
             for spec in self.fields:
-                spill = self._spill_dir / spec.name
+                source = (self._spill_dir / spec.name, 0)
+                if spec.name in self._direct:
+                    source = (self._spill_dir / _PREALLOCATED, self._direct[spec.name])
                 if spec.kind == "array":
-                    regions += self._write_array(h5, spec, spill, n)
+                    regions += self._write_array(h5, spec, source, n)
                 else:
-                    regions += self._write_encoded(h5, spec, spill)
-        if regions:
-            with open(partial, "r+b") as out:
-                for spill, offset, nbytes in regions:
-                    with open(spill, "rb") as source:
-                        _copy_range(source.fileno(), out.fileno(), offset, nbytes)
+                    regions += self._write_encoded(h5, spec, source[0])
+        _copy_regions(partial, regions)
 
     def _write_array(
-        self, h5: h5py.File, spec: FieldSpec, spill: Path, n: int
-    ) -> list[tuple[Path, int, int]]:
+        self, h5: h5py.File, spec: FieldSpec, source: tuple[Path, int], n: int
+    ) -> list[tuple[Path, int, int, int]]:
         shape = (n, *spec.shape)
         chunked = self.compression is not None and n > 0 and spec.sample_nbytes > 0
         if not chunked:
@@ -173,7 +263,7 @@ class ShardWriter:
             ds.attrs["layout"] = spec.layout
             offset = ds.id.get_offset()
             nbytes = n * spec.sample_nbytes
-            return [(spill, offset, nbytes)] if nbytes and offset is not None else []
+            return [(*source, offset, nbytes)] if nbytes and offset is not None else []
         ds = h5.create_dataset(
             spec.name,
             shape=shape,
@@ -182,16 +272,16 @@ class ShardWriter:
             compression=self.compression,
         )
         ds.attrs["layout"] = spec.layout
-        source = np.memmap(spill, dtype=spec.dtype, mode="r", shape=shape)
+        rows = np.memmap(source[0], dtype=spec.dtype, mode="r", offset=source[1], shape=shape)
         rows_per_block = max(1, _COPY_BLOCK_BYTES // max(1, spec.sample_nbytes))
         for start in range(0, n, rows_per_block):
-            ds[start : start + rows_per_block] = source[start : start + rows_per_block]
-        del source
+            ds[start : start + rows_per_block] = rows[start : start + rows_per_block]
+        del rows
         return []
 
     def _write_encoded(
         self, h5: h5py.File, spec: FieldSpec, spill: Path
-    ) -> list[tuple[Path, int, int]]:
+    ) -> list[tuple[Path, int, int, int]]:
         group = h5.create_group(spec.name)
         group.attrs["encoding"] = spec.encoding or ""
         lengths = np.asarray(self._lengths[spec.name], dtype=np.int64)
@@ -201,7 +291,7 @@ class ShardWriter:
         total = int(offsets[-1])
         data = _create_contiguous(group, "data", (total,), "uint8")
         offset = data.id.get_offset()
-        return [(spill, offset, total)] if total and offset is not None else []
+        return [(spill, 0, offset, total)] if total and offset is not None else []
 
 
 def _create_contiguous(
@@ -213,25 +303,61 @@ def _create_contiguous(
     return parent.create_dataset(name, shape=shape, dtype=dtype, dcpl=dcpl, fill_time="never")
 
 
-def _copy_range(source_fd: int, target_fd: int, offset: int, nbytes: int) -> None:
-    """Copy ``nbytes`` from the start of ``source_fd`` to ``offset`` in ``target_fd``: in
-    the kernel where it can, else (or for what it left) through ``pread``/``pwrite``."""
-    copied = _kernel_copy(source_fd, target_fd, offset, nbytes)
+def _mapped_sha256(path: Path) -> str:
+    """:func:`file_sha256` hashing the page cache through a mapping (no copy into Python)."""
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size == 0:
+            return file_sha256(path)
+        digest = hashlib.sha256()
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            view = memoryview(mapped)
+            try:
+                for start in range(0, size, _COPY_BLOCK_BYTES):
+                    digest.update(view[start : start + _COPY_BLOCK_BYTES])
+            finally:
+                view.release()
+    return digest.hexdigest()
+
+
+def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
+def _copy_regions(target: Path, regions: list[tuple[Path, int, int, int]]) -> None:
+    if not regions:
+        return
+    with open(target, "r+b") as out:
+        for path, source_offset, offset, nbytes in regions:
+            with open(path, "rb") as source:
+                _copy_range(source.fileno(), out.fileno(), (source_offset, offset), nbytes)
+
+
+def _copy_range(source_fd: int, target_fd: int, offsets: tuple[int, int], nbytes: int) -> None:
+    """Copy ``nbytes`` from ``offsets[0]`` in ``source_fd`` to ``offsets[1]`` in
+    ``target_fd``: in the kernel where it can, else (or for what it left) through
+    ``pread``/``pwrite``."""
+    source_offset, offset = offsets
+    copied = _kernel_copy(source_fd, target_fd, offsets, nbytes)
     while copied < nbytes:
-        block = os.pread(source_fd, min(_COPY_BLOCK_BYTES, nbytes - copied), copied)
+        block = os.pread(source_fd, min(_COPY_BLOCK_BYTES, nbytes - copied), source_offset + copied)
         if not block:
             raise OSError(f"spill file ended after {copied} of {nbytes} bytes")
         os.pwrite(target_fd, block, offset + copied)
         copied += len(block)
 
 
-def _kernel_copy(source_fd: int, target_fd: int, offset: int, nbytes: int) -> int:
+def _kernel_copy(source_fd: int, target_fd: int, offsets: tuple[int, int], nbytes: int) -> int:
     """Bytes ``copy_file_range`` copied before it finished or turned out unavailable."""
+    source_offset, offset = offsets
     copied = 0
     try:
         while copied < nbytes:
             step = os.copy_file_range(
-                source_fd, target_fd, nbytes - copied, copied, offset + copied
+                source_fd, target_fd, nbytes - copied, source_offset + copied, offset + copied
             )
             if step == 0:
                 raise OSError(f"spill file ended after {copied} of {nbytes} bytes")
@@ -244,7 +370,7 @@ def _kernel_copy(source_fd: int, target_fd: int, offset: int, nbytes: int) -> in
     return copied
 
 
-def _to_bytes(spec: FieldSpec, value: SampleValue) -> bytes:
+def _to_bytes(spec: FieldSpec, value: SampleValue) -> bytes | memoryview:
     if spec.kind == "encoded":
         if isinstance(value, str):
             return value.encode()
@@ -261,7 +387,7 @@ def _to_bytes(spec: FieldSpec, value: SampleValue) -> bytes:
             array = array.astype(spec.dtype)
         else:
             raise TypeError(f"field {spec.name!r} takes dtype {spec.dtype}, got {array.dtype}")
-    return np.ascontiguousarray(array).tobytes()
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data  # no copy
 
 
 def _remove_tree(folder: Path) -> None:

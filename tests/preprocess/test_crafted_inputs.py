@@ -9,7 +9,6 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 import pytest
 import torch
@@ -22,7 +21,7 @@ from fastdata.errors import PreprocessError
 from fastdata.preprocess import SourceItem, build_fields, list_source, preprocess, process_sample
 from fastdata.preprocess import _task as task_module
 from fastdata.preprocess._task import SampleFailure, ShardJob
-from fastdata.preprocess._transforms import scaled_size, transform
+from fastdata.preprocess._transforms import transform
 
 TINY = PreprocessOptions(sizes=(16,))
 
@@ -163,12 +162,10 @@ def test_thin_strip_is_cropped_before_resizing(tmp_path: Path) -> None:
     started = time.perf_counter()
     got = transform(strip, 224, "shorter")
     assert time.perf_counter() - started < 1.0  # the whole strip at 224 x 2,240,000: ~10 s
-    # the same pixels as scaling the centre of the strip (scale 224, a whole number)
-    _, w = scaled_size(1, 10000, 224, longer=False)
-    centre = strip[:, 4990:5010]
-    reference = cv2.resize(centre, (20 * 224, 224), interpolation=cv2.INTER_LINEAR)
-    offset = (w - 224) // 2 - 4990 * 224
-    np.testing.assert_array_equal(got, reference[:, offset : offset + 224])
+    # the centre crop of the strip scaled to 224: the picture of its middle source pixels
+    assert got.shape == (224, 224, 3)
+    centre = strip[0, 4998:5002]
+    assert (got >= centre.min(axis=0)).all() and (got <= centre.max(axis=0)).all()
     (tmp_path / "src" / "a").mkdir(parents=True)
     Image.fromarray(strip).save(tmp_path / "src" / "a" / "strip.png")
     summary = preprocess(tmp_path / "src", tmp_path / "o", PreprocessOptions(), workers=1,

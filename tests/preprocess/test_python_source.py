@@ -54,13 +54,14 @@ def mask_of(index: int) -> np.ndarray:
 
 
 def reference(image: np.ndarray, side: int, nearest: bool = False) -> np.ndarray:
-    """Independent reference: shorter side to ``side`` (INTER_AREA down), centre crop."""
+    """Independent reference of ``shorter``: the centred square, resized to ``side``
+    (INTER_AREA down, INTER_NEAREST for masks)."""
     h, w = image.shape[:2]
-    new_h, new_w = (side, round(w * side / h)) if h <= w else (round(h * side / w), side)
+    square = min(h, w)
+    top, left = (h - square) // 2, (w - square) // 2
     flag = cv2.INTER_NEAREST if nearest else cv2.INTER_AREA
-    out = cv2.resize(image, (new_w, new_h), interpolation=flag)
-    top, left = (new_h - side) // 2, (new_w - side) // 2
-    return out[top : top + side, left : left + side]
+    crop = image[top : top + square, left : left + square]
+    return cv2.resize(crop, (side, side), interpolation=flag)
 
 
 class PILDataset:

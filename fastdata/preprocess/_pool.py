@@ -1,0 +1,419 @@
+"""The local engine's worker processes: spawned once per job, fed chunks of items over
+pipes, handing pixels back through shared-memory slots.
+
+Why not ``ProcessPoolExecutor``: its queues hold named POSIX semaphores (``sem.mp-*`` in
+``/dev/shm``) that a ``kill -9`` of the process group leaks, and it pickles every decoded
+image through a pipe to the parent. Here each worker has one socket pair; the fixed-size
+pixel fields of raw storage go into a ring of slots in one anonymous shared file (a
+``memfd``: nothing to leak), which the parent's shard writer copies from once. Workers
+exit when the parent dies (``PR_SET_PDEATHSIG`` on Linux, a parent-pid watchdog
+elsewhere), so an OOM-killed job leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import ast
+import ctypes
+import mmap
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import recv_handle, send_handle
+from types import FrameType
+from typing import Any
+
+import cv2
+import numpy as np
+
+from fastdata.errors import PreprocessError
+from fastdata.preprocess._sources import SourceItem
+from fastdata.preprocess._task import SampleFailure, SampleResult, ShardJob, process_sample
+from fastdata.shards import FieldSpec
+
+CHUNK_ITEMS = 16
+# In flight per worker: enough for the workers to go on while the parent closes a shard
+# (fsync, checksum), bounded by the shared memory the slots take.
+_CHUNKS_PER_WORKER = 8
+_MIN_CHUNKS_PER_WORKER = 2
+_MAX_SLOT_MEMORY_BYTES = 64 << 20
+_MIN_SLOT_FIELD_BYTES = 4096  # smaller arrays (labels) travel with the results
+_WATCHDOG_PERIOD_S = 0.5
+_JOIN_TIMEOUT_S = 5.0
+_PR_SET_PDEATHSIG = 1
+
+
+class _Slotted:
+    """Stands for an array the worker wrote into the sample's slot."""
+
+    __slots__ = ()
+
+
+_SLOTTED = _Slotted()
+
+
+def slot_fields(job: ShardJob) -> list[tuple[FieldSpec, int]]:
+    """The fixed-size array fields passed through slots, each with its offset in a slot."""
+    fields = []
+    offset = 0
+    for spec in job.fields:
+        if spec.kind == "array" and spec.sample_nbytes >= _MIN_SLOT_FIELD_BYTES:
+            fields.append((spec, offset))
+            offset += -(-spec.sample_nbytes // 64) * 64  # cache-line aligned
+    return fields
+
+
+def _slot_bytes(fields: list[tuple[FieldSpec, int]]) -> int:
+    if not fields:
+        return 0
+    spec, offset = fields[-1]
+    return offset + -(-spec.sample_nbytes // 64) * 64
+
+
+def _view(buffer: mmap.mmap, spec: FieldSpec, offset: int) -> np.ndarray:
+    count = int(np.prod(spec.shape, dtype=np.int64))
+    return np.frombuffer(buffer, spec.dtype, count, offset).reshape(spec.shape)
+
+
+def _anonymous_file(nbytes: int) -> int:
+    """A file descriptor of ``nbytes`` of shared memory that has no name to leak."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("fastdata-preprocess-slots", os.MFD_CLOEXEC)
+    else:  # an unlinked temporary file: gone when the last descriptor closes
+        with tempfile.TemporaryFile() as handle:
+            fd = os.dup(handle.fileno())
+    os.ftruncate(fd, nbytes)
+    return fd
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Exit as soon as the process that started this one is gone (even by ``kill -9``)."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # died before the signal was armed
+        os._exit(1)
+
+    def watch() -> None:  # where there is no parent-death signal (and as a second guard)
+        while os.getppid() == parent_pid:
+            time.sleep(_WATCHDOG_PERIOD_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="fastdata-parent-watchdog", daemon=True).start()
+
+
+def worker_main(conn: Connection, job: ShardJob, parent_pid: int, slot_bytes: int) -> None:
+    """A worker's loop: ``(chunk id, [(item, slot)...])`` in, ``(chunk id, results)`` out."""
+    _die_with_parent(parent_pid)
+    cv2.setNumThreads(1)  # the workers are the parallelism; OpenCV's threads oversubscribe
+    slots = None
+    if slot_bytes:
+        fd = recv_handle(conn)
+        slots = mmap.mmap(fd, 0)
+        os.close(fd)
+    fields = slot_fields(job)
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        chunk_id, entries = message
+        reply: tuple[str, int, Any]
+        try:
+            reply = (
+                "done",
+                chunk_id,
+                [_process(item, job, (slots, slot * slot_bytes), fields) for item, slot in entries],
+            )
+        except Exception as exc:  # any failure: re-raised in the parent
+            reply = ("error", chunk_id, _picklable(exc))
+        try:
+            conn.send(reply)
+        except OSError:  # the parent stopped listening (job over or failed): just go
+            return
+
+
+def _process(
+    item: SourceItem,
+    job: ShardJob,
+    slot: tuple[mmap.mmap | None, int],
+    fields: list[tuple[FieldSpec, int]],
+) -> SampleResult:
+    result = process_sample(item, job)
+    slots, base = slot
+    if slots is None or isinstance(result, SampleFailure):
+        return result
+    sample, stats = result
+    for spec, offset in fields:
+        value = sample.get(spec.name)
+        if (
+            isinstance(value, np.ndarray)
+            and value.shape == spec.shape
+            and value.dtype == np.dtype(spec.dtype)
+        ):
+            np.copyto(_view(slots, spec, base + offset), value)
+            sample[spec.name] = _SLOTTED
+    return sample, stats
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    try:
+        pickle.dumps(exc)
+    except Exception:  # any pickling failure: send its text instead
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+@contextmanager
+def _main_for_workers(job: ShardJob) -> Iterator[None]:
+    """Spawned children first import the parent's ``__main__`` (by file or module name),
+    which re-runs a script's top level: its imports (seconds for torch or Ray), and any
+    unguarded ``preprocess()`` call, which then fails in every worker. When the job does
+    not refer to ``__main__``, the workers need nothing from it, so it is hidden while
+    they start; when it does, the call must be guarded (checked here, with the fix)."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    if b"__main__" in pickle.dumps(job):
+        _check_main_is_importable(main)
+        yield
+        return
+    saved: dict[str, Any] = {
+        name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__
+    }
+    main.__dict__.pop("__file__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.update(saved)
+        if "__spec__" not in saved:
+            del main.__spec__
+
+
+def _check_main_is_importable(main: Any) -> None:
+    path = getattr(main, "__file__", None)
+    if getattr(main, "__spec__", None) is None and not (
+        isinstance(path, str) and os.path.isfile(path)
+    ):
+        raise PreprocessError(
+            f"the job refers to objects defined in __main__ ({path or 'no file'}), which "
+            "worker processes cannot import: define them in a module file, or pass workers=1"
+        )
+    where = unguarded_main_call(main)
+    if where is not None:
+        raise PreprocessError(
+            f"preprocess() is called at the top level of {where[0]} (line {where[1]}) without "
+            '`if __name__ == "__main__":`; its worker processes import that script, which '
+            "would start the job again in each of them. Put the call under `if __name__ == "
+            '"__main__":` (or pass workers=1)'
+        )
+
+
+def unguarded_main_call(main: Any) -> tuple[str, int] | None:
+    """``(script, line)`` of the top-level statement of the running ``__main__`` script
+    that led to this call, when it is not inside ``if __name__ == "__main__":``."""
+    path = getattr(main, "__file__", None)
+    if not isinstance(path, str) or not os.path.isfile(path):
+        return None
+    frame: FrameType | None = sys._getframe()
+    while frame is not None and not (
+        frame.f_globals is main.__dict__ and frame.f_code.co_name == "<module>"
+    ):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    line = frame.f_lineno
+    try:
+        with open(path, "rb") as handle:
+            tree = ast.parse(handle.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for statement in tree.body:
+        if statement.lineno <= line <= (statement.end_lineno or statement.lineno):
+            guarded = isinstance(statement, ast.If) and _is_main_test(statement.test)
+            return None if guarded else (path, line)
+    return None
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return False
+    names = {
+        node.id if isinstance(node, ast.Name) else node.value
+        for node in (test.left, test.comparators[0])
+        if isinstance(node, (ast.Name, ast.Constant))
+    }
+    return isinstance(test.ops[0], ast.Eq) and names == {"__name__", "__main__"}
+
+
+class WorkerPool:
+    """``workers`` spawned processes running :func:`process_sample` for one job.
+
+    :meth:`results` yields every item's result in order, keeping each worker a few
+    chunks ahead. A slotted array in a yielded sample is a view of shared memory that
+    stays valid until the next result is requested.
+    """
+
+    def __init__(self, workers: int, job: ShardJob) -> None:
+        self._job = job
+        self._fields = slot_fields(job)
+        self._slot_bytes = _slot_bytes(self._fields)
+        per_worker = _CHUNKS_PER_WORKER
+        if self._slot_bytes:
+            affordable = _MAX_SLOT_MEMORY_BYTES // (self._slot_bytes * CHUNK_ITEMS * workers)
+            per_worker = max(_MIN_CHUNKS_PER_WORKER, min(per_worker, affordable))
+        self._chunks_per_worker = per_worker
+        self._num_slots = workers * per_worker * CHUNK_ITEMS
+        self._slots: mmap.mmap | None = None
+        self._conns: list[Connection] = []
+        self._processes: list[Any] = []
+        context = multiprocessing.get_context("spawn")
+        fd = -1
+        try:
+            if self._slot_bytes:
+                fd = _anonymous_file(self._slot_bytes * self._num_slots)
+                self._slots = mmap.mmap(fd, 0)
+            with _main_for_workers(job):
+                for _ in range(workers):
+                    parent_end, child_end = context.Pipe(duplex=True)
+                    process = context.Process(
+                        target=worker_main,
+                        args=(child_end, job, os.getpid(), self._slot_bytes),
+                        name="fastdata-preprocess",
+                        daemon=True,
+                    )
+                    process.start()
+                    child_end.close()
+                    self._conns.append(parent_end)
+                    self._processes.append(process)
+                    if fd >= 0:
+                        send_handle(parent_end, fd, process.pid)
+            for conn, process in zip(self._conns, self._processes, strict=True):
+                self._receive(conn, process, "while starting")
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def _receive(self, conn: Connection, process: Any, doing: str) -> Any:
+        try:
+            return conn.recv()
+        except (EOFError, OSError):
+            raise _died(process, doing) from None
+
+    def results(
+        self, items: Sequence[SourceItem], advance: Callable[[int], None]
+    ) -> Iterator[SampleResult]:
+        chunks = [items[i : i + CHUNK_ITEMS] for i in range(0, len(items), CHUNK_ITEMS)]
+        idle: deque[int] = deque(
+            w for _ in range(self._chunks_per_worker) for w in range(len(self._conns))
+        )
+        busy: dict[int, int] = {}  # connection index -> chunks in flight
+        done: dict[int, list[SampleResult]] = {}
+        sent = 0
+        for chunk_id in range(len(chunks)):
+            while chunk_id not in done:
+                # item i uses slot i mod num_slots; it is free once item i - num_slots is
+                # consumed, i.e. the chunk may go out once its last item is in reach
+                while (
+                    idle
+                    and sent < len(chunks)
+                    and ((sent + 1) * CHUNK_ITEMS <= chunk_id * CHUNK_ITEMS + self._num_slots)
+                ):
+                    worker = idle.popleft()
+                    start = sent * CHUNK_ITEMS
+                    entries = [
+                        (item, (start + k) % self._num_slots) for k, item in enumerate(chunks[sent])
+                    ]
+                    try:
+                        self._conns[worker].send((sent, entries))
+                    except OSError:
+                        raise _died(self._processes[worker], "while processing images") from None
+                    busy[worker] = busy.get(worker, 0) + 1
+                    sent += 1
+                self._collect(done, idle, busy)
+            results = done.pop(chunk_id)
+            advance(len(results))
+            for k, result in enumerate(results):
+                yield self._attach(result, (chunk_id * CHUNK_ITEMS + k) % self._num_slots)
+
+    def _collect(
+        self, done: dict[int, list[SampleResult]], idle: deque[int], busy: dict[int, int]
+    ) -> None:
+        """Receive at least one message from the workers with chunks in flight."""
+        ready = wait([conn for i, conn in enumerate(self._conns) if busy.get(i)])
+        for conn in ready:
+            index = next(i for i, c in enumerate(self._conns) if c is conn)
+            message = self._receive(
+                self._conns[index], self._processes[index], "while processing images"
+            )
+            kind, chunk_id = message[0], message[1]
+            if kind == "error":
+                raise message[2]
+            done[chunk_id] = message[2]
+            busy[index] -= 1
+            idle.append(index)
+
+    def _attach(self, result: SampleResult, slot: int) -> SampleResult:
+        if self._slots is None or isinstance(result, SampleFailure):
+            return result
+        sample, stats = result
+        base = slot * self._slot_bytes
+        for spec, offset in self._fields:
+            if isinstance(sample.get(spec.name), _Slotted):
+                sample[spec.name] = _view(self._slots, spec, base + offset)
+        return sample, stats
+
+    def close(self) -> None:
+        """Stop the workers (they finish the chunk in hand) and free the shared memory."""
+        for conn in self._conns:
+            with suppress(OSError):
+                conn.send(None)
+            conn.close()  # a worker blocked sending a result gets an error and exits
+        deadline = time.monotonic() + _JOIN_TIMEOUT_S
+        for process in self._processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join()
+        self._conns, self._processes = [], []
+        if self._slots is not None:
+            with suppress(BufferError):  # a sample view still alive: unmapped when collected
+                self._slots.close()
+            self._slots = None
+
+
+def _died(process: Any, doing: str) -> PreprocessError:
+    process.join(_JOIN_TIMEOUT_S)
+    return PreprocessError(
+        f"a preprocess worker process (pid {process.pid}) exited with code "
+        f"{process.exitcode} {doing}; its error, if any, is printed above. "
+        "Out of memory is a common cause (fewer workers need less)"
+        + (_STARTUP_HINT if doing == "while starting" else "")
+    )
+
+
+_STARTUP_HINT = (
+    ". Workers are spawned processes: they must be able to import everything the job refers "
+    "to (an object defined in a notebook or in `python -` cannot be: define it in a module), "
+    "and a script that defines such objects must call preprocess() under `if __name__ == "
+    '"__main__":`'
+)

@@ -184,6 +184,24 @@ def check_pixels(hw: tuple[int, int] | None, max_pixels: int | None, source: str
         )
 
 
+def resolve_max_pixels(max_pixels: int | None) -> int | None:
+    """A user's ``max_pixels``: the limit, or ``None`` for no limit (given as 0 or ``None``).
+
+    Raises:
+        ValueError: ``max_pixels`` is not a non-negative int or ``None``.
+    """
+    if max_pixels is None or (
+        isinstance(max_pixels, int) and not isinstance(max_pixels, bool) and max_pixels == 0
+    ):
+        return None
+    if not isinstance(max_pixels, int) or isinstance(max_pixels, bool) or max_pixels < 0:
+        raise ValueError(
+            f"max_pixels must be a positive int (pixels, width x height), or 0 or None for "
+            f"no limit, got {max_pixels!r}"
+        )
+    return max_pixels
+
+
 def orient(image: np.ndarray, orientation: int) -> np.ndarray:
     """Apply an EXIF orientation (1-8) to ``(H, W[, C])`` pixels: the flip or rotation that
     shows the image as displayed (the same as OpenCV and ``PIL.ImageOps.exif_transpose``).

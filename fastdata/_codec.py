@@ -7,8 +7,8 @@ through OpenCV: other formats, CMYK/YCCK JPEGs, JPEGs whose EXIF orientation mus
 and JPEGs that simplejpeg rejects (truncated data, for instance, which OpenCV decodes as
 far as it can, as it always has here).
 
-EXIF orientation: one rule everywhere (preprocessing, ``RAMDataset`` and the ``cpu``
-decoder): a JPEG's orientation tag is applied, so pixels come out as the photo is
+EXIF orientation: one rule everywhere (preprocessing, ``RAMDataset`` and every decoder
+backend: ``cpu``, ``dali``, ``nvjpeg``): a JPEG's orientation tag is applied, so pixels come out as the photo is
 displayed (OpenCV's and ``PIL.ImageOps.exif_transpose``'s rule). :func:`orient` applies the
 same flip/rotation to other arrays (a segmentation mask).
 
@@ -257,7 +257,7 @@ def decode_image(
             at full size). The caller resizes to the exact target afterwards.
         grayscale: Decode to one channel.
         exif_orientation: Rotate/flip as the EXIF orientation tag says (OpenCV's default).
-            ``False`` keeps the stored orientation, like PIL, torchvision and DALI do by
+            ``False`` keeps the stored orientation, like PIL and torchvision do by
             default, and keeps the pixels aligned with the frame header's size.
         max_pixels: Refuse an image whose header claims more pixels (``None``: no limit).
         source: Where the bytes came from, for the error message.

@@ -7,8 +7,8 @@ through OpenCV: other formats, CMYK/YCCK JPEGs, JPEGs whose EXIF orientation mus
 and JPEGs that simplejpeg rejects (truncated data, for instance, which OpenCV decodes as
 far as it can, as it always has here).
 
-EXIF orientation: one rule everywhere (preprocessing, ``RAMDataset`` and the ``cpu``
-decoder): a JPEG's orientation tag is applied, so pixels come out as the photo is
+EXIF orientation: one rule everywhere (preprocessing, ``RAMDataset`` and every decoder
+backend: ``cpu``, ``dali``, ``nvjpeg``): a JPEG's orientation tag is applied, so pixels come out as the photo is
 displayed (OpenCV's and ``PIL.ImageOps.exif_transpose``'s rule). :func:`orient` applies the
 same flip/rotation to other arrays (a segmentation mask).
 
@@ -184,6 +184,24 @@ def check_pixels(hw: tuple[int, int] | None, max_pixels: int | None, source: str
         )
 
 
+def resolve_max_pixels(max_pixels: int | None) -> int | None:
+    """A user's ``max_pixels``: the limit, or ``None`` for no limit (given as 0 or ``None``).
+
+    Raises:
+        ValueError: ``max_pixels`` is not a non-negative int or ``None``.
+    """
+    if max_pixels is None or (
+        isinstance(max_pixels, int) and not isinstance(max_pixels, bool) and max_pixels == 0
+    ):
+        return None
+    if not isinstance(max_pixels, int) or isinstance(max_pixels, bool) or max_pixels < 0:
+        raise ValueError(
+            f"max_pixels must be a positive int (pixels, width x height), or 0 or None for "
+            f"no limit, got {max_pixels!r}"
+        )
+    return max_pixels
+
+
 def orient(image: np.ndarray, orientation: int) -> np.ndarray:
     """Apply an EXIF orientation (1-8) to ``(H, W[, C])`` pixels: the flip or rotation that
     shows the image as displayed (the same as OpenCV and ``PIL.ImageOps.exif_transpose``).
@@ -239,7 +257,7 @@ def decode_image(
             at full size). The caller resizes to the exact target afterwards.
         grayscale: Decode to one channel.
         exif_orientation: Rotate/flip as the EXIF orientation tag says (OpenCV's default).
-            ``False`` keeps the stored orientation, like PIL, torchvision and DALI do by
+            ``False`` keeps the stored orientation, like PIL and torchvision do by
             default, and keeps the pixels aligned with the frame header's size.
         max_pixels: Refuse an image whose header claims more pixels (``None``: no limit).
         source: Where the bytes came from, for the error message.

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from fastdata._codec import decode_image
+from fastdata._codec import DEFAULT_MAX_PIXELS, decode_image
 from fastdata._system import available_memory_bytes, usable_cpus
 from fastdata._threads import parallel_for
 from fastdata.datasets._collate import mark_collated
@@ -37,6 +37,9 @@ class BatchedDataset(Dataset):
 
     See :class:`~fastdata.datasets.ShardDataset` for the arguments.
     """
+
+    # Images whose header claims more pixels are refused before decoding (None: no limit).
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
 
     def __init__(
         self,
@@ -226,7 +229,12 @@ class BatchedDataset(Dataset):
         def body(start: int, stop: int) -> None:
             for k in range(start, stop):
                 try:
-                    decoded[k] = decode_image(raw[k], min_side=self.decode_min_side, source=name)
+                    decoded[k] = decode_image(
+                        raw[k],
+                        min_side=self.decode_min_side,
+                        max_pixels=self.max_pixels,
+                        source=name,
+                    )
                 except DecodeError as exc:
                     failures.append((k, exc))
 

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fastdata._codec import DEFAULT_MAX_PIXELS, resolve_max_pixels
 from fastdata.datasets._base import BatchedDataset
 from fastdata.datasets._loading import load_arrays, load_files, load_shards
 from fastdata.datasets._store import RAMStore
@@ -44,9 +45,13 @@ class RAMDataset(BatchedDataset):
         num_threads: As for :class:`ShardDataset`.
         check_memory: Refuse a load larger than the available memory.
         show_progress: Progress bar while loading.
+        max_pixels: With ``decode=True``, an image whose header claims more pixels (width x
+            height) is refused before decoding, like a corrupt file (``on_error`` applies);
+            ``0`` or ``None``: no limit. Default: PIL's limit, 89,478,485.
 
     Raises:
-        ValueError: ``image_paths`` is empty, or ``targets`` has another length.
+        ValueError: ``image_paths`` is empty, ``targets`` has another length, or
+            ``max_pixels`` is negative or not an int.
         FileNotFoundError: An image file cannot be read (its index and path are named).
         InsufficientMemoryError: The data would not fit in the available memory.
 
@@ -69,7 +74,9 @@ class RAMDataset(BatchedDataset):
         num_threads: int | None = None,
         check_memory: bool = True,
         show_progress: bool = True,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
     ) -> None:
+        limit = resolve_max_pixels(max_pixels)
         if isinstance(image_paths, (str, os.PathLike)) or len(image_paths) == 0:
             raise ValueError(
                 f"image_paths must be a non-empty sequence of paths, got {image_paths!r}"
@@ -89,6 +96,7 @@ class RAMDataset(BatchedDataset):
             on_error=on_error,
             num_threads=num_threads,
         )
+        self.max_pixels = limit
 
     @classmethod
     def from_shards(
@@ -103,7 +111,7 @@ class RAMDataset(BatchedDataset):
     ) -> RAMDataset:
         """Load ``fields`` of a shard set into RAM (raw pixels stay raw, JPEG bytes stay
         encoded). ``options`` are ``layout``, ``decode``, ``decode_min_side``,
-        ``on_error``, ``num_threads``."""
+        ``on_error``, ``num_threads``, ``max_pixels``."""
         store = load_shards(
             path,
             _known_fields(path, fields),
@@ -146,10 +154,11 @@ class RAMDataset(BatchedDataset):
     def _wrap(
         cls, store: RAMStore, fields: Sequence[str], transform: Any, options: dict[str, Any]
     ) -> RAMDataset:
-        allowed = {"layout", "decode", "decode_min_side", "on_error", "num_threads"}
+        allowed = {"layout", "decode", "decode_min_side", "on_error", "num_threads", "max_pixels"}
         unknown = sorted(set(options) - allowed)
         if unknown:
             raise TypeError(f"unexpected options {unknown}; allowed: {sorted(allowed)}")
+        limit = resolve_max_pixels(options.get("max_pixels", DEFAULT_MAX_PIXELS))
         dataset = cls.__new__(cls)
         BatchedDataset.__init__(
             dataset,
@@ -162,6 +171,7 @@ class RAMDataset(BatchedDataset):
             on_error=options.get("on_error", "raise"),
             num_threads=options.get("num_threads"),
         )
+        dataset.max_pixels = limit
         return dataset
 
 

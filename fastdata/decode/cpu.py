@@ -15,7 +15,14 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from fastdata._codec import JpegHeader, decode_image, decode_reduced, jpeg_header
+from fastdata._codec import (
+    DEFAULT_MAX_PIXELS,
+    JpegHeader,
+    decode_image,
+    decode_reduced,
+    jpeg_header,
+    resolve_max_pixels,
+)
 from fastdata.decode._base import (
     DecodedBatch,
     Decoder,
@@ -109,12 +116,21 @@ def decode_jpeg_box(
     *,
     grayscale: bool,
     source: str,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> None:
     """Decode a JPEG at ``1/factor`` scale, turned as its EXIF orientation says, and
     resample its ``box`` (full-resolution pixels of the displayed image, e.g. from
-    :func:`crop_boxes` on ``header.oriented_hw`` and :func:`reduction_factors`) into ``out``."""
+    :func:`crop_boxes` on ``header.oriented_hw`` and :func:`reduction_factors`) into ``out``.
+    A JPEG whose header claims more than ``max_pixels`` pixels is refused (``None``: no
+    limit)."""
     image = decode_reduced(
-        data, header, factor, grayscale=grayscale, exif_orientation=True, source=source
+        data,
+        header,
+        factor,
+        grayscale=grayscale,
+        exif_orientation=True,
+        source=source,
+        max_pixels=max_pixels,
     )
     source_hw = header.oriented_hw
     decoded_hw = (image.shape[0], image.shape[1])
@@ -133,12 +149,14 @@ def decode_crop(
     *,
     grayscale: bool = False,
     source: str = "<bytes>",
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> np.ndarray:
     """Decode one image, cut its crop box and resize it to ``out_hw``.
 
     A JPEG's EXIF orientation is applied before the crop box is placed, the rule of
     preprocessing and ``RAMDataset`` (see :mod:`fastdata._codec`): the box is drawn on the
-    image as displayed.
+    image as displayed. An image whose header claims more than ``max_pixels`` pixels is
+    refused before decoding (``None``: no limit).
 
     Returns:
         ``(H, W, C)`` uint8 RGB (C = 1 when ``grayscale``).
@@ -149,12 +167,14 @@ def decode_crop(
     out = np.empty((*out_hw, 1 if grayscale else 3), dtype=np.uint8)
     header = jpeg_header(data)
     if header is None:  # not a JPEG: decode first, then place the box on real pixels
-        image = decode_image(data, grayscale=grayscale, source=source)
+        image = decode_image(data, grayscale=grayscale, source=source, max_pixels=max_pixels)
         resize_crop(image, crop_box(image.shape[:2], out_hw, crop, draws), out)
         return out
     box = crop_box(header.oriented_hw, out_hw, crop, draws)
     factor = int(reduction_factors(np.array([box]), out_hw)[0])
-    decode_jpeg_box(data, header, box, factor, out, grayscale=grayscale, source=source)
+    decode_jpeg_box(
+        data, header, box, factor, out, grayscale=grayscale, source=source, max_pixels=max_pixels
+    )
     return out
 
 
@@ -178,6 +198,12 @@ class CpuDecoder(Decoder):
         grayscale: Decode to one channel.
         num_threads: Decoding threads (default: the CPUs this process may use).
         seed: Seed of the random crops.
+        max_pixels: Refuse (as a :class:`~fastdata.DecodeError`, handled by ``on_error``)
+            an image whose header claims more pixels (width x height) than this, before
+            decoding it; ``0`` or ``None``: no limit. Default: PIL's limit, 89,478,485.
+
+    Raises:
+        ValueError: ``max_pixels`` is negative or not an int.
     """
 
     backend = "cpu"
@@ -192,7 +218,9 @@ class CpuDecoder(Decoder):
         grayscale: bool = False,
         num_threads: int | None = None,
         seed: int | None = None,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
     ) -> None:
+        self.max_pixels = resolve_max_pixels(max_pixels)
         super().__init__(
             size,
             random_crop=random_crop,
@@ -238,6 +266,7 @@ class CpuDecoder(Decoder):
                             draws[index],
                             grayscale=self.grayscale,
                             source=source,
+                            max_pixels=self.max_pixels,
                         )
                     else:
                         box, factor = planned
@@ -249,6 +278,7 @@ class CpuDecoder(Decoder):
                             out[index],
                             grayscale=self.grayscale,
                             source=source,
+                            max_pixels=self.max_pixels,
                         )
                 except DecodeError as error:
                     errors[index] = error

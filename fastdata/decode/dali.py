@@ -22,6 +22,10 @@ before batch ``i``'s outputs are taken, so DALI decodes it while the caller work
 drains the queue and is decoded alone; a batch that fails takes the pipeline down with the
 batch queued behind it, and both are decoded alone (image by image where needed).
 
+EXIF orientation: a JPEG's orientation tag is applied (``adjust_orientation=True``), the
+rule of the other backends, and crop boxes are drawn on the image as displayed (DALI takes
+the slice in displayed coordinates and maps it to the stored pixels before decoding).
+
 Truncated JPEGs: the CPU-only pipeline reports them as errors, like the ``cpu`` backend;
 the mixed (nvJPEG) decoder may decode them without an error, the missing rows left flat.
 """
@@ -86,7 +90,9 @@ def _build_pipeline(
             output_type=types.GRAY if grayscale else types.RGB,
             normalized_anchor=False,
             normalized_shape=False,
-            adjust_orientation=False,  # stored orientation, like the other backends
+            # EXIF orientation applied, like the other backends; the slice (anchor, shape)
+            # is in the coordinates of the image as displayed (DALI maps it back)
+            adjust_orientation=True,
         )
         images = fn.resize(images, resize_x=out_hw[1], resize_y=out_hw[0], antialias=True)
         pipeline.set_outputs(images)
@@ -225,7 +231,8 @@ class DaliDecoder(Decoder):
         accelerated = [
             i for i, h in enumerate(headers) if h is not None and h[2] in _ACCELERATED_COMPONENTS
         ]
-        sizes = [headers[i][:2] for i in accelerated]  # type: ignore[index]
+        # crop boxes are drawn on the image as displayed (EXIF orientation applied)
+        sizes = [headers[i].oriented_hw for i in accelerated]  # type: ignore[union-attr]
         boxes = crop_boxes(sizes, self.size, self.random_crop, draws[accelerated]).tolist()
         items = [(buffers[i], Box(*box)) for i, box in zip(accelerated, boxes, strict=True)]
         return _Plan(buffers, draws, accelerated, items)

@@ -86,6 +86,7 @@ class _DecodeInWorkers:
             "size": decoder.size,
             "random_crop": decoder.random_crop,
             "grayscale": decoder.grayscale,
+            "max_pixels": decoder.max_pixels,
         }
         # The main process's crop draws seed the workers' (mixed with each worker's seed).
         self.seed = int(decoder._rng.integers(2**62))

@@ -16,6 +16,13 @@ through the CPU decoder, and only what neither can decode is handled by ``on_err
 Environment errors (CUDA out of memory, a torchvision built without nvJPEG) are raised,
 never turned into CPU decoding. Any fallback to the CPU is warned about once per decoder.
 
+EXIF orientation: a JPEG's orientation tag is applied, the rule of the other backends
+(torchvision's ``apply_exif_orientation`` works on the CPU only, so it is done here). Crop
+boxes are drawn on the image as displayed; each box is mapped back to the stored pixels
+nvJPEG returns (:func:`stored_box`), and only that region is flipped or transposed
+(:func:`orient_chw`) before resizing, so a rotated photo costs a copy of its crop, not of
+the whole image.
+
 Truncated JPEGs: nvJPEG may decode a truncated file without an error, the missing rows
 left grey or black, where the ``cpu`` backend raises a :class:`~fastdata.DecodeError`.
 """
@@ -101,6 +108,65 @@ def load_decode_jpeg(grayscale: bool) -> Callable[..., Any]:
         return decode_jpeg(data, mode=mode, device=device)
 
     return decode
+
+
+# EXIF orientations whose displayed image reads the stored rows / columns backwards
+# (see fastdata._codec.orient).
+_FLIPS_ROWS = (3, 4, 6, 7)
+_FLIPS_COLUMNS = (2, 3, 7, 8)
+# The dimensions orient_chw flips, after transposing the last two for 5-8.
+_ORIENT_FLIPS = {2: (-1,), 3: (-2, -1), 4: (-2,), 6: (-1,), 7: (-2, -1), 8: (-2,)}
+
+
+def orient_chw(image: torch.Tensor, orientation: int) -> torch.Tensor:
+    """Apply an EXIF orientation (1-8) to ``(C, H, W)`` pixels on any device: the flip or
+    rotation that shows them as displayed (:func:`fastdata._codec.orient` for tensors).
+
+    Args:
+        image: ``(C, H, W)`` pixels as stored, on any device.
+        orientation: The EXIF orientation tag (1-8; other values leave ``image`` as is).
+
+    Returns:
+        ``(C, H, W)`` (``(C, W, H)`` for 5-8); ``image`` itself for 1, a view for 5.
+    """
+    if orientation >= 5:
+        image = image.transpose(-2, -1)
+    dims = _ORIENT_FLIPS.get(orientation, ())
+    return image.flip(dims) if dims else image
+
+
+def stored_box(box: Box, orientation: int, stored_hw: tuple[int, int]) -> Box:
+    """The box of the stored pixels that ``box`` (drawn on the image as displayed, with EXIF
+    ``orientation`` 1-8 applied) covers: ``orient_chw(stored[stored_box], orientation)``
+    equals ``orient_chw(stored, orientation)[box]``.
+
+    Args:
+        box: ``(top, left, height, width)`` on the displayed image.
+        orientation: The EXIF orientation tag (1-8; 1 returns ``box``).
+        stored_hw: ``(height, width)`` of the image as stored (as decoded by nvJPEG).
+    """
+    top, left, height, width = box
+    if orientation >= 5:  # displayed rows are stored columns
+        top, left, height, width = left, top, width, height
+    if orientation in _FLIPS_ROWS:
+        top = stored_hw[0] - top - height
+    if orientation in _FLIPS_COLUMNS:
+        left = stored_hw[1] - left - width
+    return Box(top, left, height, width)
+
+
+def oriented_region(image: torch.Tensor, box: Box, orientation: int) -> torch.Tensor:
+    """``box`` (displayed coordinates) cut out of a ``(C, H, W)`` image decoded as stored
+    and shown as displayed: ``(C, box.height, box.width)`` on the image's device (at most
+    the region is copied, never the whole image).
+
+    Args:
+        image: ``(C, H, W)`` pixels as stored.
+        box: ``(top, left, height, width)`` on the displayed image.
+        orientation: The EXIF orientation tag (1-8).
+    """
+    top, left, height, width = stored_box(box, orientation, (image.shape[-2], image.shape[-1]))
+    return orient_chw(image[:, top : top + height, left : left + width], orientation)
 
 
 def _like(tensor: torch.Tensor) -> dict[str, Any]:
@@ -201,8 +267,17 @@ class NvJpegDecoder(Decoder):
                 result = decoded.get(index)
                 try:
                     if isinstance(result, torch.Tensor):
+                        # nvJPEG returns the stored pixels: the box is drawn on the
+                        # displayed image and only its region is turned upright
+                        orientation = headers[index].orientation  # type: ignore[union-attr]
                         source_hw = (int(result.shape[-2]), int(result.shape[-1]))
-                        boxes.append(crop_box(source_hw, self.size, self.random_crop, draws[index]))
+                        if orientation >= 5:
+                            source_hw = (source_hw[1], source_hw[0])
+                        box = crop_box(source_hw, self.size, self.random_crop, draws[index])
+                        if orientation != 1:
+                            result = oriented_region(result, box, orientation)
+                            box = Box(0, 0, box.height, box.width)
+                        boxes.append(box)
                         on_device.append(result)
                     else:
                         if index in decoded:

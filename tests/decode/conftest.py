@@ -32,10 +32,11 @@ def rgb_jpeg(height: int, width: int, seed: int = 0, quality: int = 95) -> bytes
     return encode(Image.fromarray(smooth_rgb(height, width, seed)), quality=quality)
 
 
-def exif_rotated_jpeg(height: int, width: int, seed: int = 0) -> bytes:
-    """A JPEG stored ``height x width`` whose EXIF tag says 'rotate 90 to display'."""
+def exif_rotated_jpeg(height: int, width: int, seed: int = 0, *, orientation: int = 6) -> bytes:
+    """A JPEG stored ``height x width`` with EXIF ``orientation`` (default 6: 'rotate 90
+    clockwise to display'; 3: 180, 8: 90 counter-clockwise, 2/4/5/7: with a mirror)."""
     exif = Image.Exif()
-    exif[0x0112] = 6
+    exif[0x0112] = orientation
     return encode(Image.fromarray(smooth_rgb(height, width, seed)), quality=95, exif=exif)
 
 

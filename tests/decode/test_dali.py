@@ -76,14 +76,34 @@ def test_rejects_bad_device_and_threads() -> None:
         create_decoder("dali", size=24, device="cpu", num_threads=0)
 
 
-def test_exif_rotated_jpeg_decodes_in_dali_as_stored(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("random_crop", [False, True])
+def test_exif_rotated_jpegs_decode_in_dali_like_the_cpu_backend(
+    monkeypatch: pytest.MonkeyPatch, random_crop: bool
+) -> None:
+    """EXIF orientation is applied and crop boxes are drawn on the displayed image, as in
+    the cpu backend: the same pixels for every orientation, in DALI itself (no fallback)."""
+
     def no_fallback(*args: object, **kwargs: object) -> None:
         raise AssertionError("DALI failed and fell back to the CPU decoder")
 
     monkeypatch.setattr(dali_module, "decode_crop", no_fallback)
-    got = create_decoder("dali", size=(30, 50), device="cpu")([exif_rotated_jpeg(120, 200, 8)])
-    want = create_decoder("cpu", size=(30, 50))([rgb_jpeg(120, 200, seed=8)])
-    assert (got.float() - want.float()).abs().mean() <= MEAN_TOLERANCE
+    batch = [exif_rotated_jpeg(120, 200, seed=o, orientation=o) for o in range(1, 9)]
+    dali = create_decoder("dali", size=(40, 24), device="cpu", random_crop=random_crop, seed=3)
+    cpu = create_decoder("cpu", size=(40, 24), random_crop=random_crop, seed=3)
+    got, want = dali(batch), cpu(batch)
+    assert got.shape == want.shape == (8, 3, 40, 24)
+    for row in range(8):
+        diff = (got[row].float() - want[row].float()).abs().mean()
+        assert diff <= MEAN_TOLERANCE, f"orientation {row + 1}: mean abs diff {diff:.1f}"
+    dali.close()
+    # the look-ahead pipeline (DecodingLoader's path) plans the same boxes
+    dali = create_decoder("dali", size=(40, 24), device="cpu", random_crop=random_crop, seed=3)
+    cpu = create_decoder("cpu", size=(40, 24), random_crop=random_crop, seed=3)
+    streamed = list(dali.decode_stream([batch[:4], batch[4:]]))
+    ahead = torch.cat([decoded.images for decoded in streamed])
+    want = torch.cat([cpu(batch[:4]), cpu(batch[4:])])
+    assert (ahead.float() - want.float()).abs().mean() <= MEAN_TOLERANCE
+    dali.close()
 
 
 @pytest.mark.gpu

@@ -7,14 +7,17 @@ from __future__ import annotations
 from typing import Any
 
 import cv2
+import numpy as np
 import pytest
 import torch
 
+from fastdata._codec import orient
 from fastdata.decode import create_decoder
 from fastdata.decode import nvjpeg as nvjpeg_module
-from fastdata.decode.nvjpeg import NvJpegDecoder
+from fastdata.decode._geometry import Box
+from fastdata.decode.nvjpeg import NvJpegDecoder, orient_chw, oriented_region, stored_box
 from fastdata.errors import DecodeError
-from tests.decode.conftest import BAD, GOOD, rgb_jpeg
+from tests.decode.conftest import BAD, GOOD, exif_rotated_jpeg, rgb_jpeg
 
 # nvJPEG and libjpeg-turbo differ by at most a couple of levels per pixel (IDCT and chroma
 # upsampling), and torch's antialiased bilinear differs from OpenCV's area resize by about
@@ -23,7 +26,8 @@ MEAN_TOLERANCE = 3.0
 
 
 class FakeDecodeJpeg:
-    """OpenCV stand-in for torchvision's decode_jpeg (full-size, CHW, all-or-nothing)."""
+    """OpenCV stand-in for torchvision's decode_jpeg (full-size, CHW, all-or-nothing, EXIF
+    orientation ignored as nvJPEG does: the pixels as stored)."""
 
     def __init__(self, grayscale: bool) -> None:
         self.grayscale = grayscale
@@ -31,6 +35,7 @@ class FakeDecodeJpeg:
 
     def _one(self, data: torch.Tensor, device: torch.device) -> torch.Tensor:
         flag = cv2.IMREAD_GRAYSCALE if self.grayscale else cv2.IMREAD_COLOR
+        flag |= cv2.IMREAD_IGNORE_ORIENTATION
         image = cv2.imdecode(data.numpy(), flag)
         if image is None:
             raise RuntimeError("nvjpeg: bad image")
@@ -68,6 +73,49 @@ def test_agrees_with_cpu_backend(fake: dict[str, FakeDecodeJpeg]) -> None:
         assert got.is_contiguous(memory_format=torch.channels_last)
         assert (got.float() - want.float()).abs().mean() <= MEAN_TOLERANCE
     assert fake["decoder"].calls == [3]  # one batched call
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_orient_chw_matches_the_cpu_rule(orientation: int) -> None:
+    stored = np.random.default_rng(orientation).integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    want = torch.from_numpy(orient(stored, orientation)).permute(2, 0, 1)
+    got = orient_chw(torch.from_numpy(stored).permute(2, 0, 1), orientation)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_oriented_region_is_the_box_of_the_displayed_image(orientation: int) -> None:
+    """The box is drawn on the displayed image, mapped back to the stored pixels, and only
+    that region is turned: the same pixels as turning the whole image and cutting the box."""
+    rng = np.random.default_rng(orientation)
+    stored = torch.from_numpy(rng.integers(0, 256, (3, 9, 14), dtype=np.uint8))
+    displayed = orient_chw(stored, orientation)
+    shown_hw = (int(displayed.shape[1]), int(displayed.shape[2]))
+    for _ in range(20):
+        height, width = (int(rng.integers(1, side + 1)) for side in shown_hw)
+        top = int(rng.integers(0, shown_hw[0] - height + 1))
+        left = int(rng.integers(0, shown_hw[1] - width + 1))
+        box = Box(top, left, height, width)
+        want = displayed[:, top : top + height, left : left + width]
+        assert torch.equal(oriented_region(stored, box, orientation), want), box
+        inside = stored_box(box, orientation, (9, 14))
+        assert 0 <= inside.top <= 9 - inside.height and 0 <= inside.left <= 14 - inside.width
+
+
+@pytest.mark.parametrize("random_crop", [False, True])
+def test_exif_rotated_jpegs_decode_like_the_cpu_backend(
+    fake: dict[str, FakeDecodeJpeg], random_crop: bool
+) -> None:
+    """nvJPEG returns the stored pixels; the decoder turns them as displayed and cuts the
+    crop boxes the cpu backend cuts, for every EXIF orientation."""
+    batch = [exif_rotated_jpeg(120, 200, seed=o, orientation=o) for o in range(1, 9)]
+    got = NvJpegDecoder((40, 24), device="cpu", random_crop=random_crop or None, seed=3)(batch)
+    want = create_decoder("cpu", size=(40, 24), random_crop=random_crop, seed=3)(batch)
+    assert fake["decoder"].calls == [8]  # decoded on the (stand-in) GPU path, no fallback
+    assert got.shape == want.shape == (8, 3, 40, 24)
+    for row in range(8):
+        diff = (got[row].float() - want[row].float()).abs().mean()
+        assert diff <= MEAN_TOLERANCE, f"orientation {row + 1}: mean abs diff {diff:.1f}"
 
 
 def test_bad_image_does_not_sink_the_batch(
@@ -143,6 +191,19 @@ def test_real_nvjpeg_matches_cpu(images: dict[str, bytes]) -> None:
     want = create_decoder("cpu", size=(64, 80), seed=1, random_crop=True)(batch)
     assert got.device.type == "cuda" and got.shape == want.shape
     assert (got.cpu().float() - want.float()).abs().mean() <= MEAN_TOLERANCE
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("real_nvjpeg")
+@pytest.mark.parametrize("random_crop", [False, True])
+def test_real_nvjpeg_applies_exif_orientation_like_cpu(random_crop: bool) -> None:
+    batch = [exif_rotated_jpeg(240, 320, seed=o, orientation=o) for o in range(1, 9)]
+    got = create_decoder("nvjpeg", size=(64, 40), seed=4, random_crop=random_crop)(batch)
+    want = create_decoder("cpu", size=(64, 40), seed=4, random_crop=random_crop)(batch)
+    assert got.device.type == "cuda" and got.shape == want.shape == (8, 3, 64, 40)
+    for row in range(8):
+        diff = (got[row].cpu().float() - want[row].float()).abs().mean()
+        assert diff <= MEAN_TOLERANCE, f"orientation {row + 1}: mean abs diff {diff:.1f}"
 
 
 @pytest.mark.gpu

@@ -11,10 +11,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import psutil
-import torch
 from torch.utils.data import DataLoader
+
+from fastdata._batch import batch_nbytes
 
 # Share of the window spent warming up (untimed) before the timed window starts.
 _WARMUP_SHARE = 0.2
@@ -105,21 +105,6 @@ class Measurement:
         fields = dict(data)
         fields["config"] = LoaderConfig(**fields["config"])
         return cls(**fields)
-
-
-def batch_nbytes(batch: Any) -> int:
-    """Bytes of the tensors and arrays in a (possibly nested) batch."""
-    if isinstance(batch, torch.Tensor):
-        return batch.element_size() * batch.nelement()
-    if isinstance(batch, np.ndarray):
-        return int(batch.nbytes)
-    if isinstance(batch, Mapping):
-        return sum(batch_nbytes(value) for value in batch.values())
-    if isinstance(batch, (list, tuple)):
-        return sum(batch_nbytes(value) for value in batch)
-    if isinstance(batch, (bytes, bytearray)):
-        return len(batch)
-    return 0
 
 
 def predict_bytes(config: LoaderConfig, batch_bytes: int, worker_bytes: int) -> int:

@@ -64,8 +64,8 @@ class LocalEngine:
                 yield result
             return
         # spawn: a fork of a process whose OpenCV thread pool has run deadlocks the children,
-        # and forkserver children returned large results ~10x slower than spawned ones here
-        # (about 130 vs 2,000 150-KB results/s on the 2-core CI machine).
+        # and forkserver children returned large (image-sized) results far slower than
+        # spawned ones: time benchmarks/bench_preprocess.py before changing the start method.
         # ProcessPoolExecutor rather than multiprocessing.Pool: when a worker raises (on_error
         # "fail") or the caller stops early, Pool.terminate() kills workers mid-operation and
         # can deadlock on the task queue's lock; the executor cancels what has not started and

@@ -43,7 +43,8 @@ class _OpenShard:
         """A memory map of a contiguous uncompressed dataset; the dataset itself otherwise.
 
         The map is returned as a plain ``np.ndarray`` (it keeps the map alive): indexing an
-        ``np.memmap`` runs Python-level hooks on every row, 10% of a batched read here.
+        ``np.memmap`` runs Python-level hooks on every row, a per-sample cost that a
+        batched read would pay once per sample.
         """
         if use_mmap and ds.chunks is None and ds.compression is None and ds.size > 0:
             offset = ds.id.get_offset()
@@ -63,7 +64,7 @@ class ShardReader:
 
     Files are opened lazily, once per process: a reader created in the main process and
     pickled or forked into DataLoader workers opens its own handles there. Uncompressed
-    array fields are memory-mapped (about 10x faster than HDF5 per-sample reads).
+    array fields are memory-mapped (a sample is then one memory copy, not an HDF5 call).
 
     Args:
         root: The shard folder (or its ``index.json``).
@@ -155,7 +156,8 @@ class ShardReader:
             locals_ = local_ids[positions]
             try:
                 if isinstance(source, np.ndarray):  # memory-mapped
-                    # One memcpy per sample: 2-3x faster than fancy indexing (no temporary).
+                    # One memcpy per sample into ``out``: fancy indexing would build a
+                    # temporary and copy every sample twice.
                     for position, local in zip(positions.tolist(), locals_.tolist(), strict=True):
                         out[position] = source[local]
                 else:

@@ -1,8 +1,8 @@
 """``create_decoder``: one entry point for every decoder backend.
 
-The backends live in one registry, ``_REGISTRY`` (name to decoder class plus the two
-things that differ between them: the default device and whether they take CPU
-threads). A new backend is one entry there: ``create_decoder``, ``resolve_backend`` and
+The backends live in one registry, ``_REGISTRY`` (name to decoder class plus what
+differs between them: the default device, whether they take CPU threads, and where
+they can run). A new backend is one entry there: ``create_decoder``, ``resolve_backend`` and
 ``BACKENDS`` read it.
 """
 
@@ -39,11 +39,27 @@ class _Backend:
             ``decoder(size, random_crop=..., device=..., on_error=..., grayscale=..., seed=...)``.
         default_device: The device used when ``create_decoder`` is given none.
         threaded: Whether the class also takes ``num_threads``.
+        check_device: Called with the target device before the decoder is built; raises
+            if the backend cannot run there (``None``: any device).
     """
 
     decoder: type[Decoder]
     default_device: Callable[[], str]
     threaded: bool
+    check_device: Callable[[torch.device], None] | None = None
+
+
+def _check_nvjpeg_device(target: torch.device) -> None:
+    """nvJPEG decodes on CUDA only.
+
+    Raises:
+        ValueError: ``target`` is not a CUDA device, or CUDA is not available.
+    """
+    if target.type != "cuda" or not torch.cuda.is_available():
+        raise ValueError(
+            f"backend='nvjpeg' decodes on a CUDA device, got device={str(target)!r} with "
+            f"torch.cuda.is_available()={torch.cuda.is_available()}; use backend='cpu'"
+        )
 
 
 def _cuda_if_available() -> str:
@@ -52,7 +68,12 @@ def _cuda_if_available() -> str:
 
 _REGISTRY: dict[str, _Backend] = {
     "cpu": _Backend(CpuDecoder, default_device=lambda: "cpu", threaded=True),
-    "nvjpeg": _Backend(NvJpegDecoder, default_device=lambda: "cuda", threaded=False),
+    "nvjpeg": _Backend(
+        NvJpegDecoder,
+        default_device=lambda: "cuda",
+        threaded=False,
+        check_device=_check_nvjpeg_device,
+    ),
     "dali": _Backend(DaliDecoder, default_device=_cuda_if_available, threaded=True),
 }
 
@@ -166,8 +187,8 @@ def create_decoder(
     check_on_error(on_error)
     entry = _REGISTRY[name]
     target = torch.device(target) if target is not None else torch.device(entry.default_device())
-    if name == "nvjpeg":
-        _check_nvjpeg_device(target)
+    if entry.check_device is not None:
+        entry.check_device(target)
     kwargs: dict[str, Any] = {"num_threads": num_threads} if entry.threaded else {}
     return entry.decoder(
         size,
@@ -191,16 +212,3 @@ def _check_device(device: torch.device | str | int | None) -> torch.device | str
     if isinstance(device, int):
         return torch.device("cuda", device)
     return device
-
-
-def _check_nvjpeg_device(target: torch.device) -> None:
-    """nvJPEG decodes on CUDA only.
-
-    Raises:
-        ValueError: ``target`` is not a CUDA device, or CUDA is not available.
-    """
-    if target.type != "cuda" or not torch.cuda.is_available():
-        raise ValueError(
-            f"backend='nvjpeg' decodes on a CUDA device, got device={str(target)!r} with "
-            f"torch.cuda.is_available()={torch.cuda.is_available()}; use backend='cpu'"
-        )

@@ -139,7 +139,9 @@ def test_each_backend_gets_the_arguments_it_takes(monkeypatch: pytest.MonkeyPatc
         return make
 
     for name, entry in list(factory._REGISTRY.items()):
-        fake = factory._Backend(recorder(name), entry.default_device, entry.threaded)  # type: ignore[arg-type]
+        fake = factory._Backend(
+            recorder(name), entry.default_device, entry.threaded, entry.check_device
+        )  # type: ignore[arg-type]
         monkeypatch.setitem(factory._REGISTRY, name, fake)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(factory, "torchvision_version", lambda: "0.21.0")

@@ -19,6 +19,7 @@ __all__ = [
     "map_fields",
     "map_tensors",
 ]
+
 FieldKey = str | int
 
 

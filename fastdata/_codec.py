@@ -1,16 +1,15 @@
 """Image decoding, shared by preprocessing, datasets and the ``cpu`` decoder backend.
 
-JPEGs go through simplejpeg (libjpeg-turbo's TurboJPEG API, no colour conversion pass):
-it decodes the sample photographs 13-25% faster than ``cv2.imdecode`` here, to the same
-bytes (both are libjpeg-turbo with its default IDCT and upsampling). Everything else goes
-through OpenCV: other formats, CMYK/YCCK JPEGs, JPEGs whose EXIF orientation must be applied,
-and JPEGs that simplejpeg rejects (truncated data, for instance, which OpenCV decodes as
-far as it can, as it always has here).
+JPEGs go through simplejpeg (libjpeg-turbo's TurboJPEG API): it decodes straight to RGB,
+without ``cv2.imdecode``'s separate BGR-to-RGB pass, to the same bytes (both are
+libjpeg-turbo with its default IDCT and upsampling). Everything else goes through OpenCV:
+other formats, CMYK/YCCK JPEGs, JPEGs whose EXIF orientation must be applied, and JPEGs
+that simplejpeg rejects.
 
 EXIF orientation: one rule everywhere (preprocessing, ``RAMDataset`` and every decoder
-backend: ``cpu``, ``dali``, ``nvjpeg``): a JPEG's orientation tag is applied, so pixels come out as the photo is
-displayed (OpenCV's and ``PIL.ImageOps.exif_transpose``'s rule). :func:`orient` applies the
-same flip/rotation to other arrays (a segmentation mask).
+backend: ``cpu``, ``dali``, ``nvjpeg``): a JPEG's orientation tag is applied, so pixels come
+out as the photo is displayed (OpenCV's and ``PIL.ImageOps.exif_transpose``'s rule).
+:func:`orient` applies the same flip/rotation to other arrays (a segmentation mask).
 
 Limits: an image whose header claims more than ``max_pixels`` pixels (default
 :data:`DEFAULT_MAX_PIXELS`, PIL's limit) is refused before any pixel is decoded, and a JPEG

@@ -1,10 +1,19 @@
-"""``create_decoder``: one entry point for every decoder backend."""
+"""``create_decoder``: one entry point for every decoder backend.
+
+The backends live in one registry, ``_REGISTRY`` (name to decoder class plus what
+differs between them: the default device, whether they take CPU threads, and where
+they can run). A new backend is one entry there: ``create_decoder``, ``resolve_backend`` and
+``BACKENDS`` read it.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import logging
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -20,7 +29,55 @@ from fastdata.decode.nvjpeg import (
     torchvision_version,
 )
 
-BACKENDS = ("auto", "cpu", "nvjpeg", "dali")
+
+@dataclass(frozen=True)
+class _Backend:
+    """One registered decoder backend.
+
+    Attributes:
+        decoder: The :class:`Decoder` subclass; called as
+            ``decoder(size, random_crop=..., device=..., on_error=..., grayscale=..., seed=...)``.
+        default_device: The device used when ``create_decoder`` is given none.
+        threaded: Whether the class also takes ``num_threads``.
+        check_device: Called with the target device before the decoder is built; raises
+            if the backend cannot run there (``None``: any device).
+    """
+
+    decoder: type[Decoder]
+    default_device: Callable[[], str]
+    threaded: bool
+    check_device: Callable[[torch.device], None] | None = None
+
+
+def _check_nvjpeg_device(target: torch.device) -> None:
+    """nvJPEG decodes on CUDA only.
+
+    Raises:
+        ValueError: ``target`` is not a CUDA device, or CUDA is not available.
+    """
+    if target.type != "cuda" or not torch.cuda.is_available():
+        raise ValueError(
+            f"backend='nvjpeg' decodes on a CUDA device, got device={str(target)!r} with "
+            f"torch.cuda.is_available()={torch.cuda.is_available()}; use backend='cpu'"
+        )
+
+
+def _cuda_if_available() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+_REGISTRY: dict[str, _Backend] = {
+    "cpu": _Backend(CpuDecoder, default_device=lambda: "cpu", threaded=True),
+    "nvjpeg": _Backend(
+        NvJpegDecoder,
+        default_device=lambda: "cuda",
+        threaded=False,
+        check_device=_check_nvjpeg_device,
+    ),
+    "dali": _Backend(DaliDecoder, default_device=_cuda_if_available, threaded=True),
+}
+
+BACKENDS = ("auto", *_REGISTRY)
 
 logger = logging.getLogger("fastdata.decode")
 
@@ -124,45 +181,34 @@ def create_decoder(
             gives the pip command).
         FastDataError: nvjpeg with torchvision older than 0.20.
     """
-    if isinstance(device, bool):
-        raise TypeError(f"device must be a str, int or torch.device, got {device!r}")
-    if isinstance(device, int):
-        device = torch.device("cuda", device)
-    name = resolve_backend(backend, device)
+    target = _check_device(device)
+    name = resolve_backend(backend, target)
     parse_size(size)
     check_on_error(on_error)
-    if name == "cpu":
-        return CpuDecoder(
-            size,
-            random_crop=random_crop,
-            device=device if device is not None else "cpu",
-            on_error=on_error,
-            grayscale=grayscale,
-            num_threads=num_threads,
-            seed=seed,
-        )
-    if name == "nvjpeg":
-        target = torch.device(device if device is not None else "cuda")
-        if target.type != "cuda" or not torch.cuda.is_available():
-            raise ValueError(
-                f"backend='nvjpeg' decodes on a CUDA device, got device={str(target)!r} with "
-                f"torch.cuda.is_available()={torch.cuda.is_available()}; use backend='cpu'"
-            )
-        return NvJpegDecoder(
-            size,
-            random_crop=random_crop,
-            device=target,
-            on_error=on_error,
-            grayscale=grayscale,
-            seed=seed,
-        )
-    default = "cuda" if torch.cuda.is_available() else "cpu"
-    return DaliDecoder(
+    entry = _REGISTRY[name]
+    target = torch.device(target) if target is not None else torch.device(entry.default_device())
+    if entry.check_device is not None:
+        entry.check_device(target)
+    kwargs: dict[str, Any] = {"num_threads": num_threads} if entry.threaded else {}
+    return entry.decoder(
         size,
         random_crop=random_crop,
-        device=device if device is not None else default,
+        device=target,
         on_error=on_error,
         grayscale=grayscale,
-        num_threads=num_threads,
         seed=seed,
+        **kwargs,
     )
+
+
+def _check_device(device: torch.device | str | int | None) -> torch.device | str | None:
+    """``device`` with an int read as that CUDA device.
+
+    Raises:
+        TypeError: ``device`` is a bool or not a str, int or torch.device.
+    """
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device, type(None))):
+        raise TypeError(f"device must be a str, int or torch.device, got {device!r}")
+    if isinstance(device, int):
+        return torch.device("cuda", device)
+    return device

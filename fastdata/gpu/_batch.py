@@ -1,43 +1,26 @@
-"""Walk the tensors of a batch: tensors, and tuples, lists and dicts of them (nested)."""
+"""The top-level fields of a batch (tuple, list or mapping), for the device modules.
+
+Walking a batch's tensors is :mod:`fastdata._batch`'s (re-exported here).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-import torch
+from fastdata._batch import Batch, iter_tensors, map_tensors
 
-Batch = Any
+__all__ = [
+    "Batch",
+    "FieldKey",
+    "check_fields",
+    "fields_of",
+    "iter_tensors",
+    "map_fields",
+    "map_tensors",
+]
+
 FieldKey = str | int
-
-
-def map_tensors(batch: Batch, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
-    """Apply ``fn`` to every tensor of ``batch``, keeping its structure.
-
-    Tuples (named ones too), lists and mappings are rebuilt; other leaves (ints, strings,
-    NumPy arrays, …) pass through unchanged.
-    """
-    if isinstance(batch, torch.Tensor):
-        return fn(batch)
-    if isinstance(batch, Mapping):
-        return type(batch)({key: map_tensors(value, fn) for key, value in batch.items()})  # type: ignore[call-arg]
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(map_tensors(value, fn) for value in batch))
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(map_tensors(value, fn) for value in batch)
-    return batch
-
-
-def iter_tensors(batch: Batch) -> Iterator[torch.Tensor]:
-    """Every tensor of ``batch``, depth first."""
-    if isinstance(batch, torch.Tensor):
-        yield batch
-    elif isinstance(batch, Mapping):
-        for value in batch.values():
-            yield from iter_tensors(value)
-    elif isinstance(batch, (tuple, list)):
-        for value in batch:
-            yield from iter_tensors(value)
 
 
 def fields_of(batch: Batch) -> list[FieldKey]:

@@ -76,9 +76,10 @@ class OpenShard:
         """A memory map of a contiguous uncompressed dataset; the dataset itself otherwise.
 
         The map is returned as a plain ``np.ndarray`` (it keeps the map alive): indexing an
-        ``np.memmap`` runs Python-level hooks on every row, 10% of a batched read here.
-        Only checked numeric dtypes reach this point, and only regions inside the file are
-        mapped (a region past the end would raise SIGBUS on first touch).
+        ``np.memmap`` runs Python-level hooks on every row, a per-sample cost that a
+        batched read would pay once per sample. Only checked numeric dtypes reach this
+        point, and only regions inside the file are mapped (a region past the end would
+        raise SIGBUS on first touch).
         """
         if use_mmap and ds.chunks is None and ds.compression is None and ds.size > 0:
             offset = ds.id.get_offset()
@@ -176,7 +177,7 @@ class ShardReader:
 
     Files are opened lazily, once per process: a reader created in the main process and
     pickled or forked into DataLoader workers opens its own handles there. Uncompressed
-    array fields are memory-mapped (about 10x faster than HDF5 per-sample reads).
+    array fields are memory-mapped (a sample is then one memory copy, not an HDF5 call).
 
     Args:
         root: The shard folder (or its ``index.json``).

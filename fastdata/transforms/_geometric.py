@@ -200,7 +200,7 @@ class RandomHorizontalFlip(BatchTransform):
 
         def body(start: int, stop: int) -> None:
             for k in flips[start:stop]:
-                cv2.flip(images[k], 1, dst=images[k])  # in place: 10x a NumPy [:, ::-1] copy
+                cv2.flip(images[k], 1, dst=images[k])  # in place: no [:, ::-1] copy
 
         parallel_for(executor, len(flips), body, tasks=tasks)
         return images

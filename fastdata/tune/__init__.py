@@ -1,6 +1,8 @@
-"""Measure DataLoader settings (``autotune``) and where a training loop's time goes (``profile``).
+"""Measure a loader: the DataLoader settings to use (``autotune``) and where a training
+loop's time goes (``profile``).
 
-Both measure and return a result; neither changes global state.
+Both run the same timed loop (waiting for data versus the step) and return a result;
+neither changes global state.
 """
 
 from fastdata.tune._measure import LoaderConfig, Measurement

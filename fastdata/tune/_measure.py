@@ -5,16 +5,16 @@ from __future__ import annotations
 import gc
 import math
 import statistics
-import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import psutil
-import torch
 from torch.utils.data import DataLoader
+
+from fastdata._batch import batch_nbytes
+from fastdata.tune._loop import Tick, timed_steps
 
 # Share of the window spent warming up (untimed) before the timed window starts.
 _WARMUP_SHARE = 0.2
@@ -105,21 +105,6 @@ class Measurement:
         fields = dict(data)
         fields["config"] = LoaderConfig(**fields["config"])
         return cls(**fields)
-
-
-def batch_nbytes(batch: Any) -> int:
-    """Bytes of the tensors and arrays in a (possibly nested) batch."""
-    if isinstance(batch, torch.Tensor):
-        return batch.element_size() * batch.nelement()
-    if isinstance(batch, np.ndarray):
-        return int(batch.nbytes)
-    if isinstance(batch, Mapping):
-        return sum(batch_nbytes(value) for value in batch.values())
-    if isinstance(batch, (list, tuple)):
-        return sum(batch_nbytes(value) for value in batch)
-    if isinstance(batch, (bytes, bytearray)):
-        return len(batch)
-    return 0
 
 
 def predict_bytes(config: LoaderConfig, batch_bytes: int, worker_bytes: int) -> int:
@@ -217,71 +202,91 @@ def _time_loader(
     deadline: float,
     worker_bytes_prior: int,
 ) -> Window:
-    to_skip = config.num_workers + 1
+    """Time one window of ``loader`` (see :func:`run_window`) and size its workers."""
+    before = _child_pids() if config.num_workers else set()
+    sizes: list[int] = []
+    ticks = timed_steps(
+        loader, step, repeat=True, first=lambda batch: sizes.append(batch_nbytes(batch))
+    )
+    try:
+        startup_s, waits, steps = _timed_window(
+            ticks, skip=config.num_workers + 1, window_s=window_s, deadline=deadline
+        )
+        worker_bytes = _largest_worker_bytes(before) if config.num_workers else None
+    finally:
+        ticks.close()
+        del ticks, loader
+        gc.collect()
+    if startup_s is None:
+        raise ValueError(f"the loader yields no batch (batch_size={batch_size}): nothing to tune")
+    batch_bytes = sizes[0]
+    predicted = predict_bytes(
+        config, batch_bytes, worker_bytes if worker_bytes is not None else worker_bytes_prior
+    )
+    measurement = _summarize(
+        config,
+        startup_s=startup_s,
+        waits=waits,
+        steps=steps,
+        predicted_bytes=predicted,
+        worker_bytes=worker_bytes,
+    )
+    return Window(measurement, batch_bytes)
+
+
+def _timed_window(
+    ticks: Iterator[Tick], *, skip: int, window_s: float, deadline: float
+) -> tuple[float | None, list[float], list[float]]:
+    """The start-up time and the per-batch wait and step times of the timed window.
+
+    The first ``skip`` batches and those ending within the warm-up share of ``window_s``
+    after the first batch are not kept. The window ends once it holds ``_MIN_BATCHES``
+    batches and spans ``window_s``, or at ``deadline`` with at least two batches. The
+    start-up time is ``None`` when the loader yields nothing.
+    """
     waits: list[float] = []
     steps: list[float] = []
-    batch_bytes = 0
-    worker_bytes: int | None = None
-    before = _child_pids() if config.num_workers else set()
-    started = time.perf_counter()
-    startup_s = math.nan
-    iterator = iter(loader)
-    try:
-        window_start = warm_until = math.inf
-        boundary_since: float | None = None
-        while True:
-            t0 = time.perf_counter() if boundary_since is None else boundary_since
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                if math.isnan(startup_s):
-                    raise ValueError(
-                        f"the loader yields no batch (batch_size={batch_size}): nothing to tune"
-                    ) from None
-                # A new epoch: its refill time (workers persist) is charged to its first batch.
-                boundary_since = t0
-                iterator = iter(loader)
-                continue
-            boundary_since = None
-            t1 = time.perf_counter()
-            if math.isnan(startup_s):
-                startup_s = t1 - started
-                batch_bytes = batch_nbytes(batch)
-                warm_until = t1 + _WARMUP_SHARE * window_s
-            if step is not None:
-                step(batch)
-            t2 = time.perf_counter()
-            del batch
-            if to_skip > 0 or t2 < warm_until:
-                to_skip = max(0, to_skip - 1)
-                continue
-            if math.isinf(window_start):
-                window_start = t1
-            waits.append(t1 - t0)
-            steps.append(t2 - t1)
-            enough = len(waits) >= _MIN_BATCHES and t2 - window_start >= window_s
-            if enough or (t2 >= deadline and len(waits) >= 2):
-                break
-        if config.num_workers:
-            worker_bytes = _largest_worker_bytes(before)
-    finally:
-        del iterator, loader
-        gc.collect()
+    startup_s: float | None = None
+    warm_until = window_start = math.inf
+    for tick in ticks:
+        if startup_s is None:
+            startup_s = tick.since_start_s
+            warm_until = tick.fetched + _WARMUP_SHARE * window_s
+        if skip > 0 or tick.done < warm_until:
+            skip = max(0, skip - 1)
+            continue
+        if math.isinf(window_start):
+            window_start = tick.fetched
+        waits.append(tick.wait_s)
+        steps.append(tick.step_s)
+        enough = len(waits) >= _MIN_BATCHES and tick.done - window_start >= window_s
+        if enough or (tick.done >= deadline and len(waits) >= 2):
+            break
+    return startup_s, waits, steps
+
+
+def _summarize(
+    config: LoaderConfig,
+    *,
+    startup_s: float,
+    waits: list[float],
+    steps: list[float],
+    predicted_bytes: int,
+    worker_bytes: int | None,
+) -> Measurement:
+    """A :class:`Measurement` from the window's per-batch wait and step times."""
     loops = [w + s for w, s in zip(waits, steps, strict=True)]
     # Standard error of the rate, from the per-batch loop times (delta method).
     mean_s = statistics.fmean(loops)
     spread = (statistics.stdev(loops) / mean_s) / math.sqrt(len(loops)) / mean_s
-    measurement = Measurement(
+    return Measurement(
         config=config,
         batches_per_s=1 / mean_s,
         spread=spread,
         wait_s=statistics.fmean(waits),
         step_s=statistics.fmean(steps),
         startup_s=startup_s,
-        predicted_bytes=predict_bytes(
-            config, batch_bytes, worker_bytes if worker_bytes is not None else worker_bytes_prior
-        ),
+        predicted_bytes=predicted_bytes,
         worker_bytes=worker_bytes,
         num_batches=len(loops),
     )
-    return Window(measurement, batch_bytes)

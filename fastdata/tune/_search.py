@@ -192,7 +192,7 @@ class Search:
             if time.perf_counter() + 1.5 * self.window_s > self.deadline:
                 self.out_of_time = True
                 break
-            self.measured[config] = pool(self.measured[config], self._run(config))
+            self.measured[config] = merge_windows(self.measured[config], self._run(config))
         return self._pick(min_gain)[0]
 
     def _pick(self, min_gain: float) -> tuple[Measurement | None, Measurement | None]:
@@ -213,7 +213,7 @@ class Search:
         return chosen, fastest
 
 
-def pool(first: Measurement, second: Measurement) -> Measurement:
+def merge_windows(first: Measurement, second: Measurement) -> Measurement:
     """Two windows of one configuration as one: rates over the total time, means weighted
     by batches, the larger memory figures."""
     n1, n2 = first.num_batches, second.num_batches

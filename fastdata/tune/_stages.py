@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
+
+from fastdata._batch import map_tensors
 
 
 def _run_delays_ns() -> dict[str, int]:
@@ -35,15 +36,10 @@ def _run_delay_since_s(before: dict[str, int]) -> float:
     return sum(max(0, ns - before.get(tid, 0)) for tid, ns in after.items()) / 1e9
 
 
-def to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
-    """``batch`` with every tensor moved to ``device`` (nested mappings and sequences too)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, Mapping):
-        return {key: to_device(value, device, non_blocking) for key, value in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(value, device, non_blocking) for value in batch)
-    return batch
+def copy_batch(batch: Any, device: torch.device, *, non_blocking: bool) -> Any:
+    """``batch`` with every tensor copied to ``device``, its structure (named tuples,
+    mapping types) kept."""
+    return map_tensors(batch, lambda tensor: tensor.to(device, non_blocking=non_blocking))
 
 
 def synchronize(device: torch.device | None) -> None:
@@ -99,7 +95,7 @@ def time_stages(
         collate_s += t2 - t1
         if device is not None:
             t3 = time.perf_counter()
-            to_device(batch, device, non_blocking=loader.pin_memory)
+            copy_batch(batch, device, non_blocking=loader.pin_memory)
             synchronize(device)
             copy_s += time.perf_counter() - t3
     count = len(index_lists)

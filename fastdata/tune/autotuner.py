@@ -13,6 +13,7 @@ import torch
 from fastdata._progress import progress_bar
 from fastdata._system import available_memory_bytes, usable_cpus
 from fastdata.tune import _cache, _explain
+from fastdata.tune._measure import Measurement
 from fastdata.tune._search import Search
 from fastdata.tune.result import TuneResult
 
@@ -111,6 +112,74 @@ def autotune(
         ValueError: An argument is out of range, or ``loader_kwargs`` names a tuned setting.
         InsufficientMemoryError: Two batches alone exceed the memory budget.
     """
+    max_workers, window_s = _check_arguments(
+        batch_size,
+        max_workers=max_workers,
+        time_budget_s=time_budget_s,
+        min_gain=min_gain,
+        window_s=window_s,
+        loader_kwargs=loader_kwargs,
+    )
+    budget = budget_bytes(ram_budget)
+    cache_dir = _cache_dir(cache)
+    key = ""
+    if cache_dir is not None:
+        settings = {
+            "ram_budget": ram_budget,
+            "max_workers": max_workers,
+            "min_gain": min_gain,
+            "step": _cache.describe(step),
+            **{name: _cache.describe(value) for name, value in loader_kwargs.items()},
+        }
+        key = _cache.cache_key(dataset, batch_size, settings)
+        cached = _cache.load(cache_dir, key)
+        if cached is not None:
+            return TuneResult.from_dict(cached, extra_kwargs=loader_kwargs, from_cache=True)
+
+    started = time.perf_counter()
+    search = Search(
+        dataset=dataset,
+        batch_size=batch_size,
+        step=step,
+        extra_kwargs=dict(loader_kwargs),
+        window_s=window_s,
+        deadline=started + time_budget_s,
+        budget=budget,
+        bar=None,
+    )
+    base, chosen = _run_search(
+        search, dataset, max_workers=max_workers, min_gain=min_gain, progress=progress
+    )
+    result = _result(
+        search,
+        base,
+        chosen,
+        max_workers=max_workers,
+        min_gain=min_gain,
+        has_step=step is not None,
+        wall_time_s=time.perf_counter() - started,
+    )
+    if cache_dir is not None:
+        _cache.store(cache_dir, key, result.to_dict())
+    return result
+
+
+def _check_arguments(
+    batch_size: int,
+    *,
+    max_workers: int | None,
+    time_budget_s: float,
+    min_gain: float,
+    window_s: float | None,
+    loader_kwargs: dict[str, Any],
+) -> tuple[int, float]:
+    """Check ``autotune``'s arguments; returns ``max_workers`` and ``window_s`` with their
+    defaults filled in.
+
+    Raises:
+        TypeError: ``batch_size`` or ``max_workers`` is not an int.
+        ValueError: An argument is out of range, or ``loader_kwargs`` names a tuned setting.
+    """
     for name, value in (("batch_size", batch_size), ("max_workers", max_workers)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -134,44 +203,33 @@ def autotune(
         window_s = min(2.0, max(0.2, time_budget_s / 15))
     elif not window_s > 0:
         raise ValueError(f"window_s must be positive, got {window_s!r}")
-    budget = budget_bytes(ram_budget)
+    return max_workers, window_s
 
-    cache_dir: Path | None = None
+
+def _cache_dir(cache: bool | str | Path) -> Path | None:
+    """Where results are cached: the default directory for ``True``, none for ``False``."""
     if cache is True:
-        cache_dir = _cache.default_cache_dir()
-    elif cache is not False:
-        cache_dir = Path(cache)
-    settings = {
-        "ram_budget": ram_budget,
-        "max_workers": max_workers,
-        "min_gain": min_gain,
-        "step": _cache.describe(step),
-        **{name: _cache.describe(value) for name, value in loader_kwargs.items()},
-    }
-    key = _cache.cache_key(dataset, batch_size, settings) if cache_dir else ""
-    if cache_dir is not None:
-        cached = _cache.load(cache_dir, key)
-        if cached is not None:
-            return TuneResult.from_dict(cached, extra_kwargs=loader_kwargs, from_cache=True)
+        return _cache.default_cache_dir()
+    if cache is False:
+        return None
+    return Path(cache)
 
-    started = time.perf_counter()
+
+def _run_search(
+    search: Search, dataset: Any, *, max_workers: int, min_gain: float, progress: bool
+) -> tuple[Measurement, Measurement]:
+    """Run the search with a progress bar; returns the baseline and the chosen measurement.
+
+    The dataset's attributes are put back afterwards: setting ``num_threads`` may go
+    through a property (``None`` meaning "automatic"), so restoring the instance
+    attributes themselves puts back exactly what was there.
+    """
     has_threads = hasattr(dataset, "num_threads")
-    # Setting num_threads may go through a property (None meaning "automatic"): restoring
-    # the instance attributes themselves puts back exactly what was there.
     attributes = dict(vars(dataset)) if hasattr(dataset, "__dict__") else None
     pin = torch.cuda.is_available()
     estimated_trials = 1 + (4 if max_workers else 0) + (2 if has_threads and max_workers > 1 else 0)
     bar = progress_bar(total=estimated_trials, desc="autotune", unit="config", enabled=progress)
-    search = Search(
-        dataset=dataset,
-        batch_size=batch_size,
-        step=step,
-        extra_kwargs=dict(loader_kwargs),
-        window_s=window_s,
-        deadline=started + time_budget_s,
-        budget=budget,
-        bar=bar,
-    )
+    search.bar = bar
     try:
         base = search.run(max_workers=max_workers, min_gain=min_gain, threads=has_threads, pin=pin)
         chosen = search.choose(min_gain) or base
@@ -181,22 +239,33 @@ def autotune(
             vars(dataset).update(attributes)
         bar.total = bar.n
         bar.close()
+    return base, chosen
 
-    limited_by, reason = _explain.limit(search, chosen, base, max_workers, step is not None)
+
+def _result(
+    search: Search,
+    base: Measurement,
+    chosen: Measurement,
+    *,
+    max_workers: int,
+    min_gain: float,
+    has_step: bool,
+    wall_time_s: float,
+) -> TuneResult:
+    """The :class:`TuneResult` of a finished search, with its explanation."""
+    limited_by, reason = _explain.limit(search, chosen, base, max_workers, has_step)
     result = TuneResult(
         recommended=chosen.config,
         measurements=list(search.measured.values()),
-        batch_size=batch_size,
+        batch_size=search.batch_size,
         batch_bytes=search.batch_bytes,
         worker_bytes=search.worker_bytes,
-        budget_bytes=budget,
+        budget_bytes=search.budget,
         max_workers=max_workers,
         limited_by=limited_by,
         explanation="",
-        wall_time_s=time.perf_counter() - started,
-        extra_kwargs=dict(loader_kwargs),
+        wall_time_s=wall_time_s,
+        extra_kwargs=dict(search.extra_kwargs),
     )
     result.explanation = _explain.paragraph(result, base, reason, min_gain)
-    if cache_dir is not None:
-        _cache.store(cache_dir, key, result.to_dict())
     return result

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import html
 import math
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from torch.utils.data import DataLoader
 
 from fastdata._progress import progress_bar
 from fastdata._system import usable_cpus
+from fastdata.tune._loop import timed_steps
 from fastdata.tune._stages import StageTimes, synchronize, time_stages
 
 # The loop is input-bound when it waits for data at least this share of the time.
@@ -184,6 +184,34 @@ def profile(
         UserWarning: The loader ended before ``warmup + steps`` batches; the report then
             covers the steps that were timed (``report.steps``).
     """
+    _check_arguments(loader, step, steps=steps, warmup=warmup, probe_batches=probe_batches)
+    target = torch.device(device) if device is not None else None
+    wait_s, step_s, timed = _time_loop(
+        loader, step, target, warmup=warmup, steps=steps, progress=progress
+    )
+    stages = time_stages(loader, probe_batches, target)
+    bound, kind = _diagnose(wait_s, step_s, stages)
+    return ProfileReport(
+        steps=timed,
+        wait_s=wait_s,
+        step_s=step_s,
+        num_workers=loader.num_workers,
+        stages=stages,
+        bound=bound,
+        input_kind=kind,
+        advice=_advice(bound, kind, loader, stages, step_s / timed),
+    )
+
+
+def _check_arguments(
+    loader: Any, step: Any, *, steps: Any, warmup: Any, probe_batches: Any
+) -> None:
+    """Check ``profile``'s arguments at the boundary.
+
+    Raises:
+        TypeError: ``loader`` is not a DataLoader or ``step`` is not callable.
+        ValueError: ``steps``/``warmup``/``probe_batches`` out of range.
+    """
     if not isinstance(loader, DataLoader):
         raise TypeError(
             f"loader must be a torch.utils.data.DataLoader, got {type(loader).__name__}"
@@ -197,31 +225,40 @@ def profile(
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    target = torch.device(device) if device is not None else None
 
+
+def _time_loop(
+    loader: DataLoader,
+    step: Callable[[Any], Any],
+    target: torch.device | None,
+    *,
+    warmup: int,
+    steps: int,
+    progress: bool,
+) -> tuple[float, float, int]:
+    """Total wait and step seconds over the timed steps, and how many were timed.
+
+    Raises:
+        ValueError: The loader ends within the warm-up.
+
+    Warns:
+        UserWarning: The loader ends before ``warmup + steps`` batches.
+    """
     wait_s = step_s = 0.0
     timed = 0
     bar = progress_bar(total=warmup + steps, desc="profile", unit="step", enabled=progress)
-    iterator = iter(loader)
+    ticks = timed_steps(loader, step, synchronize=lambda: synchronize(target))
     try:
-        for index in range(warmup + steps):
-            t0 = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                break
-            t1 = time.perf_counter()
-            step(batch)
-            synchronize(target)
-            t2 = time.perf_counter()
-            del batch
+        for index, tick in enumerate(ticks):
             bar.update(1)
             if index >= warmup:
-                wait_s += t1 - t0
-                step_s += t2 - t1
+                wait_s += tick.wait_s
+                step_s += tick.step_s
                 timed += 1
+            if index + 1 >= warmup + steps:
+                break
     finally:
-        del iterator
+        ticks.close()
         bar.close()
     if timed == 0:
         raise ValueError(
@@ -234,20 +271,16 @@ def profile(
             f"timed, not steps={steps} (warmup={warmup} came first); pass steps={timed} or "
             f"fewer, or a loader with more batches, to time what you asked",
             UserWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
-    stages = time_stages(loader, probe_batches, target)
+    return wait_s, step_s, timed
+
+
+def _diagnose(wait_s: float, step_s: float, stages: StageTimes | None) -> tuple[str, str | None]:
+    """``("input" | "compute", "cpu" | "io" | None)``: what bounds the loop, and for an
+    input-bound loop whether the reads spend their time on a CPU or waiting on storage."""
     bound = "input" if wait_s >= INPUT_BOUND_SHARE * (wait_s + step_s) else "compute"
     kind = None
     if bound == "input" and stages is not None:
         kind = "cpu" if stages.cpu_share >= IO_CPU_SHARE else "io"
-    return ProfileReport(
-        steps=timed,
-        wait_s=wait_s,
-        step_s=step_s,
-        num_workers=loader.num_workers,
-        stages=stages,
-        bound=bound,
-        input_kind=kind,
-        advice=_advice(bound, kind, loader, stages, step_s / timed),
-    )
+    return bound, kind

@@ -105,3 +105,49 @@ def test_torchvision_before_0_20_is_refused_or_warned(
         load_decode_jpeg(grayscale=False)
     with pytest.warns(RuntimeWarning, match="predates batched GPU decoding"):
         assert resolve_backend("auto") == "cpu"
+
+
+def test_registry_lists_exactly_the_backends() -> None:
+    assert set(factory._REGISTRY) == {"cpu", "nvjpeg", "dali"}
+    assert factory.BACKENDS == ("auto", "cpu", "nvjpeg", "dali")
+    for name, entry in factory._REGISTRY.items():
+        assert issubclass(entry.decoder, Decoder), name
+
+
+def test_unknown_backend_names_the_registered_ones() -> None:
+    with pytest.raises(
+        ValueError, match=r"backend must be one of \('auto', 'cpu', 'nvjpeg', 'dali'\)"
+    ):
+        create_decoder("turbojpeg", size=16)
+
+
+@pytest.mark.parametrize("device", [True, 1.5])
+def test_device_of_the_wrong_type_is_a_type_error(device: Any) -> None:
+    with pytest.raises(TypeError, match=r"device must be a str, int or torch\.device"):
+        create_decoder("cpu", size=16, device=device)
+
+
+def test_each_backend_gets_the_arguments_it_takes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registry passes num_threads only to threaded backends, and fills the default device."""
+    calls: dict[str, dict[str, Any]] = {}
+
+    def recorder(name: str) -> Any:
+        def make(size: Any, **kwargs: Any) -> str:
+            calls[name] = {"size": size, **kwargs}
+            return name
+
+        return make
+
+    for name, entry in list(factory._REGISTRY.items()):
+        fake = factory._Backend(
+            recorder(name), entry.default_device, entry.threaded, entry.check_device
+        )  # type: ignore[arg-type]
+        monkeypatch.setitem(factory._REGISTRY, name, fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(factory, "torchvision_version", lambda: "0.21.0")
+    for name in ("cpu", "nvjpeg", "dali"):
+        create_decoder(name, size=8, num_threads=3, seed=5, grayscale=True, on_error="skip")
+    common = {"size": 8, "random_crop": None, "on_error": "skip", "grayscale": True, "seed": 5}
+    assert calls["cpu"] == {**common, "device": torch.device("cpu"), "num_threads": 3}
+    assert calls["nvjpeg"] == {**common, "device": torch.device("cuda")}
+    assert calls["dali"] == {**common, "device": torch.device("cuda"), "num_threads": 3}

@@ -20,7 +20,7 @@ from fastdata.datasets._memory import MemoryReport
 from fastdata.datasets._store import RAMStore, Store
 from fastdata.errors import DecodeError
 from fastdata.shards import FieldSpec
-from fastdata.transforms._base import stack_images
+from fastdata.transforms._base import check_masks, stack_images
 
 logger = logging.getLogger(__name__)
 
@@ -67,10 +67,36 @@ class BatchedDataset(Dataset):
         self.decode = decode
         self.decode_min_side = decode_min_side or getattr(transform, "min_input_side", None)
         self.on_error = on_error
+        self.mask_fields = self._mask_fields()
         self._num_threads: int | None = None
         self.num_threads = num_threads
         self._executor: ThreadPoolExecutor | None = None
         self._executor_key: tuple[int, int] = (-1, 0)
+
+    def _mask_fields(self) -> tuple[str, ...]:
+        """Fields a batch transform moves along with the first (image) field: every 2-D
+        uint8 array field after it. Checks at construction that their height and width are
+        the image's when both are stored at a fixed size."""
+        if not getattr(self.transform, "batched", False) or not self.fields:
+            return ()
+        first = self.store.specs[self.fields[0]]
+        image_size = None
+        if first.kind == "array" and len(first.shape) == 3:
+            image_size = first.shape[1:] if first.layout == "CHW" else first.shape[:2]
+        masks = []
+        for name in self.fields[1:]:
+            spec = self.store.specs[name]
+            if spec.kind != "array" or spec.dtype != "uint8" or len(spec.shape) != 2:
+                continue
+            if image_size is not None and tuple(spec.shape) != tuple(image_size):
+                raise ValueError(
+                    f"field {name!r} holds {spec.shape[0]}x{spec.shape[1]} masks but field "
+                    f"{self.fields[0]!r} holds {image_size[0]}x{image_size[1]} images: the batch "
+                    "transform moves masks with their images, so their sizes must match (read "
+                    f"{name!r} without the transform, or store masks of the image size)"
+                )
+            masks.append(name)
+        return tuple(masks)
 
     # -- threads ------------------------------------------------------------------------
     @property
@@ -159,8 +185,7 @@ class BatchedDataset(Dataset):
                     values[name] = [v for v, k in zip(value, keep.tolist(), strict=True) if k]
                 else:
                     values[name] = value[torch.from_numpy(keep)]
-        first = self.fields[0]
-        values[first] = self._transform(values[first], first, executor, tasks)
+        self._transform_fields(values, executor, tasks)
         return tuple(self._to_torch(name, values[name]) for name in self.fields)
 
     def _gather(
@@ -214,17 +239,34 @@ class BatchedDataset(Dataset):
                 logger.debug("skipped a sample: %s", error)
         return decoded
 
-    def _transform(self, images: Any, name: str, executor: Executor | None, tasks: int) -> Any:
+    def _transform_fields(
+        self, values: dict[str, Any], executor: Executor | None, tasks: int
+    ) -> None:
         """Apply ``transform`` to the first field: batch transforms once per batch on the
-        NumPy ``(B, H, W, C)`` batch, any other callable per sample on tensors."""
+        NumPy ``(B, H, W, C)`` batch, moving the mask fields (``mask_fields``) alike; any
+        other callable per sample on tensors (first field only)."""
+        name = self.fields[0]
+        images = values[name]
         spec = self.store.specs[name]
         is_image = spec.kind == "array" or (self.decode and spec.encoding in IMAGE_ENCODINGS)
         if self.transform is None or not is_image:
-            return images
-        if getattr(self.transform, "batched", False):
-            array = images.numpy() if isinstance(images, torch.Tensor) else images
-            return self.transform.apply(array, executor, tasks)  # type: ignore[attr-defined]
-        return [self.transform(self._image_tensor(image)) for image in images]
+            return
+        if not getattr(self.transform, "batched", False):
+            values[name] = [self.transform(self._image_tensor(image)) for image in images]
+            return
+
+        def numpy(batch: Any) -> Any:
+            return batch.numpy() if isinstance(batch, torch.Tensor) else batch
+
+        if not self.mask_fields or not hasattr(self.transform, "apply_all"):
+            values[name] = self.transform.apply(numpy(images), executor, tasks)  # type: ignore[attr-defined]
+            return
+        masks = [numpy(values[mask]) for mask in self.mask_fields]
+        check_masks(numpy(images), masks, self.mask_fields)
+        values[name], moved = self.transform.apply_all(  # type: ignore[attr-defined]
+            numpy(images), masks, executor, tasks
+        )
+        values.update(zip(self.mask_fields, moved, strict=True))
 
     def _image_tensor(self, image: np.ndarray | torch.Tensor) -> torch.Tensor:
         tensor = image if isinstance(image, torch.Tensor) else torch.from_numpy(image)

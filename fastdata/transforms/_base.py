@@ -28,6 +28,14 @@ class BatchTransform:
     channels-last view, no copy back to planar), or NumPy ``(B, H, W, C)`` uint8 / a list of
     ``(H, W, C)`` uint8 arrays and returns NumPy. Inputs may be modified in place.
 
+    Masks follow the images: :meth:`apply_all` takes the image batch plus any number of
+    mask batches (``(B, H, W)`` uint8, or a list of ``(H, W)`` uint8, one per image of the
+    same height and width) and moves every mask's pixels exactly as the image's, from the
+    same random draw, resampling them nearest-neighbour so labels stay labels. Datasets pass
+    every 2-D uint8 field after the first as a mask. A subclass that moves pixels overrides
+    :meth:`apply_all`; one that only changes values (colour, noise) overrides :meth:`apply`
+    and leaves masks as they are.
+
     Random parameters come from ``torch``'s default generator, which ``DataLoader`` seeds
     per worker from the main process's seed (so ``torch.manual_seed(s)`` makes a run
     reproducible), or, when ``seed`` is given, from a generator seeded with ``seed`` plus
@@ -67,12 +75,39 @@ class BatchTransform:
         return draws.numpy()
 
     def apply(self, images: Images, executor: Executor | None, tasks: int) -> Images:
-        """Transform NumPy images; subclasses implement this."""
-        raise NotImplementedError
+        """Transform NumPy images; subclasses implement this or :meth:`apply_all`."""
+        if type(self).apply_all is BatchTransform.apply_all:
+            raise NotImplementedError(
+                f"{type(self).__name__} implements neither apply nor apply_all"
+            )
+        return self.apply_all(images, [], executor, tasks)[0]
+
+    def apply_all(
+        self, images: Images, masks: Sequence[Images], executor: Executor | None, tasks: int
+    ) -> tuple[Images, list[Images]]:
+        """Transform NumPy images and move ``masks`` alike.
+
+        Args:
+            images: ``(B, H, W, C)`` uint8 array or a list of ``(H, W, C)`` uint8 arrays.
+            masks: Mask batches, each ``(B, H, W)`` uint8 or a list of ``(H, W)`` uint8
+                arrays matching the images' heights and widths.
+            executor: Optional thread pool for the per-sample OpenCV work.
+            tasks: Number of slices to split the batch into on ``executor``.
+
+        Returns:
+            The transformed images and masks. This default applies :meth:`apply` to the
+            images and returns the masks untouched (right for transforms that move no
+            pixels).
+        """
+        return self.apply(images, executor, tasks), list(masks)
 
     def __call__(
-        self, images: BatchInput, executor: Executor | None = None, tasks: int = 1
-    ) -> BatchInput:
+        self,
+        images: BatchInput,
+        executor: Executor | None = None,
+        tasks: int = 1,
+        masks: BatchInput | None = None,
+    ) -> BatchInput | tuple[BatchInput, BatchInput]:
         """Transform a batch.
 
         Args:
@@ -80,19 +115,46 @@ class BatchTransform:
                 of ``(H, W, C)`` uint8 arrays.
             executor: Optional thread pool for the per-sample OpenCV work.
             tasks: Number of slices to split the batch into on ``executor``.
+            masks: Optional ``(B, H, W)`` uint8 masks (tensor, array or list of arrays)
+                cropped, resized and flipped like the images (nearest-neighbour).
 
         Returns:
-            The same kind of batch: a tensor for a tensor input, NumPy otherwise.
+            The same kind of batch: a tensor for a tensor input, NumPy otherwise; with
+            ``masks``, an ``(images, masks)`` pair.
+
+        Raises:
+            ValueError: A batch of the wrong dtype or rank, or masks whose count, height or
+                width differ from the images'.
         """
+        tensor_masks = isinstance(masks, torch.Tensor)
+        mask_list: list[Images] = []
+        if masks is not None:
+            if isinstance(masks, torch.Tensor):
+                if masks.dtype != torch.uint8 or masks.dim() != 3:
+                    raise ValueError(
+                        f"masks must be a (B, H, W) uint8 tensor, "
+                        f"got {tuple(masks.shape)} {masks.dtype}"
+                    )
+                mask_list = [masks.numpy()]
+            else:
+                mask_list = [check_images(masks)]
         if isinstance(images, torch.Tensor):
             if images.dtype != torch.uint8 or images.dim() != 4:
                 raise ValueError(
                     f"images must be a (B, C, H, W) uint8 tensor, "
                     f"got {tuple(images.shape)} {images.dtype}"
                 )
-            result = self.apply(images.permute(0, 2, 3, 1).numpy(), executor, tasks)
-            return torch.from_numpy(stack_images(result)).permute(0, 3, 1, 2)
-        return self.apply(check_images(images), executor, tasks)
+            array: Images = images.permute(0, 2, 3, 1).numpy()
+        else:
+            array = check_images(images)
+        check_masks(array, mask_list)
+        result, moved = self.apply_all(array, mask_list, executor, tasks)
+        out: BatchInput = result
+        if isinstance(images, torch.Tensor):
+            out = torch.from_numpy(stack_images(result)).permute(0, 3, 1, 2)
+        if masks is None:
+            return out
+        return out, torch.from_numpy(stack_images(moved[0])) if tensor_masks else moved[0]
 
 
 def check_images(images: Images) -> Images:
@@ -112,6 +174,40 @@ def check_images(images: Images) -> Images:
     raise TypeError(
         f"images must be a uint8 tensor, array or list of arrays, got {type(images).__name__}"
     )
+
+
+def spatial_sizes(images: Images) -> list[tuple[int, int]]:
+    """Per-sample ``(height, width)``."""
+    if isinstance(images, np.ndarray):
+        return [(int(images.shape[1]), int(images.shape[2]))] * images.shape[0]
+    return [(int(image.shape[0]), int(image.shape[1])) for image in images]
+
+
+def check_masks(images: Images, masks: Sequence[Images], names: Sequence[str] = ()) -> None:
+    """Check that every mask batch has one ``(H, W)`` mask per image, of the image's size.
+
+    Args:
+        images: The image batch.
+        masks: The mask batches.
+        names: Optional field names of the masks, for the message.
+
+    Raises:
+        ValueError: A count or a size differs (the message names the mask and the sample).
+    """
+    sizes = spatial_sizes(images)
+    for m, mask in enumerate(masks):
+        name = repr(names[m]) if m < len(names) else f"masks[{m}]"
+        if len(mask) != len(sizes):
+            raise ValueError(f"mask {name} holds {len(mask)} samples but images hold {len(sizes)}")
+        ranks = {mask.ndim - 1} if isinstance(mask, np.ndarray) else {x.ndim for x in mask}
+        if ranks - {2}:
+            raise ValueError(f"mask {name} must hold 2-D (H, W) uint8 masks")
+        for k, size in enumerate(spatial_sizes(mask)):
+            if size != sizes[k]:
+                raise ValueError(
+                    f"mask {name} of sample {k} is {size[0]}x{size[1]} but its image is "
+                    f"{sizes[k][0]}x{sizes[k][1]}: masks must have their image's height and width"
+                )
 
 
 def stack_images(images: Images) -> np.ndarray:
@@ -158,6 +254,14 @@ class Compose(BatchTransform):
         for transform in self.transforms:
             images = transform.apply(images, executor, tasks)
         return images
+
+    def apply_all(
+        self, images: Images, masks: Sequence[Images], executor: Executor | None, tasks: int
+    ) -> tuple[Images, list[Images]]:
+        moved = list(masks)
+        for transform in self.transforms:
+            images, moved = transform.apply_all(images, moved, executor, tasks)
+        return images, moved
 
     def __repr__(self) -> str:
         return f"Compose({self.transforms!r})"

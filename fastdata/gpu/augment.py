@@ -33,6 +33,13 @@ def _to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor.to(device)
 
 
+def _channels_last(images: torch.Tensor) -> bool:
+    """A BCHW batch laid out channels-last in memory (and not trivially both ways)."""
+    return images.is_contiguous(memory_format=torch.channels_last) and not (
+        images.is_contiguous() and images.shape[1] > 1
+    )
+
+
 def _check_batch(images: torch.Tensor, masks: torch.Tensor | None, layout: str) -> None:
     if not isinstance(images, torch.Tensor) or images.dim() != 4:
         got = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
@@ -173,8 +180,9 @@ class DeviceRandomResizedCrop(_SeededModule):
             masks: Optional ``(B, H, W)`` or 4-D (same layout) integer masks.
 
         Returns:
-            Images of spatial size ``size`` in the same layout, dtype and device (and masks,
-            when given, likewise).
+            Images of spatial size ``size`` in the same layout, dtype, device and memory
+            format (a channels-last BCHW batch stays channels-last), and masks, when given,
+            likewise.
 
         Raises:
             ValueError: ``images`` is not 4-D or ``masks`` does not match it.
@@ -192,7 +200,10 @@ class DeviceRandomResizedCrop(_SeededModule):
         out_size = (batch, 1, *self.size)
         grid = F.affine_grid(_to(theta, images.device), list(out_size), align_corners=False)
         out = self._resample(bchw, grid, "bilinear")
-        out = out.permute(0, 2, 3, 1).contiguous() if self.layout == "BHWC" else out
+        if self.layout == "BHWC":
+            out = out.permute(0, 2, 3, 1).contiguous()
+        elif _channels_last(images):
+            out = out.contiguous(memory_format=torch.channels_last)  # keep the caller's format
         if masks is None:
             return out
         mask_bchw = masks.unsqueeze(1) if masks.dim() == 3 else masks

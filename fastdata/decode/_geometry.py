@@ -13,7 +13,18 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fastdata._crop import check_ranges, largest_centered_boxes, random_boxes
+from fastdata._crop import check_ranges, largest_centered_boxes, parse_size, random_boxes
+
+__all__ = [
+    "Box",
+    "RandomResizedCrop",
+    "center_box",
+    "crop_box",
+    "crop_boxes",
+    "parse_size",
+    "random_box",
+    "reduction_factors",
+]
 
 
 class Box(NamedTuple):
@@ -39,23 +50,6 @@ class RandomResizedCrop:
 
     def __post_init__(self) -> None:
         check_ranges(self.scale, self.ratio)
-
-
-def parse_size(size: int | tuple[int, int] | list[int]) -> tuple[int, int]:
-    """``(height, width)`` from an int (square) or a pair; raises on anything else."""
-    if isinstance(size, bool):
-        raise TypeError(f"size must be an int or an (height, width) pair, got {size!r}")
-    if isinstance(size, int):
-        pair: tuple[int, ...] = (size, size)
-    elif isinstance(size, tuple | list) and all(
-        isinstance(s, int) and not isinstance(s, bool) for s in size
-    ):
-        pair = tuple(size)
-    else:
-        raise TypeError(f"size must be an int or an (height, width) pair, got {size!r}")
-    if len(pair) != 2 or min(pair) < 1:
-        raise ValueError(f"size must be one or two positive ints, got {size!r}")
-    return pair[0], pair[1]
 
 
 def _one(boxes: np.ndarray) -> Box:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from fastdata._crop import DRAWS_PER_BOX, check_ranges, random_boxes
+from fastdata._crop import DRAWS_PER_BOX, check_ranges, parse_size, random_boxes
 
 _LAYOUTS = ("BCHW", "BHWC")
 
@@ -151,12 +151,10 @@ class DeviceRandomResizedCrop(_SeededModule):
         layout: str = "BCHW",
         seed: int | None = None,
     ) -> None:
-        dims = (size, size) if isinstance(size, int) else tuple(size)
-        if len(dims) != 2 or not all(isinstance(d, int) and d > 0 for d in dims):
-            raise ValueError(f"size must be a positive int or (height, width), got {size!r}")
+        dims = parse_size(size)
         ranges = check_ranges(scale, ratio)
         super().__init__(layout, seed)
-        self.size = (int(dims[0]), int(dims[1]))
+        self.size = dims
         self.scale, self.ratio = ranges
 
     def sample_boxes(self, batch_size: int, height: int, width: int) -> torch.Tensor:

@@ -11,6 +11,8 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+from fastdata._crop import parse_size
+
 # A batch of uint8 images: (B, H, W, C) / (B, H, W) array, or a list of (H, W, C) / (H, W)
 # arrays when sizes differ (e.g. straight out of a JPEG decoder).
 Images = Union[np.ndarray, list[np.ndarray]]  # noqa: UP007 - runtime alias on Python 3.10
@@ -227,11 +229,9 @@ def stack_images(images: Images) -> np.ndarray:
 
 
 def to_size(size: int | Sequence[int], name: str = "size") -> tuple[int, int]:
-    """``(height, width)`` from an int or a pair of positive ints."""
-    pair = (size, size) if isinstance(size, int) else tuple(size)
-    if len(pair) != 2 or not all(isinstance(v, int) and v > 0 for v in pair):
-        raise ValueError(f"{name} must be a positive int or (height, width), got {size!r}")
-    return int(pair[0]), int(pair[1])
+    """``(height, width)`` from an int or a pair of positive ints
+    (:func:`fastdata._crop.parse_size`, the one size parser)."""
+    return parse_size(size, name)
 
 
 class Compose(BatchTransform):

@@ -164,8 +164,8 @@ class Resize(BatchTransform):
 
     def __init__(self, size: int | Sequence[int], interpolation: int = cv2.INTER_AREA) -> None:
         super().__init__()
-        self.shorter = size if isinstance(size, int) else None
         self.size = to_size(size)
+        self.shorter = None if isinstance(size, tuple | list) else self.size[0]
         self.interpolation = interpolation
         self.min_input_side = self.shorter if self.shorter is not None else min(self.size)
 

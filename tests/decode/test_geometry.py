@@ -3,6 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fastdata import transforms
 from fastdata._crop import DRAWS_PER_BOX
 from fastdata.decode._geometry import (
     Box,
@@ -14,6 +15,7 @@ from fastdata.decode._geometry import (
     random_box,
     reduction_factors,
 )
+from fastdata.gpu import DeviceRandomResizedCrop
 
 
 def test_parse_size() -> None:
@@ -23,10 +25,24 @@ def test_parse_size() -> None:
         parse_size(2.5)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="size must be an int"):
         parse_size(True)
-    with pytest.raises(ValueError, match="one or two positive ints"):
+    with pytest.raises(ValueError, match=r"positive int or \(height, width\), got \(0, 10\)"):
         parse_size((0, 10))
-    with pytest.raises(ValueError, match="one or two positive ints"):
+    with pytest.raises(ValueError, match=r"positive int or \(height, width\)"):
         parse_size((1, 2, 3))  # type: ignore[arg-type]
+
+
+def test_one_size_parser_for_every_executor() -> None:
+    """The CPU transforms, the decoders and the device crop read sizes alike: bools and
+    floats are type errors, zero and three sides value errors."""
+    cpu = (transforms.CenterCrop, transforms.RandomResizedCrop, transforms.Resize)
+    for build in (*cpu, DeviceRandomResizedCrop, parse_size):
+        assert build(np.int64(4)) is not None
+        with pytest.raises(TypeError, match="size must be an int"):
+            build(True)
+        with pytest.raises(TypeError, match="size must be an int"):
+            build((4, 2.5))
+        with pytest.raises(ValueError, match="size must be a positive int"):
+            build((4, 0))
 
 
 def test_random_resized_crop_validates() -> None:

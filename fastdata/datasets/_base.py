@@ -68,6 +68,7 @@ class BatchedDataset(Dataset):
         self.decode_min_side = decode_min_side or getattr(transform, "min_input_side", None)
         self.on_error = on_error
         self.mask_fields = self._mask_fields()
+        self._check_transform_input()
         self._num_threads: int | None = None
         self.num_threads = num_threads
         self._executor: ThreadPoolExecutor | None = None
@@ -79,10 +80,7 @@ class BatchedDataset(Dataset):
         the image's when both are stored at a fixed size."""
         if not getattr(self.transform, "batched", False) or not self.fields:
             return ()
-        first = self.store.specs[self.fields[0]]
-        image_size = None
-        if first.kind == "array" and len(first.shape) == 3:
-            image_size = first.shape[1:] if first.layout == "CHW" else first.shape[:2]
+        image_size = self._image_size()
         masks = []
         for name in self.fields[1:]:
             spec = self.store.specs[name]
@@ -97,6 +95,30 @@ class BatchedDataset(Dataset):
                 )
             masks.append(name)
         return tuple(masks)
+
+    def _image_size(self) -> tuple[int, int] | None:
+        """The first field's stored ``(height, width)`` (``None``: encoded, sizes vary)."""
+        first = self.store.specs[self.fields[0]]
+        if first.kind != "array" or len(first.shape) not in (2, 3):
+            return None
+        if len(first.shape) == 2:
+            return first.shape[0], first.shape[1]
+        return (first.shape[1], first.shape[2]) if first.layout == "CHW" else first.shape[:2]  # type: ignore[return-value]
+
+    def _check_transform_input(self) -> None:
+        """Ask a batch transform what it makes of the stored image size, so that a crop
+        larger than the images fails here rather than at the first batch."""
+        output_size = getattr(self.transform, "output_size", None)
+        size = self._image_size() if self.fields else None
+        if not getattr(self.transform, "batched", False) or output_size is None or size is None:
+            return
+        try:
+            output_size(size)
+        except ValueError as exc:
+            raise ValueError(
+                f"transform {self.transform!r} cannot take field {self.fields[0]!r} "
+                f"({size[0]}x{size[1]} images): {exc}"
+            ) from exc
 
     # -- threads ------------------------------------------------------------------------
     @property

@@ -38,6 +38,13 @@ class BatchTransform:
     :meth:`apply_all`; one that only changes values (colour, noise) overrides :meth:`apply`
     and leaves masks as they are.
 
+    Each transform declares what it makes of its input before any batch is read, the way
+    a dataset needs it to check sizes at construction: :meth:`output_size` (the output
+    ``(height, width)`` for an input size, raising when the input is too small),
+    ``in_place`` (``False``: it only reads its input and writes a new batch, so datasets
+    may pass stored rows without a copy), ``keeps_size`` and ``min_input_side`` (JPEG
+    decoders may decode at a reduced scale down to this side).
+
     Random parameters come from ``torch``'s default generator, which ``DataLoader`` seeds
     per worker from the main process's seed (so ``torch.manual_seed(s)`` makes a run
     reproducible), or, when ``seed`` is given, from a generator seeded with ``seed`` plus
@@ -47,6 +54,7 @@ class BatchTransform:
     batched = True
     min_input_side: int | None = None  # decoders may decode JPEGs reduced down to this
     in_place = True  # False: never writes to its input (datasets may pass stored rows)
+    keeps_size = True  # False: outputs have another height and width than their inputs
 
     def __init__(self, seed: int | None = None) -> None:
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
@@ -75,6 +83,22 @@ class BatchTransform:
         """``(count, columns)`` float64 uniform draws in [0, 1)."""
         draws = torch.rand((count, columns), generator=self.generator(), dtype=torch.float64)
         return draws.numpy()
+
+    def output_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
+        """The ``(height, width)`` of the outputs for inputs of ``size``.
+
+        Args:
+            size: The inputs' ``(height, width)``, or ``None`` when it varies (encoded
+                images).
+
+        Returns:
+            The outputs' size, or ``None`` when it depends on each input. This default
+            keeps the size (transforms that move no pixels).
+
+        Raises:
+            ValueError: Inputs of ``size`` are too small for this transform.
+        """
+        return size
 
     def apply(self, images: Images, executor: Executor | None, tasks: int) -> Images:
         """Transform NumPy images; subclasses implement this or :meth:`apply_all`."""
@@ -247,8 +271,20 @@ class Compose(BatchTransform):
         if bad:
             raise TypeError(f"Compose takes batch transforms (batched = True), got {bad[0]!r}")
         self.transforms = list(transforms)
-        self.min_input_side = self.transforms[0].min_input_side if self.transforms else None
+        # The first transform is the one that reads the input batch (or writes into it).
         self.in_place = self.transforms[0].in_place if self.transforms else True
+        self.keeps_size = all(t.keeps_size for t in self.transforms)
+        # The side the first resize needs, past transforms that keep sizes (a flip first).
+        self.min_input_side = None
+        for transform in self.transforms:
+            if transform.min_input_side is not None or not transform.keeps_size:
+                self.min_input_side = transform.min_input_side
+                break
+
+    def output_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
+        for transform in self.transforms:
+            size = transform.output_size(size)
+        return size
 
     def apply(self, images: Images, executor: Executor | None, tasks: int) -> Images:
         for transform in self.transforms:

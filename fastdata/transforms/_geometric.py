@@ -57,6 +57,7 @@ class RandomResizedCrop(BatchTransform):
     """
 
     in_place = False
+    keeps_size = False
 
     def __init__(
         self,
@@ -70,6 +71,10 @@ class RandomResizedCrop(BatchTransform):
         self.size = to_size(size)
         self.scale, self.ratio = check_ranges(scale, ratio)
         self.interpolation = interpolation
+
+    def output_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
+        """``size`` (any input of at least 1x1 gives one)."""
+        return self.size
 
     def boxes(self, heights: np.ndarray, widths: np.ndarray) -> np.ndarray:
         """Crop boxes ``(B, 4)`` int64 as ``(top, left, height, width)`` for images of
@@ -112,21 +117,28 @@ class CenterCrop(BatchTransform):
     """
 
     in_place = False
+    keeps_size = False
 
     def __init__(self, size: int | Sequence[int]) -> None:
         super().__init__()
         self.size = to_size(size)
+
+    def output_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
+        """``size``; raises when the inputs are smaller."""
+        if size is not None and (size[0] < self.size[0] or size[1] < self.size[1]):
+            raise ValueError(
+                f"CenterCrop size {self.size} is larger than an image of "
+                f"{size[0]}x{size[1]}; resize first"
+            )
+        return self.size
 
     def apply_all(
         self, images: Images, masks: Sequence[Images], executor: Executor | None, tasks: int
     ) -> tuple[Images, list[Images]]:
         heights, widths = _sizes(images)
         out_h, out_w = self.size
-        if len(images) and (heights.min() < out_h or widths.min() < out_w):
-            raise ValueError(
-                f"CenterCrop size {self.size} is larger than an image of "
-                f"{int(heights.min())}x{int(widths.min())}; resize first"
-            )
+        if len(images):
+            self.output_size((int(heights.min()), int(widths.min())))
         boxes = centered_boxes(heights, widths, out_h, out_w).tolist()
         out = _output(images, out_h, out_w)
         mask_outs = [_output(mask, out_h, out_w) for mask in masks]
@@ -161,6 +173,7 @@ class Resize(BatchTransform):
     """
 
     in_place = False
+    keeps_size = False
 
     def __init__(self, size: int | Sequence[int], interpolation: int = cv2.INTER_AREA) -> None:
         super().__init__()
@@ -168,6 +181,13 @@ class Resize(BatchTransform):
         self.shorter = None if isinstance(size, tuple | list) else self.size[0]
         self.interpolation = interpolation
         self.min_input_side = self.shorter if self.shorter is not None else min(self.size)
+
+    def output_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
+        """The pair given, or for a shorter side the size it gives ``size`` (``None``
+        when inputs vary)."""
+        if self.shorter is None:
+            return self.size
+        return None if size is None else self._target(*size)
 
     def _target(self, height: int, width: int) -> tuple[int, int]:
         if self.shorter is None:

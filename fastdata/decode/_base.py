@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from fastdata._crop import DRAWS_PER_BOX
+from fastdata._draws import UniformDraws
 from fastdata._system import usable_cpus
 from fastdata.decode._geometry import RandomResizedCrop, parse_size
 from fastdata.errors import DecodeError
@@ -142,7 +143,7 @@ class Decoder(ABC):
         self.device = device
         self.on_error = check_on_error(on_error)
         self.grayscale = bool(grayscale)
-        self._rng = np.random.default_rng(seed)
+        self._random = UniformDraws(seed)
         self._warned_fallback = False
 
     @property
@@ -154,7 +155,7 @@ class Decoder(ABC):
         """``(count, DRAWS_PER_BOX)`` uniforms for the random crops (zeros, unused, if none)."""
         if self.random_crop is None:
             return np.zeros((count, DRAWS_PER_BOX))
-        return self._rng.random((count, DRAWS_PER_BOX))
+        return self._random.uniform(count, DRAWS_PER_BOX)
 
     def warn_fallback_once(self, message: str) -> None:
         """Warn, once per decoder, that work fell back to a slower path (``message`` says

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from typing import Union
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
 
 from fastdata._crop import parse_size
+from fastdata._draws import UniformDraws
 
 # A batch of uint8 images: (B, H, W, C) / (B, H, W) array, or a list of (H, W, C) / (H, W)
 # arrays when sizes differ (e.g. straight out of a JPEG decoder).
@@ -57,32 +56,16 @@ class BatchTransform:
     keeps_size = True  # False: outputs have another height and width than their inputs
 
     def __init__(self, seed: int | None = None) -> None:
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            raise TypeError(f"seed must be an int or None, got {seed!r}")
-        self.seed = seed
-        self._generator: torch.Generator | None = None
-        self._generator_pid = -1
+        self._draws = UniformDraws(seed)
+        self.seed = self._draws.seed
 
     def generator(self) -> torch.Generator | None:
         """This process's generator: ``None`` (torch's default) unless ``seed`` was given."""
-        if self.seed is None:
-            return None
-        if self._generator is None or self._generator_pid != os.getpid():
-            info = get_worker_info()
-            worker_id = info.id if info is not None else 0
-            self._generator = torch.Generator().manual_seed(self.seed + 7919 * worker_id)
-            self._generator_pid = os.getpid()
-        return self._generator
-
-    def __getstate__(self) -> dict[str, object]:
-        state = self.__dict__.copy()
-        state["_generator"], state["_generator_pid"] = None, -1  # re-seeded where it lands
-        return state
+        return self._draws.generator()
 
     def uniform(self, count: int, columns: int = 1) -> np.ndarray:
         """``(count, columns)`` float64 uniform draws in [0, 1)."""
-        draws = torch.rand((count, columns), generator=self.generator(), dtype=torch.float64)
-        return draws.numpy()
+        return self._draws.uniform(count, columns)
 
     def output_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
         """The ``(height, width)`` of the outputs for inputs of ``size``.

@@ -65,9 +65,11 @@ class BatchedDataset(Dataset):
         self.transform = transform
         self.layout = layout
         self.decode = decode
-        self.decode_min_side = decode_min_side or getattr(transform, "min_input_side", None)
         self.on_error = on_error
         self.mask_fields = self._mask_fields()
+        # Reduced JPEG decoding would shrink images below their full-size masks.
+        auto_side = None if self.mask_fields else getattr(transform, "min_input_side", None)
+        self.decode_min_side = decode_min_side or auto_side
         self._check_transform_input()
         self._num_threads: int | None = None
         self.num_threads = num_threads

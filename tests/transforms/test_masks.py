@@ -12,6 +12,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 import torch
@@ -168,3 +169,28 @@ def test_cpu_and_device_crops_agree_for_one_seed() -> None:
     # Nearest picks the same source pixel except at exact ties: at most one level apart.
     assert np.abs(cpu_cols.astype(int) - gpu_cols.numpy().astype(int)).max() <= 3
     assert (cpu_cols == gpu_cols.numpy()).mean() > 0.99
+
+
+def test_jpeg_images_decode_at_full_size_when_masks_follow(tmp_path: Path) -> None:
+    """Reduced JPEG decoding (Resize's min_input_side) would shrink images below their
+    full-size masks: with masks the decoder keeps the full size."""
+    images, _, cols = _pattern(4)
+    fields = [
+        FieldSpec("image", "encoded", "uint8", encoding="jpeg"),
+        FieldSpec("mask", "array", "uint8", (HEIGHT, WIDTH), "HW"),
+    ]
+    root = tmp_path / "jpeg"
+    root.mkdir()
+    with ShardWriter(root / "shard-00000.h5", fields) as writer:
+        for image, mask in zip(images, cols, strict=True):
+            jpeg = cv2.imencode(".jpg", image[:, :, ::-1], [cv2.IMWRITE_JPEG_QUALITY, 100])[1]
+            writer.append({"image": bytes(jpeg), "mask": mask})
+        info = writer.close()
+    save_manifest(root, Manifest(fields=fields, shards=[info]))
+    transform = Compose([Resize(16), CenterCrop(16), RandomHorizontalFlip(seed=0)])
+    dataset = ShardDataset(root, fields=("image", "mask"), transform=transform)
+    assert dataset.decode_min_side is None
+    batch, masks = dataset.__getitems__([0, 1, 2, 3])
+    assert batch.shape == (4, 3, 16, 16) and masks.shape == (4, 16, 16)
+    assert (batch[:, 1].int() - masks.int()).abs().float().mean() <= 3
+    assert ShardDataset(root, fields=("image",), transform=transform).decode_min_side == 16

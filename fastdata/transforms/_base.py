@@ -47,7 +47,9 @@ class BatchTransform:
     Random parameters come from ``torch``'s default generator, which ``DataLoader`` seeds
     per worker from the main process's seed (so ``torch.manual_seed(s)`` makes a run
     reproducible), or, when ``seed`` is given, from a generator seeded with ``seed`` plus
-    the worker id: reproducible per worker whatever the global state.
+    7919 times the worker id: reproducible per worker whatever the global state. The
+    decoders draw the same way (:class:`fastdata._draws.UniformDraws`), so one seed gives
+    one crop box in the decoder, here and in the device module.
     """
 
     batched = True

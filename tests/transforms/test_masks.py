@@ -194,3 +194,16 @@ def test_jpeg_images_decode_at_full_size_when_masks_follow(tmp_path: Path) -> No
     assert batch.shape == (4, 3, 16, 16) and masks.shape == (4, 16, 16)
     assert (batch[:, 1].int() - masks.int()).abs().float().mean() <= 3
     assert ShardDataset(root, fields=("image",), transform=transform).decode_min_side == 16
+
+
+def test_cpu_and_device_flips_agree_for_one_seed() -> None:
+    """One draw scheme: the same seeds give the same crops and flips on CPU and device."""
+    images, _, cols = _pattern(16)
+    cpu = Compose([RandomResizedCrop(24, seed=3), RandomHorizontalFlip(seed=4)])
+    cpu_images, (cpu_cols,) = cpu.apply_all(images, [cols], None, 1)
+    crop = DeviceRandomResizedCrop(24, layout="BHWC", seed=3)
+    flip = DeviceRandomHorizontalFlip(layout="BHWC", seed=4)
+    gpu_images, gpu_cols = flip(*crop(torch.from_numpy(images), torch.from_numpy(cols)))  # type: ignore[misc]
+    assert np.abs(cpu_images.astype(int) - gpu_images.numpy().astype(int)).max() <= 1
+    np.testing.assert_array_equal(_flipped(cpu_cols), _flipped(gpu_cols.numpy()))
+    assert 0 < _flipped(cpu_cols).sum() < 16

@@ -21,6 +21,7 @@ __all__ = [
     "center_box",
     "crop_box",
     "crop_boxes",
+    "crop_parameters",
     "parse_size",
     "random_box",
     "reduction_factors",
@@ -50,6 +51,42 @@ class RandomResizedCrop:
 
     def __post_init__(self) -> None:
         check_ranges(self.scale, self.ratio)
+
+
+def crop_parameters(random_crop: object, size: tuple[int, int]) -> RandomResizedCrop | None:
+    """A decoder's ``random_crop`` as parameters: ``True`` (the defaults), ``False``/``None``
+    (no random crop), a :class:`RandomResizedCrop`, or the same crop described for another
+    executor (:class:`fastdata.transforms.RandomResizedCrop`,
+    :class:`fastdata.gpu.DeviceRandomResizedCrop`): its ``scale`` and ``ratio``, its
+    ``size`` being the decoder's.
+
+    Args:
+        random_crop: What the decoder was given.
+        size: The decoder's output ``(height, width)``.
+
+    Raises:
+        TypeError: Anything else.
+        ValueError: A crop description of another size than the decoder's.
+    """
+    if random_crop is True:
+        return RandomResizedCrop()
+    if random_crop is None or random_crop is False:
+        return None
+    if isinstance(random_crop, RandomResizedCrop):
+        return random_crop
+    scale, ratio = getattr(random_crop, "scale", None), getattr(random_crop, "ratio", None)
+    crop_size = getattr(random_crop, "size", None)
+    if scale is None or ratio is None or not isinstance(crop_size, tuple):
+        raise TypeError(
+            "random_crop must be a RandomResizedCrop, a bool or None, "
+            f"got {type(random_crop).__name__}"
+        )
+    if crop_size != size:
+        raise ValueError(
+            f"random_crop {random_crop!r} has size {crop_size} but the decoder outputs {size}; "
+            "give both the same size"
+        )
+    return RandomResizedCrop(tuple(scale), tuple(ratio))
 
 
 def _one(boxes: np.ndarray) -> Box:

@@ -1,5 +1,7 @@
 """Crop-box geometry shared by the decoders, the CPU transforms and the GPU augmentations.
 
+Also the one parser of output sizes (:func:`parse_size`) they all accept.
+
 One implementation of torchvision's random-resized-crop sampling, vectorised over a batch
 and driven by uniform draws made by the caller (a NumPy or torch generator), so that every
 backend that is given the same draws cuts the same boxes. Boxes are ``(B, 4)`` int64 rows
@@ -9,6 +11,7 @@ backend that is given the same draws cuts the same boxes. Boxes are ``(B, 4)`` i
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 
 import numpy as np
@@ -16,6 +19,33 @@ import numpy as np
 ATTEMPTS = 10
 # Per box: ATTEMPTS area draws, ATTEMPTS log-ratio draws, then top and left of the box.
 DRAWS_PER_BOX = 2 * ATTEMPTS + 2
+
+
+def parse_size(size: int | Sequence[int], name: str = "size") -> tuple[int, int]:
+    """``(height, width)`` from an int (a square) or a pair of positive ints.
+
+    Args:
+        size: One int, or a ``(height, width)`` tuple or list.
+        name: The argument's name, for the message.
+
+    Raises:
+        TypeError: ``size`` (or one of its items) is not an int; bools are refused.
+        ValueError: Not exactly two sides, or a side below 1.
+    """
+
+    def is_int(value: object) -> bool:
+        return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+    if is_int(size):
+        side = operator.index(size)  # type: ignore[arg-type]
+        pair: tuple[int, ...] = (side, side)
+    elif isinstance(size, tuple | list) and all(is_int(side) for side in size):
+        pair = tuple(operator.index(side) for side in size)
+    else:
+        raise TypeError(f"{name} must be an int or a (height, width) pair of ints, got {size!r}")
+    if len(pair) != 2 or min(pair) < 1:
+        raise ValueError(f"{name} must be a positive int or (height, width), got {size!r}")
+    return pair[0], pair[1]
 
 
 def check_ranges(

@@ -13,6 +13,7 @@ from fastdata._crop import (
     largest_centered_boxes,
     random_boxes,
 )
+from fastdata.decode import create_decoder
 from fastdata.decode._geometry import RandomResizedCrop as DecodeCrop
 from fastdata.decode._geometry import random_box
 from fastdata.gpu.augment import DeviceRandomResizedCrop
@@ -135,3 +136,19 @@ def test_the_three_crop_classes_cut_the_same_boxes() -> None:
     decoded = [list(random_box((40, 60), DecodeCrop(), row)) for row in draws]
     shared = random_boxes(np.full(16, 40), np.full(16, 60), SCALE, RATIO, draws)
     assert decoded == shared.tolist()
+
+
+def test_one_seed_gives_one_box_in_every_executor() -> None:
+    """One random scheme: a seed gives the decoder, the CPU transform and the device
+    module the same boxes (in the main process; workers offset the seed by their id)."""
+    decoder = create_decoder("cpu", size=8, random_crop=True, seed=5)
+    decoded = random_boxes(np.full(16, 40), np.full(16, 60), SCALE, RATIO, decoder._draws(16))
+    cpu_boxes = RandomResizedCrop(8, seed=5).boxes(np.full(16, 40), np.full(16, 60))
+    left, top, width, height = DeviceRandomResizedCrop(8, seed=5).sample_boxes(16, 40, 60).T
+    np.testing.assert_array_equal(decoded, cpu_boxes)
+    np.testing.assert_array_equal(cpu_boxes, np.stack([top, left, height, width], axis=1))
+    assert not np.array_equal(
+        cpu_boxes, RandomResizedCrop(8, seed=6).boxes(np.full(16, 40), np.full(16, 60))
+    )
+    with pytest.raises(TypeError, match=r"seed must be an int or None, got 1\.5"):
+        create_decoder("cpu", size=8, seed=1.5)  # type: ignore[arg-type]

@@ -22,7 +22,7 @@ from fastdata.datasets._memory import MemoryReport
 from fastdata.datasets._store import RAMStore, Store
 from fastdata.errors import DecodeError
 from fastdata.shards import FieldSpec
-from fastdata.transforms._base import stack_images
+from fastdata.transforms._base import check_masks, stack_images
 
 logger = logging.getLogger(__name__)
 
@@ -70,12 +70,62 @@ class BatchedDataset(Dataset):
         self.transform = transform
         self.layout = layout
         self.decode = decode
-        self.decode_min_side = decode_min_side or getattr(transform, "min_input_side", None)
         self.on_error = on_error
+        self.mask_fields = self._mask_fields()
+        # Reduced JPEG decoding would shrink images below their full-size masks.
+        auto_side = None if self.mask_fields else getattr(transform, "min_input_side", None)
+        self.decode_min_side = decode_min_side or auto_side
+        self._check_transform_input()
         self._num_threads: int | None = None
         self.num_threads = num_threads
         self._executor: ThreadPoolExecutor | None = None
         self._executor_key: tuple[int, int] = (-1, 0)
+
+    def _mask_fields(self) -> tuple[str, ...]:
+        """Fields a batch transform moves along with the first (image) field: every 2-D
+        uint8 array field after it. Checks at construction that their height and width are
+        the image's when both are stored at a fixed size."""
+        if not getattr(self.transform, "batched", False) or not self.fields:
+            return ()
+        image_size = self._image_size()
+        masks = []
+        for name in self.fields[1:]:
+            spec = self.store.specs[name]
+            if spec.kind != "array" or spec.dtype != "uint8" or len(spec.shape) != 2:
+                continue
+            if image_size is not None and tuple(spec.shape) != tuple(image_size):
+                raise ValueError(
+                    f"field {name!r} holds {spec.shape[0]}x{spec.shape[1]} masks but field "
+                    f"{self.fields[0]!r} holds {image_size[0]}x{image_size[1]} images: the batch "
+                    "transform moves masks with their images, so their sizes must match (read "
+                    f"{name!r} without the transform, or store masks of the image size)"
+                )
+            masks.append(name)
+        return tuple(masks)
+
+    def _image_size(self) -> tuple[int, int] | None:
+        """The first field's stored ``(height, width)`` (``None``: encoded, sizes vary)."""
+        first = self.store.specs[self.fields[0]]
+        if first.kind != "array" or len(first.shape) not in (2, 3):
+            return None
+        if len(first.shape) == 2:
+            return first.shape[0], first.shape[1]
+        return (first.shape[1], first.shape[2]) if first.layout == "CHW" else first.shape[:2]  # type: ignore[return-value]
+
+    def _check_transform_input(self) -> None:
+        """Ask a batch transform what it makes of the stored image size, so that a crop
+        larger than the images fails here rather than at the first batch."""
+        output_size = getattr(self.transform, "output_size", None)
+        size = self._image_size() if self.fields else None
+        if not getattr(self.transform, "batched", False) or output_size is None or size is None:
+            return
+        try:
+            output_size(size)
+        except ValueError as exc:
+            raise ValueError(
+                f"transform {self.transform!r} cannot take field {self.fields[0]!r} "
+                f"({size[0]}x{size[1]} images): {exc}"
+            ) from exc
 
     # -- threads ------------------------------------------------------------------------
     @property
@@ -185,8 +235,8 @@ class BatchedDataset(Dataset):
                     values[name] = [v for v, k in zip(value, keep.tolist(), strict=True) if k]
                 else:
                     values[name] = value[torch.from_numpy(keep)]
+        self._transform_fields(values, executor, tasks)
         first = self.fields[0]
-        values[first] = self._transform(values[first], first, executor, tasks)
         return tuple(
             values[name]
             if name == first and self._per_sample(name)
@@ -260,17 +310,34 @@ class BatchedDataset(Dataset):
         """Whether a per-sample (torchvision-style) callable transforms field ``name``."""
         return self._transforms(name) and not getattr(self.transform, "batched", False)
 
-    def _transform(self, images: Any, name: str, executor: Executor | None, tasks: int) -> Any:
+    def _transform_fields(
+        self, values: dict[str, Any], executor: Executor | None, tasks: int
+    ) -> None:
         """Apply ``transform`` to the first field: batch transforms once per batch on the
-        NumPy ``(B, H, W, C)`` batch, any other callable per sample on a ``(C, H, W)``
-        tensor (the output stacked in ``layout``)."""
+        NumPy ``(B, H, W, C)`` batch, moving the mask fields (``mask_fields``) alike; any
+        other callable per sample on a ``(C, H, W)`` tensor (first field only; the output
+        stacked in ``layout``)."""
+        name = self.fields[0]
         if not self._transforms(name) or self.transform is None:
-            return images
-        if getattr(self.transform, "batched", False):
-            array = images.numpy() if isinstance(images, torch.Tensor) else images
-            return self.transform.apply(array, executor, tasks)  # type: ignore[attr-defined]
-        outputs = [self.transform(self._image_tensor(image)) for image in images]
-        return _stack_transformed(outputs, self.transform, self.layout)
+            return
+        images = values[name]
+        if not getattr(self.transform, "batched", False):
+            outputs = [self.transform(self._image_tensor(image)) for image in images]
+            values[name] = _stack_transformed(outputs, self.transform, self.layout)
+            return
+
+        def numpy(batch: Any) -> Any:
+            return batch.numpy() if isinstance(batch, torch.Tensor) else batch
+
+        if not self.mask_fields or not hasattr(self.transform, "apply_all"):
+            values[name] = self.transform.apply(numpy(images), executor, tasks)  # type: ignore[attr-defined]
+            return
+        masks = [numpy(values[mask]) for mask in self.mask_fields]
+        check_masks(numpy(images), masks, self.mask_fields)
+        values[name], moved = self.transform.apply_all(  # type: ignore[attr-defined]
+            numpy(images), masks, executor, tasks
+        )
+        values.update(zip(self.mask_fields, moved, strict=True))
 
     @staticmethod
     def _image_tensor(image: np.ndarray | torch.Tensor) -> torch.Tensor:

@@ -12,8 +12,9 @@ import numpy as np
 import torch
 
 from fastdata._crop import DRAWS_PER_BOX
+from fastdata._draws import UniformDraws
 from fastdata._system import usable_cpus
-from fastdata.decode._geometry import RandomResizedCrop, parse_size
+from fastdata.decode._geometry import RandomResizedCrop, crop_parameters, parse_size
 from fastdata.errors import DecodeError
 
 ON_ERROR = ("raise", "skip", "warn")
@@ -109,7 +110,9 @@ class Decoder(ABC):
         size: Output ``(height, width)``.
         random_crop: Random resized crop parameters, or ``None`` for a centred crop of the
             output's aspect ratio (the largest that fits) resized to ``size``. ``True`` is
-            accepted for the default :class:`RandomResizedCrop`.
+            accepted for the default :class:`RandomResizedCrop`, and the same crop
+            described for the CPU or the device (a ``fastdata.transforms`` or
+            ``fastdata.gpu`` random resized crop of the decoder's size) for its ranges.
         device: Where the output batch lives.
         on_error: ``"raise"`` (raise :class:`~fastdata.DecodeError`), ``"skip"`` (leave the
             sample out) or ``"warn"`` (leave it out with a warning).
@@ -128,21 +131,12 @@ class Decoder(ABC):
         grayscale: bool = False,
         seed: int | None = None,
     ) -> None:
-        if random_crop is True:
-            random_crop = RandomResizedCrop()
-        elif random_crop is False:
-            random_crop = None
-        if random_crop is not None and not isinstance(random_crop, RandomResizedCrop):
-            raise TypeError(
-                "random_crop must be a RandomResizedCrop, a bool or None, "
-                f"got {type(random_crop).__name__}"
-            )
         self.size = parse_size(size)
-        self.random_crop = random_crop
+        self.random_crop = crop_parameters(random_crop, self.size)
         self.device = device
         self.on_error = check_on_error(on_error)
         self.grayscale = bool(grayscale)
-        self._rng = np.random.default_rng(seed)
+        self._random = UniformDraws(seed)
         self._warned_fallback = False
 
     @property
@@ -154,7 +148,7 @@ class Decoder(ABC):
         """``(count, DRAWS_PER_BOX)`` uniforms for the random crops (zeros, unused, if none)."""
         if self.random_crop is None:
             return np.zeros((count, DRAWS_PER_BOX))
-        return self._rng.random((count, DRAWS_PER_BOX))
+        return self._random.uniform(count, DRAWS_PER_BOX)
 
     def warn_fallback_once(self, message: str) -> None:
         """Warn, once per decoder, that work fell back to a slower path (``message`` says

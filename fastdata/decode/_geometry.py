@@ -13,7 +13,19 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fastdata._crop import check_ranges, largest_centered_boxes, random_boxes
+from fastdata._crop import check_ranges, largest_centered_boxes, parse_size, random_boxes
+
+__all__ = [
+    "Box",
+    "RandomResizedCrop",
+    "center_box",
+    "crop_box",
+    "crop_boxes",
+    "crop_parameters",
+    "parse_size",
+    "random_box",
+    "reduction_factors",
+]
 
 
 class Box(NamedTuple):
@@ -41,21 +53,40 @@ class RandomResizedCrop:
         check_ranges(self.scale, self.ratio)
 
 
-def parse_size(size: int | tuple[int, int] | list[int]) -> tuple[int, int]:
-    """``(height, width)`` from an int (square) or a pair; raises on anything else."""
-    if isinstance(size, bool):
-        raise TypeError(f"size must be an int or an (height, width) pair, got {size!r}")
-    if isinstance(size, int):
-        pair: tuple[int, ...] = (size, size)
-    elif isinstance(size, tuple | list) and all(
-        isinstance(s, int) and not isinstance(s, bool) for s in size
-    ):
-        pair = tuple(size)
-    else:
-        raise TypeError(f"size must be an int or an (height, width) pair, got {size!r}")
-    if len(pair) != 2 or min(pair) < 1:
-        raise ValueError(f"size must be one or two positive ints, got {size!r}")
-    return pair[0], pair[1]
+def crop_parameters(random_crop: object, size: tuple[int, int]) -> RandomResizedCrop | None:
+    """A decoder's ``random_crop`` as parameters: ``True`` (the defaults), ``False``/``None``
+    (no random crop), a :class:`RandomResizedCrop`, or the same crop described for another
+    executor (:class:`fastdata.transforms.RandomResizedCrop`,
+    :class:`fastdata.gpu.DeviceRandomResizedCrop`): its ``scale`` and ``ratio``, its
+    ``size`` being the decoder's.
+
+    Args:
+        random_crop: What the decoder was given.
+        size: The decoder's output ``(height, width)``.
+
+    Raises:
+        TypeError: Anything else.
+        ValueError: A crop description of another size than the decoder's.
+    """
+    if random_crop is True:
+        return RandomResizedCrop()
+    if random_crop is None or random_crop is False:
+        return None
+    if isinstance(random_crop, RandomResizedCrop):
+        return random_crop
+    scale, ratio = getattr(random_crop, "scale", None), getattr(random_crop, "ratio", None)
+    crop_size = getattr(random_crop, "size", None)
+    if scale is None or ratio is None or not isinstance(crop_size, tuple):
+        raise TypeError(
+            "random_crop must be a RandomResizedCrop, a bool or None, "
+            f"got {type(random_crop).__name__}"
+        )
+    if crop_size != size:
+        raise ValueError(
+            f"random_crop {random_crop!r} has size {crop_size} but the decoder outputs {size}; "
+            "give both the same size"
+        )
+    return RandomResizedCrop(tuple(scale), tuple(ratio))
 
 
 def _one(boxes: np.ndarray) -> Box:

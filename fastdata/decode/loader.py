@@ -14,7 +14,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -88,8 +87,9 @@ class _DecodeInWorkers:
             "grayscale": decoder.grayscale,
             "max_pixels": decoder.max_pixels,
         }
-        # The main process's crop draws seed the workers' (mixed with each worker's seed).
-        self.seed = int(decoder._rng.integers(2**62))
+        # The main process's crop draws seed the workers' (mixed with each worker's seed,
+        # which DataLoader draws afresh each epoch).
+        self.seed = int(decoder._random.uniform(1)[0, 0] * 2**62)
         self._decoder: CpuDecoder | None = None
         self._pid = -1
 
@@ -98,10 +98,14 @@ class _DecodeInWorkers:
 
     def _worker_decoder(self) -> CpuDecoder:
         if self._decoder is None or self._pid != os.getpid():
-            decoder = CpuDecoder(**self.settings, on_error="skip", num_threads=1)  # type: ignore[arg-type]
             info = get_worker_info()
             worker_seed = info.seed if info is not None else 0
-            decoder._rng = np.random.default_rng([self.seed, worker_seed % 2**63])
+            decoder = CpuDecoder(
+                **self.settings,  # type: ignore[arg-type]
+                on_error="skip",
+                num_threads=1,
+                seed=(self.seed + worker_seed) % 2**62,
+            )
             self._decoder, self._pid = decoder, os.getpid()
         return self._decoder
 

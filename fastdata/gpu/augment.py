@@ -1,9 +1,10 @@
 """Batch augmentation on the device: random horizontal flip and random resized crop.
 
 For pipelines whose CPU side is the bottleneck: the random parameters are drawn on the
-host from one seeded ``torch.Generator`` (so a seed gives the same boxes and flips on every
-device), then the whole batch is transformed by a few device kernels. Masks given along
-with the images get the same flips and crops (nearest-neighbour).
+host (:class:`fastdata._draws.UniformDraws`, the CPU transforms' and decoders' scheme, so
+a seed gives the same boxes and flips on every device and in every executor), then the
+whole batch is transformed by a few device kernels. Masks given along with the images get
+the same flips and crops (nearest-neighbour).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from fastdata._crop import DRAWS_PER_BOX, check_ranges, random_boxes
+from fastdata._crop import DRAWS_PER_BOX, check_ranges, parse_size, random_boxes
+from fastdata._draws import UniformDraws
 
 _LAYOUTS = ("BCHW", "BHWC")
 
@@ -31,6 +33,13 @@ def _to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cuda":
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
+
+
+def _channels_last(images: torch.Tensor) -> bool:
+    """A BCHW batch laid out channels-last in memory (and not trivially both ways)."""
+    return images.is_contiguous(memory_format=torch.channels_last) and not (
+        images.is_contiguous() and images.shape[1] > 1
+    )
 
 
 def _check_batch(images: torch.Tensor, masks: torch.Tensor | None, layout: str) -> None:
@@ -49,20 +58,24 @@ def _check_batch(images: torch.Tensor, masks: torch.Tensor | None, layout: str) 
 
 
 class _SeededModule(nn.Module):
+    """Holds the module's draws: :class:`fastdata._draws.UniformDraws`, the scheme the CPU
+    transforms and the decoders use, so one seed gives the same boxes and flips in all."""
+
     def __init__(self, layout: str, seed: int | None) -> None:
         super().__init__()
         self.layout = _check_layout(layout)
-        self.generator = torch.Generator()
-        if seed is None:
-            self.generator.seed()
-        else:
-            self.manual_seed(seed)
+        self._draws = UniformDraws(seed)
+
+    @property
+    def generator(self) -> torch.Generator | None:
+        """The seeded host generator (``None``: torch's default generator)."""
+        return self._draws.generator()
 
     def manual_seed(self, seed: int) -> None:
         """Restart the random sequence from ``seed``."""
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {seed!r}")
-        self.generator.manual_seed(seed)
+        self._draws = UniformDraws(seed)
 
 
 class DeviceRandomHorizontalFlip(_SeededModule):
@@ -71,7 +84,8 @@ class DeviceRandomHorizontalFlip(_SeededModule):
     Args:
         p: Probability that a sample is flipped, in [0, 1].
         layout: ``"BCHW"`` or ``"BHWC"`` (the images' dims; any dtype, any memory format).
-        seed: Seed of the module's generator (``None``: nondeterministic).
+        seed: Seed of the module's draws (``None``: torch's default generator, so
+            ``torch.manual_seed`` makes a run reproducible).
 
     Raises:
         ValueError: ``p`` outside [0, 1] or an unknown ``layout``.
@@ -99,7 +113,8 @@ class DeviceRandomHorizontalFlip(_SeededModule):
             ValueError: ``images`` is not 4-D or ``masks`` does not match it.
         """
         _check_batch(images, masks, self.layout)
-        flip = _to(torch.rand(images.shape[0], generator=self.generator) < self.p, images.device)
+        draws = torch.from_numpy(self._draws.uniform(images.shape[0])[:, 0])
+        flip = _to(draws < self.p, images.device)
         out_images = self._flip(images, flip, -2 if self.layout == "BHWC" else -1)
         if masks is None:
             return out_images
@@ -127,7 +142,8 @@ class DeviceRandomResizedCrop(_SeededModule):
         scale: Range of the crop's area as a fraction of the image's.
         ratio: Range of the crop's width / height.
         layout: ``"BCHW"`` or ``"BHWC"``.
-        seed: Seed of the module's generator (``None``: nondeterministic).
+        seed: Seed of the module's draws (``None``: torch's default generator, so
+            ``torch.manual_seed`` makes a run reproducible).
 
     Raises:
         TypeError: ``scale`` or ``ratio`` is not a (low, high) pair of numbers.
@@ -144,12 +160,10 @@ class DeviceRandomResizedCrop(_SeededModule):
         layout: str = "BCHW",
         seed: int | None = None,
     ) -> None:
-        dims = (size, size) if isinstance(size, int) else tuple(size)
-        if len(dims) != 2 or not all(isinstance(d, int) and d > 0 for d in dims):
-            raise ValueError(f"size must be a positive int or (height, width), got {size!r}")
+        dims = parse_size(size)
         ranges = check_ranges(scale, ratio)
         super().__init__(layout, seed)
-        self.size = (int(dims[0]), int(dims[1]))
+        self.size = dims
         self.scale, self.ratio = ranges
 
     def sample_boxes(self, batch_size: int, height: int, width: int) -> torch.Tensor:
@@ -158,9 +172,9 @@ class DeviceRandomResizedCrop(_SeededModule):
         Returns:
             ``(batch_size, 4)`` int64 on the host: ``x0, y0, w, h`` in pixels.
         """
-        draws = torch.rand(batch_size, DRAWS_PER_BOX, generator=self.generator, dtype=torch.float64)
+        draws = self._draws.uniform(batch_size, DRAWS_PER_BOX)
         sizes = np.full(batch_size, height), np.full(batch_size, width)
-        top, left, box_h, box_w = random_boxes(*sizes, self.scale, self.ratio, draws.numpy()).T
+        top, left, box_h, box_w = random_boxes(*sizes, self.scale, self.ratio, draws).T
         return torch.from_numpy(np.stack([left, top, box_w, box_h], axis=1))
 
     def forward(
@@ -173,8 +187,9 @@ class DeviceRandomResizedCrop(_SeededModule):
             masks: Optional ``(B, H, W)`` or 4-D (same layout) integer masks.
 
         Returns:
-            Images of spatial size ``size`` in the same layout, dtype and device (and masks,
-            when given, likewise).
+            Images of spatial size ``size`` in the same layout, dtype, device and memory
+            format (a channels-last BCHW batch stays channels-last), and masks, when given,
+            likewise.
 
         Raises:
             ValueError: ``images`` is not 4-D or ``masks`` does not match it.
@@ -192,7 +207,10 @@ class DeviceRandomResizedCrop(_SeededModule):
         out_size = (batch, 1, *self.size)
         grid = F.affine_grid(_to(theta, images.device), list(out_size), align_corners=False)
         out = self._resample(bchw, grid, "bilinear")
-        out = out.permute(0, 2, 3, 1).contiguous() if self.layout == "BHWC" else out
+        if self.layout == "BHWC":
+            out = out.permute(0, 2, 3, 1).contiguous()
+        elif _channels_last(images):
+            out = out.contiguous(memory_format=torch.channels_last)  # keep the caller's format
         if masks is None:
             return out
         mask_bchw = masks.unsqueeze(1) if masks.dim() == 3 else masks

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from typing import Union
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
+
+from fastdata._crop import parse_size
+from fastdata._draws import UniformDraws
 
 # A batch of uint8 images: (B, H, W, C) / (B, H, W) array, or a list of (H, W, C) / (H, W)
 # arrays when sizes differ (e.g. straight out of a JPEG decoder).
@@ -28,51 +29,96 @@ class BatchTransform:
     channels-last view, no copy back to planar), or NumPy ``(B, H, W, C)`` uint8 / a list of
     ``(H, W, C)`` uint8 arrays and returns NumPy. Inputs may be modified in place.
 
+    Masks follow the images: :meth:`apply_all` takes the image batch plus any number of
+    mask batches (``(B, H, W)`` uint8, or a list of ``(H, W)`` uint8, one per image of the
+    same height and width) and moves every mask's pixels exactly as the image's, from the
+    same random draw, resampling them nearest-neighbour so labels stay labels. Datasets pass
+    every 2-D uint8 field after the first as a mask. A subclass that moves pixels overrides
+    :meth:`apply_all`; one that only changes values (colour, noise) overrides :meth:`apply`
+    and leaves masks as they are.
+
+    Each transform declares what it makes of its input before any batch is read, the way
+    a dataset needs it to check sizes at construction: :meth:`output_size` (the output
+    ``(height, width)`` for an input size, raising when the input is too small),
+    ``in_place`` (``False``: it only reads its input and writes a new batch, so datasets
+    may pass stored rows without a copy), ``keeps_size`` and ``min_input_side`` (JPEG
+    decoders may decode at a reduced scale down to this side).
+
     Random parameters come from ``torch``'s default generator, which ``DataLoader`` seeds
     per worker from the main process's seed (so ``torch.manual_seed(s)`` makes a run
     reproducible), or, when ``seed`` is given, from a generator seeded with ``seed`` plus
-    the worker id: reproducible per worker whatever the global state.
+    7919 times the worker id: reproducible per worker whatever the global state. The
+    decoders draw the same way (:class:`fastdata._draws.UniformDraws`), so one seed gives
+    one crop box in the decoder, here and in the device module.
     """
 
     batched = True
     min_input_side: int | None = None  # decoders may decode JPEGs reduced down to this
     in_place = True  # False: never writes to its input (datasets may pass stored rows)
+    keeps_size = True  # False: outputs have another height and width than their inputs
 
     def __init__(self, seed: int | None = None) -> None:
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            raise TypeError(f"seed must be an int or None, got {seed!r}")
-        self.seed = seed
-        self._generator: torch.Generator | None = None
-        self._generator_pid = -1
+        self._draws = UniformDraws(seed)
+        self.seed = self._draws.seed
 
     def generator(self) -> torch.Generator | None:
         """This process's generator: ``None`` (torch's default) unless ``seed`` was given."""
-        if self.seed is None:
-            return None
-        if self._generator is None or self._generator_pid != os.getpid():
-            info = get_worker_info()
-            worker_id = info.id if info is not None else 0
-            self._generator = torch.Generator().manual_seed(self.seed + 7919 * worker_id)
-            self._generator_pid = os.getpid()
-        return self._generator
-
-    def __getstate__(self) -> dict[str, object]:
-        state = self.__dict__.copy()
-        state["_generator"], state["_generator_pid"] = None, -1  # re-seeded where it lands
-        return state
+        return self._draws.generator()
 
     def uniform(self, count: int, columns: int = 1) -> np.ndarray:
         """``(count, columns)`` float64 uniform draws in [0, 1)."""
-        draws = torch.rand((count, columns), generator=self.generator(), dtype=torch.float64)
-        return draws.numpy()
+        return self._draws.uniform(count, columns)
+
+    def output_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
+        """The ``(height, width)`` of the outputs for inputs of ``size``.
+
+        Args:
+            size: The inputs' ``(height, width)``, or ``None`` when it varies (encoded
+                images).
+
+        Returns:
+            The outputs' size, or ``None`` when it depends on each input. This default
+            keeps the size (transforms that move no pixels).
+
+        Raises:
+            ValueError: Inputs of ``size`` are too small for this transform.
+        """
+        return size
 
     def apply(self, images: Images, executor: Executor | None, tasks: int) -> Images:
-        """Transform NumPy images; subclasses implement this."""
-        raise NotImplementedError
+        """Transform NumPy images; subclasses implement this or :meth:`apply_all`."""
+        if type(self).apply_all is BatchTransform.apply_all:
+            raise NotImplementedError(
+                f"{type(self).__name__} implements neither apply nor apply_all"
+            )
+        return self.apply_all(images, [], executor, tasks)[0]
+
+    def apply_all(
+        self, images: Images, masks: Sequence[Images], executor: Executor | None, tasks: int
+    ) -> tuple[Images, list[Images]]:
+        """Transform NumPy images and move ``masks`` alike.
+
+        Args:
+            images: ``(B, H, W, C)`` uint8 array or a list of ``(H, W, C)`` uint8 arrays.
+            masks: Mask batches, each ``(B, H, W)`` uint8 or a list of ``(H, W)`` uint8
+                arrays matching the images' heights and widths.
+            executor: Optional thread pool for the per-sample OpenCV work.
+            tasks: Number of slices to split the batch into on ``executor``.
+
+        Returns:
+            The transformed images and masks. This default applies :meth:`apply` to the
+            images and returns the masks untouched (right for transforms that move no
+            pixels).
+        """
+        return self.apply(images, executor, tasks), list(masks)
 
     def __call__(
-        self, images: BatchInput, executor: Executor | None = None, tasks: int = 1
-    ) -> BatchInput:
+        self,
+        images: BatchInput,
+        executor: Executor | None = None,
+        tasks: int = 1,
+        masks: BatchInput | None = None,
+    ) -> BatchInput | tuple[BatchInput, BatchInput]:
         """Transform a batch.
 
         Args:
@@ -80,19 +126,46 @@ class BatchTransform:
                 of ``(H, W, C)`` uint8 arrays.
             executor: Optional thread pool for the per-sample OpenCV work.
             tasks: Number of slices to split the batch into on ``executor``.
+            masks: Optional ``(B, H, W)`` uint8 masks (tensor, array or list of arrays)
+                cropped, resized and flipped like the images (nearest-neighbour).
 
         Returns:
-            The same kind of batch: a tensor for a tensor input, NumPy otherwise.
+            The same kind of batch: a tensor for a tensor input, NumPy otherwise; with
+            ``masks``, an ``(images, masks)`` pair.
+
+        Raises:
+            ValueError: A batch of the wrong dtype or rank, or masks whose count, height or
+                width differ from the images'.
         """
+        tensor_masks = isinstance(masks, torch.Tensor)
+        mask_list: list[Images] = []
+        if masks is not None:
+            if isinstance(masks, torch.Tensor):
+                if masks.dtype != torch.uint8 or masks.dim() != 3:
+                    raise ValueError(
+                        f"masks must be a (B, H, W) uint8 tensor, "
+                        f"got {tuple(masks.shape)} {masks.dtype}"
+                    )
+                mask_list = [masks.numpy()]
+            else:
+                mask_list = [check_images(masks)]
         if isinstance(images, torch.Tensor):
             if images.dtype != torch.uint8 or images.dim() != 4:
                 raise ValueError(
                     f"images must be a (B, C, H, W) uint8 tensor, "
                     f"got {tuple(images.shape)} {images.dtype}"
                 )
-            result = self.apply(images.permute(0, 2, 3, 1).numpy(), executor, tasks)
-            return torch.from_numpy(stack_images(result)).permute(0, 3, 1, 2)
-        return self.apply(check_images(images), executor, tasks)
+            array: Images = images.permute(0, 2, 3, 1).numpy()
+        else:
+            array = check_images(images)
+        check_masks(array, mask_list)
+        result, moved = self.apply_all(array, mask_list, executor, tasks)
+        out: BatchInput = result
+        if isinstance(images, torch.Tensor):
+            out = torch.from_numpy(stack_images(result)).permute(0, 3, 1, 2)
+        if masks is None:
+            return out
+        return out, torch.from_numpy(stack_images(moved[0])) if tensor_masks else moved[0]
 
 
 def check_images(images: Images) -> Images:
@@ -114,6 +187,40 @@ def check_images(images: Images) -> Images:
     )
 
 
+def spatial_sizes(images: Images) -> list[tuple[int, int]]:
+    """Per-sample ``(height, width)``."""
+    if isinstance(images, np.ndarray):
+        return [(int(images.shape[1]), int(images.shape[2]))] * images.shape[0]
+    return [(int(image.shape[0]), int(image.shape[1])) for image in images]
+
+
+def check_masks(images: Images, masks: Sequence[Images], names: Sequence[str] = ()) -> None:
+    """Check that every mask batch has one ``(H, W)`` mask per image, of the image's size.
+
+    Args:
+        images: The image batch.
+        masks: The mask batches.
+        names: Optional field names of the masks, for the message.
+
+    Raises:
+        ValueError: A count or a size differs (the message names the mask and the sample).
+    """
+    sizes = spatial_sizes(images)
+    for m, mask in enumerate(masks):
+        name = repr(names[m]) if m < len(names) else f"masks[{m}]"
+        if len(mask) != len(sizes):
+            raise ValueError(f"mask {name} holds {len(mask)} samples but images hold {len(sizes)}")
+        ranks = {mask.ndim - 1} if isinstance(mask, np.ndarray) else {x.ndim for x in mask}
+        if ranks - {2}:
+            raise ValueError(f"mask {name} must hold 2-D (H, W) uint8 masks")
+        for k, size in enumerate(spatial_sizes(mask)):
+            if size != sizes[k]:
+                raise ValueError(
+                    f"mask {name} of sample {k} is {size[0]}x{size[1]} but its image is "
+                    f"{sizes[k][0]}x{sizes[k][1]}: masks must have their image's height and width"
+                )
+
+
 def stack_images(images: Images) -> np.ndarray:
     """One ``(B, H, W, C)`` uint8 array (a list must hold equal shapes)."""
     if isinstance(images, np.ndarray):
@@ -131,11 +238,9 @@ def stack_images(images: Images) -> np.ndarray:
 
 
 def to_size(size: int | Sequence[int], name: str = "size") -> tuple[int, int]:
-    """``(height, width)`` from an int or a pair of positive ints."""
-    pair = (size, size) if isinstance(size, int) else tuple(size)
-    if len(pair) != 2 or not all(isinstance(v, int) and v > 0 for v in pair):
-        raise ValueError(f"{name} must be a positive int or (height, width), got {size!r}")
-    return int(pair[0]), int(pair[1])
+    """``(height, width)`` from an int or a pair of positive ints
+    (:func:`fastdata._crop.parse_size`, the one size parser)."""
+    return parse_size(size, name)
 
 
 class Compose(BatchTransform):
@@ -151,13 +256,33 @@ class Compose(BatchTransform):
         if bad:
             raise TypeError(f"Compose takes batch transforms (batched = True), got {bad[0]!r}")
         self.transforms = list(transforms)
-        self.min_input_side = self.transforms[0].min_input_side if self.transforms else None
+        # The first transform is the one that reads the input batch (or writes into it).
         self.in_place = self.transforms[0].in_place if self.transforms else True
+        self.keeps_size = all(t.keeps_size for t in self.transforms)
+        # The side the first resize needs, past transforms that keep sizes (a flip first).
+        self.min_input_side = None
+        for transform in self.transforms:
+            if transform.min_input_side is not None or not transform.keeps_size:
+                self.min_input_side = transform.min_input_side
+                break
+
+    def output_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
+        for transform in self.transforms:
+            size = transform.output_size(size)
+        return size
 
     def apply(self, images: Images, executor: Executor | None, tasks: int) -> Images:
         for transform in self.transforms:
             images = transform.apply(images, executor, tasks)
         return images
+
+    def apply_all(
+        self, images: Images, masks: Sequence[Images], executor: Executor | None, tasks: int
+    ) -> tuple[Images, list[Images]]:
+        moved = list(masks)
+        for transform in self.transforms:
+            images, moved = transform.apply_all(images, moved, executor, tasks)
+        return images, moved
 
     def __repr__(self) -> str:
         return f"Compose({self.transforms!r})"

@@ -29,8 +29,16 @@ def _sizes(images: Images) -> tuple[np.ndarray, np.ndarray]:
 
 def _output(images: Images, height: int, width: int) -> np.ndarray:
     """An empty ``(B, height, width[, C])`` uint8 batch matching the input's channels."""
+    if isinstance(images, np.ndarray):
+        return np.empty((len(images), height, width, *images.shape[3:]), np.uint8)
     first = images[0] if len(images) else np.empty((1, 1, 3), np.uint8)
     return np.empty((len(images), height, width, *first.shape[2:]), np.uint8)
+
+
+# Masks are resampled nearest-neighbour at pixel centres (OpenCV's INTER_NEAREST samples
+# the top-left corner instead, half a pixel off the bilinear image); grid_sample's
+# "nearest" with align_corners=False, the device executor's, samples the same centres.
+MASK_INTERPOLATION = cv2.INTER_NEAREST_EXACT
 
 
 class RandomResizedCrop(BatchTransform):
@@ -49,6 +57,7 @@ class RandomResizedCrop(BatchTransform):
     """
 
     in_place = False
+    keeps_size = False
 
     def __init__(
         self,
@@ -63,26 +72,38 @@ class RandomResizedCrop(BatchTransform):
         self.scale, self.ratio = check_ranges(scale, ratio)
         self.interpolation = interpolation
 
+    def output_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
+        """``size`` (any input of at least 1x1 gives one)."""
+        return self.size
+
     def boxes(self, heights: np.ndarray, widths: np.ndarray) -> np.ndarray:
         """Crop boxes ``(B, 4)`` int64 as ``(top, left, height, width)`` for images of
         ``(B,)`` heights and widths (:func:`fastdata._crop.random_boxes`)."""
         draws = self.uniform(len(heights), DRAWS_PER_BOX)
         return random_boxes(heights, widths, self.scale, self.ratio, draws)
 
-    def apply(self, images: Images, executor: Executor | None, tasks: int) -> Images:
+    def apply_all(
+        self, images: Images, masks: Sequence[Images], executor: Executor | None, tasks: int
+    ) -> tuple[Images, list[Images]]:
         heights, widths = _sizes(images)
         boxes = self.boxes(heights, widths).tolist()
         out_h, out_w = self.size
         out = _output(images, out_h, out_w)
+        mask_outs = [_output(mask, out_h, out_w) for mask in masks]
 
         def body(start: int, stop: int) -> None:
             for k in range(start, stop):
                 top, left, h, w = boxes[k]
                 crop = images[k][top : top + h, left : left + w]
                 cv2.resize(crop, (out_w, out_h), dst=out[k], interpolation=self.interpolation)
+                for mask, mask_out in zip(masks, mask_outs, strict=True):
+                    crop = mask[k][top : top + h, left : left + w]
+                    cv2.resize(
+                        crop, (out_w, out_h), dst=mask_out[k], interpolation=MASK_INTERPOLATION
+                    )
 
         parallel_for(executor, len(images), body, tasks=tasks)
-        return out
+        return out, list(mask_outs)
 
     def __repr__(self) -> str:
         return f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio})"
@@ -96,29 +117,41 @@ class CenterCrop(BatchTransform):
     """
 
     in_place = False
+    keeps_size = False
 
     def __init__(self, size: int | Sequence[int]) -> None:
         super().__init__()
         self.size = to_size(size)
 
-    def apply(self, images: Images, executor: Executor | None, tasks: int) -> Images:
-        heights, widths = _sizes(images)
-        out_h, out_w = self.size
-        if len(images) and (heights.min() < out_h or widths.min() < out_w):
+    def output_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
+        """``size``; raises when the inputs are smaller."""
+        if size is not None and (size[0] < self.size[0] or size[1] < self.size[1]):
             raise ValueError(
                 f"CenterCrop size {self.size} is larger than an image of "
-                f"{int(heights.min())}x{int(widths.min())}; resize first"
+                f"{size[0]}x{size[1]}; resize first"
             )
+        return self.size
+
+    def apply_all(
+        self, images: Images, masks: Sequence[Images], executor: Executor | None, tasks: int
+    ) -> tuple[Images, list[Images]]:
+        heights, widths = _sizes(images)
+        out_h, out_w = self.size
+        if len(images):
+            self.output_size((int(heights.min()), int(widths.min())))
         boxes = centered_boxes(heights, widths, out_h, out_w).tolist()
         out = _output(images, out_h, out_w)
+        mask_outs = [_output(mask, out_h, out_w) for mask in masks]
 
         def body(start: int, stop: int) -> None:
             for k in range(start, stop):
                 top, left = boxes[k][:2]
                 out[k] = images[k][top : top + out_h, left : left + out_w]
+                for mask, mask_out in zip(masks, mask_outs, strict=True):
+                    mask_out[k] = mask[k][top : top + out_h, left : left + out_w]
 
         parallel_for(executor, len(images), body, tasks=tasks)
-        return out
+        return out, list(mask_outs)
 
     def __repr__(self) -> str:
         return f"CenterCrop(size={self.size})"
@@ -140,13 +173,21 @@ class Resize(BatchTransform):
     """
 
     in_place = False
+    keeps_size = False
 
     def __init__(self, size: int | Sequence[int], interpolation: int = cv2.INTER_AREA) -> None:
         super().__init__()
-        self.shorter = size if isinstance(size, int) else None
         self.size = to_size(size)
+        self.shorter = None if isinstance(size, tuple | list) else self.size[0]
         self.interpolation = interpolation
         self.min_input_side = self.shorter if self.shorter is not None else min(self.size)
+
+    def output_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
+        """The pair given, or for a shorter side the size it gives ``size`` (``None``
+        when inputs vary)."""
+        if self.shorter is None:
+            return self.size
+        return None if size is None else self._target(*size)
 
     def _target(self, height: int, width: int) -> tuple[int, int]:
         if self.shorter is None:
@@ -157,26 +198,41 @@ class Resize(BatchTransform):
             return self.shorter, int(width * scale)
         return int(height * scale), self.shorter
 
-    def apply(self, images: Images, executor: Executor | None, tasks: int) -> Images:
+    def apply_all(
+        self, images: Images, masks: Sequence[Images], executor: Executor | None, tasks: int
+    ) -> tuple[Images, list[Images]]:
         heights, widths = _sizes(images)
         targets = [
             self._target(h, w) for h, w in zip(heights.tolist(), widths.tolist(), strict=True)
         ]
         same = len(set(targets)) <= 1
-        out: Images = _output(images, *targets[0]) if same and targets else [None] * len(images)  # type: ignore[list-item]
+
+        def empty(batch: Images) -> Images:
+            if same and targets:
+                return _output(batch, *targets[0])
+            return [None] * len(batch)  # type: ignore[list-item]
+
+        out = empty(images)
+        mask_outs = [empty(mask) for mask in masks]
+        pairs = [(images, out, self.interpolation)]
+        pairs += [
+            (mask, mask_out, MASK_INTERPOLATION)
+            for mask, mask_out in zip(masks, mask_outs, strict=True)
+        ]
 
         def body(start: int, stop: int) -> None:
             for k in range(start, stop):
                 out_h, out_w = targets[k]
-                if same:
-                    cv2.resize(
-                        images[k], (out_w, out_h), dst=out[k], interpolation=self.interpolation
-                    )
-                else:
-                    out[k] = cv2.resize(images[k], (out_w, out_h), interpolation=self.interpolation)
+                for source, dest, interpolation in pairs:
+                    if same:
+                        cv2.resize(
+                            source[k], (out_w, out_h), dst=dest[k], interpolation=interpolation
+                        )
+                    else:
+                        dest[k] = cv2.resize(source[k], (out_w, out_h), interpolation=interpolation)
 
         parallel_for(executor, len(images), body, tasks=tasks)
-        return out
+        return out, mask_outs
 
     def __repr__(self) -> str:
         return f"Resize({self.shorter if self.shorter is not None else self.size})"
@@ -191,19 +247,24 @@ class RandomHorizontalFlip(BatchTransform):
             raise ValueError(f"p must be in [0, 1], got {p!r}")
         self.p = p
 
-    def apply(self, images: Images, executor: Executor | None, tasks: int) -> Images:
+    def apply_all(
+        self, images: Images, masks: Sequence[Images], executor: Executor | None, tasks: int
+    ) -> tuple[Images, list[Images]]:
         flips = np.flatnonzero(self.uniform(len(images))[:, 0] < self.p).tolist()
-        if isinstance(images, list):
-            for k in flips:
-                images[k] = cv2.flip(images[k], 1)
-            return images
+        batches = [images, *masks]
+        for batch in batches:
+            if isinstance(batch, list):
+                for k in flips:
+                    batch[k] = cv2.flip(batch[k], 1)
 
         def body(start: int, stop: int) -> None:
             for k in flips[start:stop]:
-                cv2.flip(images[k], 1, dst=images[k])  # in place: no [:, ::-1] copy
+                for batch in batches:
+                    if isinstance(batch, np.ndarray):
+                        cv2.flip(batch[k], 1, dst=batch[k])  # in place: no [:, ::-1] copy
 
         parallel_for(executor, len(flips), body, tasks=tasks)
-        return images
+        return images, list(masks)
 
     def __repr__(self) -> str:
         return f"RandomHorizontalFlip(p={self.p})"

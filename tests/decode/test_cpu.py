@@ -10,6 +10,7 @@ from PIL import Image
 
 from fastdata._codec import decode_image
 from fastdata._crop import DRAWS_PER_BOX
+from fastdata._draws import UniformDraws
 from fastdata.decode import RandomResizedCrop, create_decoder
 from fastdata.decode._geometry import random_box
 from fastdata.decode.cpu import CpuDecoder
@@ -138,7 +139,7 @@ def test_reduced_random_crops_stay_on_their_box() -> None:
     data = rgb_jpeg(480, 640, seed=6)
     crop = RandomResizedCrop()
     got = create_decoder("cpu", size=(48, 64), random_crop=crop, seed=11)([data] * 6)
-    draws = np.random.default_rng(11).random((6, DRAWS_PER_BOX))
+    draws = UniformDraws(11).uniform(6, DRAWS_PER_BOX)  # the decoder's draws
     full = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
     for row in range(6):
         box = random_box((480, 640), crop, draws[row])

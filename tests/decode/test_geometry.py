@@ -3,17 +3,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fastdata import transforms
 from fastdata._crop import DRAWS_PER_BOX
+from fastdata.decode import create_decoder
 from fastdata.decode._geometry import (
     Box,
     RandomResizedCrop,
     center_box,
     crop_box,
     crop_boxes,
+    crop_parameters,
     parse_size,
     random_box,
     reduction_factors,
 )
+from fastdata.gpu import DeviceRandomResizedCrop
 
 
 def test_parse_size() -> None:
@@ -23,10 +27,24 @@ def test_parse_size() -> None:
         parse_size(2.5)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="size must be an int"):
         parse_size(True)
-    with pytest.raises(ValueError, match="one or two positive ints"):
+    with pytest.raises(ValueError, match=r"positive int or \(height, width\), got \(0, 10\)"):
         parse_size((0, 10))
-    with pytest.raises(ValueError, match="one or two positive ints"):
+    with pytest.raises(ValueError, match=r"positive int or \(height, width\)"):
         parse_size((1, 2, 3))  # type: ignore[arg-type]
+
+
+def test_one_size_parser_for_every_executor() -> None:
+    """The CPU transforms, the decoders and the device crop read sizes alike: bools and
+    floats are type errors, zero and three sides value errors."""
+    cpu = (transforms.CenterCrop, transforms.RandomResizedCrop, transforms.Resize)
+    for build in (*cpu, DeviceRandomResizedCrop, parse_size):
+        assert build(np.int64(4)) is not None
+        with pytest.raises(TypeError, match="size must be an int"):
+            build(True)
+        with pytest.raises(TypeError, match="size must be an int"):
+            build((4, 2.5))
+        with pytest.raises(ValueError, match="size must be a positive int"):
+            build((4, 0))
 
 
 def test_random_resized_crop_validates() -> None:
@@ -78,3 +96,24 @@ def test_batched_boxes_match_one_at_a_time() -> None:
         assert tuple(centred[row]) == center_box(source_hw, (224, 160))
         assert tuple(random[row]) == random_box(source_hw, crop, draws[row])
         assert crop_box(source_hw, (224, 160), crop, draws[row]) == tuple(random[row])
+
+
+def test_decoders_accept_the_crop_described_for_the_cpu_or_the_device() -> None:
+    """One description, three executors: the decoder takes the CPU or device crop's ranges
+    (and, with the same seed, cuts the same boxes as they do)."""
+    cpu = transforms.RandomResizedCrop((16, 12), scale=(0.3, 0.9), ratio=(0.5, 2.0), seed=4)
+    device = DeviceRandomResizedCrop((16, 12), scale=(0.3, 0.9), ratio=(0.5, 2.0), seed=4)
+    want = RandomResizedCrop(scale=(0.3, 0.9), ratio=(0.5, 2.0))
+    expected = cpu.boxes(np.full(8, 40), np.full(8, 60))  # a fresh seed-4 sequence
+    for described in (cpu, device):
+        assert crop_parameters(described, (16, 12)) == want
+        decoder = create_decoder("cpu", size=(16, 12), random_crop=described, seed=4)
+        assert decoder.random_crop == want
+        boxes = crop_boxes([(40, 60)] * 8, (16, 12), decoder.random_crop, decoder._draws(8))
+        np.testing.assert_array_equal(boxes, expected)
+    assert crop_parameters(True, (4, 4)) == RandomResizedCrop()
+    assert crop_parameters(False, (4, 4)) is None
+    with pytest.raises(ValueError, match=r"has size \(16, 12\) but the decoder outputs \(8, 8\)"):
+        create_decoder("cpu", size=8, random_crop=cpu)
+    with pytest.raises(TypeError, match="random_crop must be a RandomResizedCrop, a bool or None"):
+        create_decoder("cpu", size=8, random_crop="yes")  # type: ignore[arg-type]

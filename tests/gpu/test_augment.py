@@ -121,3 +121,16 @@ def test_forward_validation() -> None:
         crop(_images(), torch.zeros(6, 8, 9, dtype=torch.uint8))
     with pytest.raises(ValueError, match=r"masks of shape \(5, 8, 10\) do not match"):
         flip(_images(), torch.zeros(5, 8, 10, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+def test_resized_crop_keeps_channels_last(dtype: torch.dtype) -> None:
+    images = (torch.rand(4, 3, 16, 20) * 255).to(dtype)
+    crop = DeviceRandomResizedCrop((8, 6), seed=0)
+    planar = crop(images)
+    crop.manual_seed(0)
+    out = crop(images.contiguous(memory_format=torch.channels_last))
+    assert isinstance(out, torch.Tensor) and isinstance(planar, torch.Tensor)
+    assert out.is_contiguous(memory_format=torch.channels_last) and out.shape == (4, 3, 8, 6)
+    assert planar.is_contiguous()
+    torch.testing.assert_close(out, planar, rtol=0, atol=0)

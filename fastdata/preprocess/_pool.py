@@ -13,6 +13,7 @@ elsewhere), so an OOM-killed job leaves no process behind.
 from __future__ import annotations
 
 import ast
+import contextlib
 import ctypes
 import mmap
 import multiprocessing
@@ -97,11 +98,10 @@ def _anonymous_file(nbytes: int) -> int:
 def _die_with_parent(parent_pid: int) -> None:
     """Exit as soon as the process that started this one is gone (even by ``kill -9``)."""
     if sys.platform.startswith("linux"):
-        try:
+        # without prctl (an unusual libc) the watchdog below is the only guard
+        with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
     if os.getppid() != parent_pid:  # died before the signal was armed
         os._exit(1)
 

@@ -41,18 +41,6 @@ from fastdata.shards import Manifest, load_manifest
 # saved with other settings is refused rather than resumed into a different order. The rank
 # is not among them: every rank consumes the same count, so one rank's state is valid on
 # all (Lightning saves rank 0's state only and loads it on every rank).
-_STATE_KEYS = (
-    "seed",
-    "epoch",
-    "num_replicas",
-    "num_samples",
-    "partition",
-    "shuffle",
-    "drop_last",
-    "window_shards",
-    "shard_layout",
-    "num_consumed",
-)
 _SETTINGS = (
     "seed",
     "num_replicas",
@@ -63,6 +51,7 @@ _SETTINGS = (
     "window_shards",
     "shard_layout",
 )
+_STATE_KEYS = (*_SETTINGS, "epoch", "num_consumed")
 _MAX_CALLER_FRAMES = 12  # how far up __iter__ looks for a wrapper or a DataLoader iterator
 PARTITIONS = ("epoch", "fixed")
 

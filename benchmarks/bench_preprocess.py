@@ -42,15 +42,9 @@ from _harness import (  # benchmarks/ is on sys.path when run as a script
 from PIL import Image
 
 from fastdata._system import usable_cpus
-from fastdata.preprocess import (
-    PreprocessOptions,
-    ShardJob,
-    SourceItem,
-    build_fields,
-    list_source,
-    preprocess,
-    process_sample,
-)
+from fastdata.preprocess import PreprocessOptions, ShardJob, list_source, preprocess
+from fastdata.preprocess._sources import SourceItem
+from fastdata.preprocess._task import build_fields, process_sample
 
 ensure_sample_dataset = load_tool("make_sample_dataset").ensure_sample_dataset
 

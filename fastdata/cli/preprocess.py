@@ -13,6 +13,7 @@ from fastdata._system import format_bytes
 from fastdata.cli import EXIT_OK
 from fastdata.cli._args import QUIET_HELP, HelpFormatter, int_between, positive_float, positive_int
 from fastdata.preprocess import (
+    DEFAULT_SHARD_BYTES,
     ON_ERROR,
     RESIZE_MODES,
     SOURCE_KINDS,
@@ -22,7 +23,6 @@ from fastdata.preprocess import (
     load_python_source,
     preprocess,
 )
-from fastdata.preprocess._options import DEFAULT_SHARD_BYTES
 from fastdata.shards import COMPRESSIONS, load_manifest
 
 

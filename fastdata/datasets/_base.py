@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from fastdata._codec import DEFAULT_MAX_PIXELS, decode_image
+from fastdata._images import check_masks, stack_images
 from fastdata._system import available_memory_bytes, usable_cpus
 from fastdata._threads import parallel_for
 from fastdata.datasets._collate import mark_collated
@@ -22,7 +23,6 @@ from fastdata.datasets._memory import MemoryReport
 from fastdata.datasets._store import RAMStore, Store
 from fastdata.errors import DecodeError
 from fastdata.shards import FieldSpec
-from fastdata.transforms._base import check_masks, stack_images
 
 logger = logging.getLogger(__name__)
 

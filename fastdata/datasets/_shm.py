@@ -38,6 +38,14 @@ class SharedBuffer:
             raise
         self._attach(fd, nbytes)
 
+    @classmethod
+    def from_descriptor(cls, fd: int, nbytes: int) -> SharedBuffer:
+        """The buffer of ``nbytes`` behind memory file descriptor ``fd``, mapped in this
+        process; it owns ``fd`` from now on (closes it in :meth:`close`)."""
+        buffer = cls.__new__(cls)
+        buffer._attach(fd, nbytes)
+        return buffer
+
     def _attach(self, fd: int, nbytes: int) -> None:
         self.fd = fd
         self.nbytes = nbytes
@@ -80,6 +88,4 @@ class SharedBuffer:
 
 
 def _rebuild(dup: Any, nbytes: int) -> SharedBuffer:
-    buffer = SharedBuffer.__new__(SharedBuffer)
-    buffer._attach(dup.detach(), nbytes)
-    return buffer
+    return SharedBuffer.from_descriptor(dup.detach(), nbytes)

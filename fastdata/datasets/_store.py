@@ -17,7 +17,7 @@ import numpy as np
 
 from fastdata._gather import gather_encoded, gather_rows, locate
 from fastdata.datasets._shm import SharedBuffer
-from fastdata.shards import FieldSpec, ShardReader
+from fastdata.shards import FieldSpec, ShardReader, load_manifest
 
 
 class Store:
@@ -173,3 +173,14 @@ class RAMStore(Store):
     def close(self) -> None:
         for buffer in [*self.buffers.values(), *self.offsets.values(), *(self.sources or ())]:
             buffer.close()
+
+
+def known_fields(path: str | Path, fields: Sequence[str]) -> Sequence[str]:
+    """``fields`` after checking the manifest stores each of them."""
+    stored = [spec.name for spec in load_manifest(path).fields]
+    missing = [name for name in fields if name not in stored]
+    if missing:
+        raise ValueError(
+            f"fields {missing} are not in the shard set {path}; stored fields: {stored}"
+        )
+    return fields

@@ -58,9 +58,7 @@ def _open_descriptor(pid: int, fd: int, nbytes: int) -> SharedBuffer:
             "of a node must run as one user in one PID namespace. Otherwise build the "
             "dataset on every rank instead of calling share_on_node"
         ) from exc
-    buffer = SharedBuffer.__new__(SharedBuffer)
-    buffer._attach(own_fd, nbytes)
-    return buffer
+    return SharedBuffer.from_descriptor(own_fd, nbytes)
 
 
 def share_on_node(build: Callable[[], T], *, group: Any = None) -> T:

@@ -13,8 +13,7 @@ import torch
 from fastdata._codec import DEFAULT_MAX_PIXELS, resolve_max_pixels
 from fastdata.datasets._base import BatchedDataset
 from fastdata.datasets._loading import load_arrays, load_files, load_shards
-from fastdata.datasets._store import RAMStore
-from fastdata.datasets.shard_dataset import _known_fields
+from fastdata.datasets._store import RAMStore, known_fields
 
 
 class RAMDataset(BatchedDataset):
@@ -114,7 +113,7 @@ class RAMDataset(BatchedDataset):
         ``on_error``, ``num_threads``, ``max_pixels``."""
         store = load_shards(
             path,
-            _known_fields(path, fields),
+            known_fields(path, fields),
             override_memory_check=not check_memory,
             show_progress=show_progress,
         )

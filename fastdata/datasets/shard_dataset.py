@@ -8,8 +8,7 @@ from typing import Any
 
 from fastdata.datasets._base import BatchedDataset
 from fastdata.datasets._loading import load_shards
-from fastdata.datasets._store import ShardStore, Store
-from fastdata.shards import load_manifest
+from fastdata.datasets._store import ShardStore, Store, known_fields
 
 
 class ShardDataset(BatchedDataset):
@@ -80,7 +79,7 @@ class ShardDataset(BatchedDataset):
     ) -> None:
         if isinstance(fields, str) or not fields:
             raise ValueError(f"fields must be a non-empty sequence of field names, got {fields!r}")
-        shards = ShardStore(path, _known_fields(path, fields))
+        shards = ShardStore(path, known_fields(path, fields))
         self.manifest = shards.reader.manifest
         store: Store = shards
         if in_memory:
@@ -103,14 +102,3 @@ class ShardDataset(BatchedDataset):
     def class_names(self) -> list[str]:
         """Label ``i`` is ``class_names[i]`` (from the manifest)."""
         return self.manifest.class_names
-
-
-def _known_fields(path: str | Path, fields: Sequence[str]) -> Sequence[str]:
-    """``fields`` after checking the manifest stores each of them."""
-    stored = [spec.name for spec in load_manifest(path).fields]
-    missing = [name for name in fields if name not in stored]
-    if missing:
-        raise ValueError(
-            f"fields {missing} are not in the shard set {path}; stored fields: {stored}"
-        )
-    return fields

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from fastdata._files import write_json_atomic
 from fastdata._progress import progress_bar
 from fastdata.errors import PreprocessError
 from fastdata.preprocess._sources import SourceItem
@@ -35,7 +36,6 @@ from fastdata.shards import (
     load_manifest,
     shard_matches,
     verify_shards,
-    write_json_atomic,
 )
 
 JOB_DIR = ".fastdata-job"

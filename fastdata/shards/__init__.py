@@ -3,23 +3,20 @@
 This is the only package that imports h5py.
 """
 
-from fastdata.shards._checksum import VerifyProblem, file_sha256, shard_matches, verify_shards
+from fastdata.shards._checksum import VerifyProblem, shard_matches, verify_shards
 from fastdata.shards._schema import (
-    FORMAT_VERSION,
     MANIFEST_NAME,
     FieldSpec,
     Manifest,
     ShardInfo,
     load_manifest,
     save_manifest,
-    write_json_atomic,
 )
 from fastdata.shards.reader import ShardReader
 from fastdata.shards.writer import COMPRESSIONS, ShardWriter
 
 __all__ = [
     "COMPRESSIONS",
-    "FORMAT_VERSION",
     "MANIFEST_NAME",
     "FieldSpec",
     "Manifest",
@@ -27,10 +24,8 @@ __all__ = [
     "ShardReader",
     "ShardWriter",
     "VerifyProblem",
-    "file_sha256",
     "load_manifest",
     "save_manifest",
     "shard_matches",
     "verify_shards",
-    "write_json_atomic",
 ]

@@ -16,8 +16,9 @@ from typing import BinaryIO
 import h5py
 import numpy as np
 
+from fastdata._files import fsync_dir
 from fastdata.shards._checksum import file_sha256
-from fastdata.shards._schema import FORMAT_NAME, FORMAT_VERSION, FieldSpec, ShardInfo, fsync_dir
+from fastdata.shards._schema import FORMAT_NAME, FORMAT_VERSION, FieldSpec, ShardInfo
 
 COMPRESSIONS = ("gzip", "lzf")
 _COPY_BLOCK_BYTES = 64 << 20

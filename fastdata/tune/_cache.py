@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import fastdata
+from fastdata._files import write_json_atomic
 from fastdata._system import usable_cpus
-from fastdata.shards import Manifest, write_json_atomic
+from fastdata.shards import Manifest
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import pytest
 
 from fastdata import RAMDataset, ShardDataset
 from fastdata.errors import ShardFormatError
-from fastdata.shards import file_sha256
+from fastdata.shards._checksum import file_sha256
 from tests.datasets.conftest import Reference
 
 

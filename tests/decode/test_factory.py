@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from fastdata.decode import Decoder, create_decoder, dali, factory, nvjpeg, resolve_backend
+from fastdata.decode import Decoder, create_decoder, dali, factory, nvjpeg
+from fastdata.decode.factory import resolve_backend
 from fastdata.decode.nvjpeg import load_decode_jpeg
 from fastdata.errors import FastDataError
 

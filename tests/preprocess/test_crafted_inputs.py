@@ -18,9 +18,10 @@ from fastdata import PreprocessOptions, RAMDataset, ShardReader, load_manifest
 from fastdata.cli import main
 from fastdata.decode import create_decoder
 from fastdata.errors import PreprocessError
-from fastdata.preprocess import SourceItem, build_fields, list_source, preprocess, process_sample
 from fastdata.preprocess import _task as task_module
-from fastdata.preprocess._task import SampleFailure, ShardJob
+from fastdata.preprocess import list_source, preprocess
+from fastdata.preprocess._sources import SourceItem
+from fastdata.preprocess._task import SampleFailure, ShardJob, build_fields, process_sample
 from fastdata.preprocess._transforms import transform
 
 TINY = PreprocessOptions(sizes=(16,))

@@ -207,7 +207,8 @@ def _listing(src: Path):  # type: ignore[no-untyped-def]
 
 
 def _job(src: Path, out: Path):  # type: ignore[no-untyped-def]
-    from fastdata.preprocess import ShardJob, build_fields  # noqa: PLC0415
+    from fastdata.preprocess import ShardJob  # noqa: PLC0415
+    from fastdata.preprocess._task import build_fields  # noqa: PLC0415
 
     listing = _listing(src)
     options = PreprocessOptions(sizes=(16,))

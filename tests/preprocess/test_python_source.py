@@ -26,13 +26,8 @@ from PIL import Image
 from fastdata import PreprocessOptions, ShardReader, load_manifest
 from fastdata.cli import main
 from fastdata.errors import PreprocessError
-from fastdata.preprocess import (
-    DatasetTypeError,
-    DatasetValueError,
-    ShardResult,
-    _engine,
-    preprocess,
-)
+from fastdata.preprocess import ShardResult, _engine, preprocess
+from fastdata.preprocess._dataset_items import DatasetTypeError, DatasetValueError
 
 N = 12
 SIDE = 16

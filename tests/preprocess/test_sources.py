@@ -13,14 +13,10 @@ from PIL import Image
 from fastdata import PreprocessOptions, ShardReader, load_manifest
 from fastdata.cli import main
 from fastdata.errors import PreprocessError
-from fastdata.preprocess import (
-    SourceItem,
-    SourceListing,
-    build_fields,
-    list_source,
-    plan_tasks,
-    preprocess,
-)
+from fastdata.preprocess import SourceListing, list_source, preprocess
+from fastdata.preprocess._runner import plan_tasks
+from fastdata.preprocess._sources import SourceItem
+from fastdata.preprocess._task import build_fields
 
 TINY = PreprocessOptions(sizes=(8,))
 

@@ -20,11 +20,11 @@ from fastdata.shards import (
     Manifest,
     ShardReader,
     ShardWriter,
-    file_sha256,
     load_manifest,
     save_manifest,
     verify_shards,
 )
+from fastdata.shards._checksum import file_sha256
 
 FIELDS = [
     FieldSpec("image", "array", "uint8", (4, 4, 3), "HWC"),

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from fastdata._images import stack_images
 from fastdata.transforms import (
     CenterCrop,
     Compose,
@@ -17,7 +18,6 @@ from fastdata.transforms import (
     RandomResizedCrop,
     Resize,
 )
-from fastdata.transforms._base import stack_images
 
 
 @pytest.fixture

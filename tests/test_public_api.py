@@ -1,0 +1,180 @@
+"""The public surface: what each package exports, and who may import what.
+
+Each public package's ``__all__`` is its whole public namespace (every name resolves, every
+class and function has a docstring for its API reference page, and nothing public-looking
+sits beside it), and no package reaches into another package's private names.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import pkgutil
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import fastdata
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "fastdata"
+DOCS = ROOT / "docs"
+
+
+def public_packages() -> list[str]:
+    """``fastdata`` and its public subpackages (the CLI has no ``__all__``: it is
+    documented by ``--help``)."""
+    names = [
+        f"fastdata.{info.name}"
+        for info in pkgutil.iter_modules(fastdata.__path__)
+        if info.ispkg and not info.name.startswith("_") and info.name != "cli"
+    ]
+    return ["fastdata", *sorted(names)]
+
+
+@pytest.mark.parametrize("name", public_packages())
+def test_every_exported_name_resolves_and_is_documented(name: str) -> None:
+    module = importlib.import_module(name)
+    exported = module.__all__
+    assert len(set(exported)) == len(exported), f"{name}.__all__ repeats a name"
+    for public in exported:
+        value = getattr(module, public)  # AttributeError names what does not resolve
+        if inspect.isclass(value) or inspect.isfunction(value):
+            assert inspect.getdoc(value), f"{name}.{public} has no docstring for the API reference"
+
+
+@pytest.mark.parametrize("name", public_packages())
+def test_the_namespace_holds_only_what_all_exports(name: str) -> None:
+    """A name a package's ``__init__`` imports but does not export would look public; the
+    library imports such names from the private module that defines them instead."""
+    module = importlib.import_module(name)
+    names = set(dir(module))  # fastdata's lists its lazily loaded names too
+    extra = sorted(
+        public
+        for public in names - {"annotations", "TYPE_CHECKING"}  # __future__, typing
+        if not public.startswith("_")
+        and public not in module.__all__
+        and not isinstance(getattr(module, public), types.ModuleType)  # submodules
+        and getattr(getattr(module, public), "__module__", "fastdata").startswith("fastdata")
+    )
+    assert not extra, f"{name} holds public names missing from __all__: {extra}"
+
+
+def test_reference_pages_render_every_public_package() -> None:
+    """The API reference pages render each subpackage's ``__all__`` (``::: fastdata.x``)."""
+    for name in public_packages()[1:]:
+        page = DOCS / "reference" / f"{name.split('.')[1]}.md"
+        assert f"::: {name}\n" in page.read_text(), f"{page} does not render {name}"
+
+
+def owning_package(path: Path) -> str | None:
+    """The package a file under ``fastdata/`` belongs to (``"datasets"``), or ``None`` for
+    the top-level modules (``fastdata/_crop.py``, ``fastdata/errors.py``...)."""
+    parts = path.relative_to(PACKAGE).parts
+    return parts[0] if len(parts) > 1 else None
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_top_level_module(name: str) -> bool:
+    """``fastdata._crop`` and the like: the shared internal modules of ``fastdata/``."""
+    return (PACKAGE / f"{name}.py").is_file()
+
+
+def imports(path: Path) -> Iterator[tuple[int, str, list[str]]]:
+    """``(line, module, imported names)`` of every import of a fastdata module in ``path``,
+    also inside functions; relative imports resolved; ``import a.b`` gives no names."""
+    package = module_name(path) if path.name == "__init__.py" else module_name(path.parent)
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "fastdata":
+                    yield node.lineno, alias.name, []
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            if target.split(".")[0] == "fastdata":
+                yield node.lineno, target, [alias.name for alias in node.names]
+
+
+def private_reaches(path: Path) -> list[str]:
+    """What ``path`` imports of another package's private names.
+
+    The rule: a file of package ``fastdata.<pkg>`` may import anything of ``<pkg>``. From
+    anywhere else it imports only public names: no module path component after
+    ``fastdata`` starting with ``_`` (``fastdata.transforms._base``) and no imported name
+    starting with ``_`` (``from fastdata.datasets.shard_dataset import _known_fields``).
+    The one exception is the top-level shared internal modules (``fastdata/_crop.py``,
+    ``fastdata/_system.py``...), which every package may import (``from fastdata import
+    _system``, ``from fastdata._crop import parse_size``), though not their own
+    underscore names. Top-level modules belong to no package, so they follow the same rule.
+    Tests, benchmarks and tools may import anything.
+    """
+    own = owning_package(path)
+    found = []
+    for line, target, names in imports(path):
+        parts = target.split(".")[1:]  # after "fastdata"
+        where = f"{path.relative_to(ROOT)}:{line}: {target}"
+        if parts and parts[0] == own:
+            continue
+        if parts and is_top_level_module(parts[0]):
+            private = [name for name in names if name.startswith("_")]
+            found += [f"{where} import {name}" for name in private]
+            continue
+        if any(part.startswith("_") for part in parts):
+            found.append(f"{where} (a private module of fastdata.{parts[0]})")
+            continue
+        for name in names:
+            if name.startswith("_") and not (not parts and is_top_level_module(name)):
+                found.append(f"{where} import {name}")
+    return found
+
+
+def test_no_package_imports_another_packages_private_names() -> None:
+    files = sorted(PACKAGE.rglob("*.py"))
+    assert len(files) > 50
+    reaches = [reach for path in files for reach in private_reaches(path)]
+    assert not reaches, "give what is shared a public name:\n" + "\n".join(reaches)
+
+
+@pytest.mark.parametrize(
+    ("source", "where", "reaches"),
+    [
+        ("from fastdata.transforms._base import stack_images", "datasets/_x.py", True),
+        ("from fastdata.transforms import _base", "datasets/_x.py", True),
+        ("import fastdata.preprocess._options", "cli/x.py", True),
+        ("from fastdata.datasets.shard_dataset import _known_fields", "tune/x.py", True),
+        ("from fastdata._crop import _private", "decode/x.py", True),
+        ("from .._base import check", "datasets/_x.py", True),
+        ("from fastdata.transforms import Compose", "datasets/_x.py", False),
+        ("from fastdata.transforms._base import stack_images", "transforms/x.py", False),
+        ("from ._base import check", "transforms/x.py", False),
+        ("from fastdata._crop import parse_size", "decode/x.py", False),
+        ("from fastdata import _system", "datasets/_x.py", False),
+        ("from fastdata.shards import load_manifest", "_crop.py", False),
+        ("from fastdata.shards._schema import x", "_crop.py", True),
+    ],
+)
+def test_the_private_import_rule(
+    source: str, where: str, reaches: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rule of :func:`private_reaches` on a fake tree (the relative import in
+    ``datasets/_x.py`` reaches ``fastdata._base``, which is no top-level module)."""
+    root = tmp_path
+    package = root / "fastdata"
+    (package / where).parent.mkdir(parents=True, exist_ok=True)
+    for shared in ("_crop.py", "_system.py"):
+        (package / shared).write_text("")
+    (package / where).write_text(source + "\n")
+    monkeypatch.setitem(globals(), "ROOT", root)
+    monkeypatch.setitem(globals(), "PACKAGE", package)
+    assert bool(private_reaches(package / where)) is reaches, private_reaches(package / where)

@@ -1,4 +1,5 @@
-"""Crop-box geometry shared by the decoders, the CPU transforms and the GPU augmentations.
+"""Crop-box and resize geometry: the pixel math behind :mod:`fastdata.ops`, which the
+decoders, the CPU transforms, the GPU augmentations and offline preprocessing share.
 
 Also the one parser of output sizes (:func:`parse_size`) they all accept.
 
@@ -76,6 +77,23 @@ def check_ranges(
     if not 0 < ratio_low <= ratio_high:
         raise ValueError(f"ratio must satisfy 0 < low <= high, got {ratio!r}")
     return pairs[0], pairs[1]
+
+
+def shorter_side_size(height: int, width: int, side: int) -> tuple[int, int]:
+    """``(height, width)`` once the shorter side is resized to ``side``: that side exact,
+    the other truncated (torchvision's ``Resize(int)`` rounding)."""
+    scale = side / min(height, width)
+    if height <= width:
+        return side, int(width * scale)
+    return int(height * scale), side
+
+
+def scaled_size(height: int, width: int, side: int, *, longer: bool) -> tuple[int, int]:
+    """``(height, width)`` once the shorter (or longer) side is scaled to ``side``, the
+    other rounded to the nearest pixel, at least 1 (offline preprocessing's rounding)."""
+    if (height >= width) == longer:  # the height is the side that becomes ``side``
+        return side, max(1, round(width * side / height))
+    return max(1, round(height * side / width)), side
 
 
 def centered_boxes(

@@ -9,7 +9,6 @@ from typing import Union
 import numpy as np
 import torch
 
-from fastdata._crop import parse_size
 from fastdata._draws import UniformDraws
 
 # A batch of uint8 images: (B, H, W, C) / (B, H, W) array, or a list of (H, W, C) / (H, W)
@@ -235,12 +234,6 @@ def stack_images(images: Images) -> np.ndarray:
     if not images:
         return np.empty((0, 0, 0, 3), np.uint8)
     return np.stack(images)
-
-
-def to_size(size: int | Sequence[int], name: str = "size") -> tuple[int, int]:
-    """``(height, width)`` from an int or a pair of positive ints
-    (:func:`fastdata._crop.parse_size`, the one size parser)."""
-    return parse_size(size, name)
 
 
 class Compose(BatchTransform):

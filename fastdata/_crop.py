@@ -137,6 +137,14 @@ def largest_centered_boxes(
     return centered_boxes(heights, widths, box_h, box_w)
 
 
+def largest_centered_box(source_hw: tuple[int, int], aspect: float) -> tuple[int, int, int, int]:
+    """:func:`largest_centered_boxes` of one image for one aspect ratio (width / height):
+    the box ``(top, left, height, width)`` a resize-then-centre-crop to that aspect keeps."""
+    heights, widths = np.array([source_hw[0]]), np.array([source_hw[1]])
+    top, left, height, width = largest_centered_boxes(heights, widths, (aspect, aspect))[0].tolist()
+    return top, left, height, width
+
+
 def random_boxes(
     heights: np.ndarray,
     widths: np.ndarray,

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fastdata._crop import largest_centered_boxes, parse_size
+from fastdata._crop import largest_centered_box, largest_centered_boxes, parse_size
 from fastdata.ops import RandomResizedCrop, described
 
 __all__ = [
@@ -76,10 +76,7 @@ def _one(boxes: np.ndarray) -> Box:
 
 def center_box(source_hw: tuple[int, int], out_hw: tuple[int, int]) -> Box:
     """The largest centred box of the output's aspect ratio (resize-then-centre-crop)."""
-    aspect = out_hw[1] / out_hw[0]
-    return _one(
-        largest_centered_boxes(np.array([source_hw[0]]), np.array([source_hw[1]]), (aspect, aspect))
-    )
+    return Box(*largest_centered_box(source_hw, out_hw[1] / out_hw[0]))
 
 
 def random_box(source_hw: tuple[int, int], crop: RandomResizedCrop, draws: np.ndarray) -> Box:

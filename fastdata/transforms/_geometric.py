@@ -11,7 +11,7 @@ import numpy as np
 
 from fastdata import ops
 from fastdata._threads import parallel_for
-from fastdata.transforms._base import BatchTransform, Images
+from fastdata.transforms._base import Images, OpTransform
 
 
 def _sizes(images: Images) -> tuple[np.ndarray, np.ndarray]:
@@ -40,32 +40,6 @@ def _output(images: Images, height: int, width: int) -> np.ndarray:
 # the top-left corner instead, half a pixel off the bilinear image); grid_sample's
 # "nearest" with align_corners=False, the device executor's, samples the same centres.
 MASK_INTERPOLATION = cv2.INTER_NEAREST_EXACT
-
-
-class OpTransform(BatchTransform, ops.Executor):
-    """A batch transform that runs one :mod:`fastdata.ops` description (``op``) on the
-    CPU: the description states the output and draws the parameters, the subclass holds
-    the OpenCV kernel only.
-
-    Args:
-        op: The description.
-        seed: See :class:`BatchTransform`.
-    """
-
-    def __init__(self, op: ops.Operation, seed: int | None = None) -> None:
-        super().__init__(seed)
-        self.op = op
-        self.in_place = not op.reads_only
-        self.keeps_size = op.keeps_size
-        self.min_input_side = op.min_input_side
-
-    def output_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
-        """The description's :meth:`~fastdata.ops.Operation.output_size`."""
-        return self.op.output_size(size)
-
-    def __repr__(self) -> str:
-        # the description's fields under this class's name: RandomHorizontalFlip(p=0.5)
-        return type(self).__name__ + repr(self.op).removeprefix(type(self.op).__name__)
 
 
 class RandomResizedCrop(OpTransform):

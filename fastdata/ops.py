@@ -235,6 +235,14 @@ class Resize(Operation):
             return shorter_side_size(height, width, self.size)
         return self.size
 
+    def targets(self, heights: np.ndarray, widths: np.ndarray) -> list[tuple[int, int]]:
+        """:meth:`target` of each image of ``(B,)`` heights and widths."""
+        side = self.size
+        if not isinstance(side, int):
+            return [side] * len(heights)
+        pairs = zip(heights.tolist(), widths.tolist(), strict=True)
+        return [shorter_side_size(height, width, side) for height, width in pairs]
+
 
 @dataclass(frozen=True, init=False)
 class HorizontalFlip(Operation):

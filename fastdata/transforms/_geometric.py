@@ -196,8 +196,7 @@ class Resize(OpTransform):
         self, images: Images, masks: Sequence[Images], executor: Executor | None, tasks: int
     ) -> tuple[Images, list[Images]]:
         heights, widths = _sizes(images)
-        target = self.op.target
-        targets = [target(h, w) for h, w in zip(heights.tolist(), widths.tolist(), strict=True)]
+        targets = self.op.targets(heights, widths)
         same = len(set(targets)) <= 1
 
         def empty(batch: Images) -> Images:

@@ -42,12 +42,12 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from fastdata._crop import DRAWS_PER_BOX
 from fastdata._system import usable_cpus
 from fastdata.datasets import ShardDataset, passthrough_collate
-from fastdata.decode import DecodingLoader, RandomResizedCrop, create_decoder
+from fastdata.decode import DecodingLoader, create_decoder
 from fastdata.decode._geometry import center_box, random_box
 from fastdata.decode.nvjpeg import torchvision_too_old, torchvision_version
+from fastdata.ops import RandomResizedCrop
 from fastdata.shards import FieldSpec, Manifest, ShardReader, ShardWriter, save_manifest
 from fastdata.transforms import RandomResizedCrop as BatchRandomResizedCrop
 
@@ -107,7 +107,7 @@ class PilSamples(Dataset[torch.Tensor]):
     def __init__(self, root: Path, size: int, train: bool) -> None:
         self.reader = ShardReader(root)
         self.size, self.train = size, train
-        self.crop = RandomResizedCrop()
+        self.crop = RandomResizedCrop(size)
 
     def __len__(self) -> int:
         return len(self.reader)
@@ -117,7 +117,8 @@ class PilSamples(Dataset[torch.Tensor]):
         image = Image.open(io.BytesIO(blob.tobytes())).convert("RGB")
         hw = (image.height, image.width)
         if self.train:
-            box = random_box(hw, self.crop, np.random.default_rng(index).random(DRAWS_PER_BOX))
+            draws = np.random.default_rng(index).random(self.crop.draws_per_sample)
+            box = random_box(hw, self.crop, draws)
         else:
             box = center_box(hw, (self.size, self.size))
         region = (box.left, box.top, box.left + box.width, box.top + box.height)

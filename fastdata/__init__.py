@@ -4,8 +4,9 @@ The public API. Every name loads on first access (PEP 562), so ``import fastdata
 CLI start without importing torch, and preprocessing workers never import it; optional
 backends (DALI, Ray, torchvision/CUDA) load only when a backend that needs them is
 created. The device-side modules live in ``fastdata.gpu`` (``fastdata.gpu.Normalize``,
-``fastdata.gpu.DevicePrefetcher``) and the CPU batch augmentations in
-``fastdata.transforms``. The preprocessing entry point is
+``fastdata.gpu.DevicePrefetcher``), the CPU batch augmentations in
+``fastdata.transforms``, and the descriptions both run (and the decoders' ``random_crop``)
+in ``fastdata.ops``. The preprocessing entry point is
 ``fastdata.preprocess.preprocess`` (``fastdata.preprocess`` is its subpackage).
 """
 
@@ -56,11 +57,11 @@ _LAZY_NAMES = {
     ),
     **dict.fromkeys(("ProfileReport", "TuneResult", "autotune", "profile"), "fastdata.tune"),
 }  # fmt: skip
-_LAZY_SUBPACKAGES = frozenset({"gpu", "transforms"})
+_LAZY_SUBPACKAGES = frozenset({"gpu", "ops", "transforms"})
 
 
 def __getattr__(name: str) -> Any:
-    """Load a public name, or the ``gpu``/``transforms`` subpackage, on first access."""
+    """Load a public name, or the ``gpu``/``ops``/``transforms`` module, on first access."""
     if name in _LAZY_NAMES:
         value = getattr(importlib.import_module(_LAZY_NAMES[name]), name)
         globals()[name] = value  # later lookups skip this function

@@ -21,7 +21,7 @@ converted.
 For JPEGs that are at least twice the wanted size, libjpeg-turbo can decode at 1/2, 1/4 or
 1/8 scale straight from the DCT coefficients, which costs a fraction of a full decode.
 :func:`decode_image` picks the largest reduction that keeps the decoded image at least as
-large as asked.
+large as asked (:func:`reduction_factors`, the one rule decoders use too).
 """
 
 from __future__ import annotations
@@ -224,18 +224,39 @@ def orient(image: np.ndarray, orientation: int) -> np.ndarray:
     return np.ascontiguousarray(out)
 
 
+# libjpeg-turbo decodes straight from the DCT coefficients at these scale denominators.
+JPEG_REDUCTIONS = (1, 2, 4, 8)
+
+
+def reduction_factors(extents_hw: np.ndarray, need_hw: tuple[int, int]) -> np.ndarray:
+    """The one reduced-decoding rule: per region, the largest denominator ``f`` in
+    :data:`JPEG_REDUCTIONS` whose 1/f scale still leaves the region at least ``need_hw``
+    pixels (``height / f >= need_height`` and ``width / f >= need_width``), so the resize
+    that follows never enlarges.
+
+    Args:
+        extents_hw: ``(B, 2)`` region (a crop box, or the whole image) heights and widths
+            in full-resolution pixels.
+        need_hw: The pixels the caller needs from each region, ``(height, width)``.
+
+    Returns:
+        ``(B,)`` int64 denominators.
+    """
+    extents = np.asarray(extents_hw, dtype=np.int64).reshape(-1, 2)
+    factors = np.ones(len(extents), dtype=np.int64)
+    for factor in JPEG_REDUCTIONS[1:]:
+        fits = (extents[:, 0] >= factor * need_hw[0]) & (extents[:, 1] >= factor * need_hw[1])
+        factors[fits] = factor
+    return factors
+
+
 def reduction_for(source_hw: tuple[int, int] | None, min_side: int | None) -> int:
-    """Largest factor in (1, 2, 4, 8) that keeps the shorter side of ``source_hw`` at
-    least ``min_side`` once decoded at that scale (1 when either is unknown)."""
+    """:func:`reduction_factors` for a whole image whose shorter side must stay at least
+    ``min_side`` (1 when either is unknown)."""
     if source_hw is None or not min_side:
         return 1
     shorter = min(source_hw)
-    factor = 1
-    for candidate in (2, 4, 8):
-        # libjpeg rounds the scaled size up: ceil(side / factor)
-        if -(-shorter // candidate) >= min_side:
-            factor = candidate
-    return factor
+    return int(reduction_factors(np.array([[shorter, shorter]]), (min_side, min_side))[0])
 
 
 def decode_image(

@@ -1,4 +1,5 @@
-"""Crop-box geometry shared by the decoders, the CPU transforms and the GPU augmentations.
+"""Crop-box and resize geometry: the pixel math behind :mod:`fastdata.ops`, which the
+decoders, the CPU transforms, the GPU augmentations and offline preprocessing share.
 
 Also the one parser of output sizes (:func:`parse_size`) they all accept.
 
@@ -78,6 +79,23 @@ def check_ranges(
     return pairs[0], pairs[1]
 
 
+def shorter_side_size(height: int, width: int, side: int) -> tuple[int, int]:
+    """``(height, width)`` once the shorter side is resized to ``side``: that side exact,
+    the other truncated (torchvision's ``Resize(int)`` rounding)."""
+    scale = side / min(height, width)
+    if height <= width:
+        return side, int(width * scale)
+    return int(height * scale), side
+
+
+def scaled_size(height: int, width: int, side: int, *, longer: bool) -> tuple[int, int]:
+    """``(height, width)`` once the shorter (or longer) side is scaled to ``side``, the
+    other rounded to the nearest pixel, at least 1 (offline preprocessing's rounding)."""
+    if (height >= width) == longer:  # the height is the side that becomes ``side``
+        return side, max(1, round(width * side / height))
+    return max(1, round(height * side / width)), side
+
+
 def centered_boxes(
     heights: np.ndarray,
     widths: np.ndarray,
@@ -117,6 +135,14 @@ def largest_centered_boxes(
     box_h = np.clip(box_h, 1, heights).astype(np.int64)
     box_w = np.clip(box_w, 1, widths).astype(np.int64)
     return centered_boxes(heights, widths, box_h, box_w)
+
+
+def largest_centered_box(source_hw: tuple[int, int], aspect: float) -> tuple[int, int, int, int]:
+    """:func:`largest_centered_boxes` of one image for one aspect ratio (width / height):
+    the box ``(top, left, height, width)`` a resize-then-centre-crop to that aspect keeps."""
+    heights, widths = np.array([source_hw[0]]), np.array([source_hw[1]])
+    top, left, height, width = largest_centered_boxes(heights, widths, (aspect, aspect))[0].tolist()
+    return top, left, height, width
 
 
 def random_boxes(

@@ -17,6 +17,7 @@ from fastdata._codec import (
     jpeg_header,
     jpeg_size,
     orient,
+    reduction_factors,
     reduction_for,
 )
 from fastdata.errors import DecodeError
@@ -50,6 +51,21 @@ def test_reduction_keeps_min_side(
     hw: tuple[int, int] | None, min_side: int | None, factor: int
 ) -> None:
     assert reduction_for(hw, min_side) == factor
+
+
+def test_one_reduction_rule_for_whole_images_and_crop_boxes() -> None:
+    """Decoding a whole image for ``min_side`` and a crop box for an output size pick the
+    scale by one rule: the largest 1/f at which the region still spans the pixels needed,
+    so the resize after it never enlarges (a 449-pixel side is not halved for 225)."""
+    assert reduction_for((449, 600), 225) == 1
+    assert reduction_for((450, 600), 225) == 2
+    for shorter in range(1, 1200, 7):
+        for need in (1, 50, 111, 224):
+            factor = reduction_for((shorter, shorter + 5), need)
+            box = reduction_factors(np.array([[shorter, shorter]]), (need, need))[0]
+            assert factor == box
+            assert factor == 1 or shorter / factor >= need
+            assert factor == 8 or shorter / (2 * factor) < need
 
 
 def test_decode_is_rgb_and_reduced() -> None:

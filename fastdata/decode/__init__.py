@@ -2,11 +2,11 @@
 (torchvision on CUDA) and ``dali`` (NVIDIA DALI), plus :class:`DecodingLoader` to decode
 DataLoader batches of encoded bytes in the main process.
 
-Backends import their optional packages (torchvision, DALI) only when created.
+Backends import their optional packages (torchvision, DALI) only when created. A decoder's
+``random_crop`` is the one description of that crop, :class:`fastdata.ops.RandomResizedCrop`.
 """
 
 from fastdata.decode._base import DecodedBatch, Decoder
-from fastdata.decode._geometry import RandomResizedCrop
 from fastdata.decode.factory import create_decoder
 from fastdata.decode.loader import DecodingLoader
 
@@ -14,6 +14,5 @@ __all__ = [
     "DecodedBatch",
     "Decoder",
     "DecodingLoader",
-    "RandomResizedCrop",
     "create_decoder",
 ]

@@ -11,11 +11,11 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from fastdata._crop import DRAWS_PER_BOX
 from fastdata._draws import UniformDraws
 from fastdata._system import usable_cpus
-from fastdata.decode._geometry import RandomResizedCrop, crop_parameters, parse_size
+from fastdata.decode._geometry import crop_description, parse_size
 from fastdata.errors import DecodeError
+from fastdata.ops import Executor, RandomResizedCrop
 
 ON_ERROR = ("raise", "skip", "warn")
 
@@ -108,11 +108,10 @@ class Decoder(ABC):
     Attributes:
         backend: ``"cpu"``, ``"nvjpeg"`` or ``"dali"``.
         size: Output ``(height, width)``.
-        random_crop: Random resized crop parameters, or ``None`` for a centred crop of the
-            output's aspect ratio (the largest that fits) resized to ``size``. ``True`` is
-            accepted for the default :class:`RandomResizedCrop`, and the same crop
-            described for the CPU or the device (a ``fastdata.transforms`` or
-            ``fastdata.gpu`` random resized crop of the decoder's size) for its ranges.
+        random_crop: The :class:`fastdata.ops.RandomResizedCrop` the decoder runs (of its
+            ``size``), or ``None`` for a centred crop of the output's aspect ratio (the
+            largest that fits) resized to ``size``. Given ``True``, the default one; given
+            a CPU transform or device module, the description it holds (its ``op``).
         device: Where the output batch lives.
         on_error: ``"raise"`` (raise :class:`~fastdata.DecodeError`), ``"skip"`` (leave the
             sample out) or ``"warn"`` (leave it out with a warning).
@@ -125,14 +124,14 @@ class Decoder(ABC):
         self,
         size: int | tuple[int, int],
         *,
-        random_crop: RandomResizedCrop | bool | None = None,
+        random_crop: RandomResizedCrop | Executor | bool | None = None,
         device: torch.device,
         on_error: str = "raise",
         grayscale: bool = False,
         seed: int | None = None,
     ) -> None:
         self.size = parse_size(size)
-        self.random_crop = crop_parameters(random_crop, self.size)
+        self.random_crop = crop_description(random_crop, self.size)
         self.device = device
         self.on_error = check_on_error(on_error)
         self.grayscale = bool(grayscale)
@@ -145,10 +144,11 @@ class Decoder(ABC):
         return 1 if self.grayscale else 3
 
     def _draws(self, count: int) -> np.ndarray:
-        """``(count, DRAWS_PER_BOX)`` uniforms for the random crops (zeros, unused, if none)."""
+        """``(count, draws_per_sample)`` uniforms for the random crops (one column of zeros,
+        unused, if none)."""
         if self.random_crop is None:
-            return np.zeros((count, DRAWS_PER_BOX))
-        return self._random.uniform(count, DRAWS_PER_BOX)
+            return np.zeros((count, 1))
+        return self._random.uniform(count, self.random_crop.draws_per_sample)
 
     def warn_fallback_once(self, message: str) -> None:
         """Warn, once per decoder, that work fell back to a slower path (``message`` says

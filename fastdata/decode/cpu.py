@@ -21,6 +21,7 @@ from fastdata._codec import (
     decode_image,
     decode_reduced,
     jpeg_header,
+    reduction_factors,
     resolve_max_pixels,
 )
 from fastdata.decode._base import (
@@ -32,14 +33,9 @@ from fastdata.decode._base import (
     check_batch,
     resolve_num_threads,
 )
-from fastdata.decode._geometry import (
-    Box,
-    RandomResizedCrop,
-    crop_box,
-    crop_boxes,
-    reduction_factors,
-)
+from fastdata.decode._geometry import Box, crop_box, crop_boxes
 from fastdata.errors import DecodeError
+from fastdata.ops import Executor, RandomResizedCrop
 
 
 def _interpolation(region_hw: tuple[float, float], out_hw: tuple[int, int]) -> int:
@@ -120,7 +116,8 @@ def decode_jpeg_box(
 ) -> None:
     """Decode a JPEG at ``1/factor`` scale, turned as its EXIF orientation says, and
     resample its ``box`` (full-resolution pixels of the displayed image, e.g. from
-    :func:`crop_boxes` on ``header.oriented_hw`` and :func:`reduction_factors`) into ``out``.
+    :func:`crop_boxes` on ``header.oriented_hw``; ``factor`` from
+    :func:`fastdata._codec.reduction_factors`) into ``out``.
     A JPEG whose header claims more than ``max_pixels`` pixels is refused (``None``: no
     limit)."""
     image = decode_reduced(
@@ -171,7 +168,7 @@ def decode_crop(
         resize_crop(image, crop_box(image.shape[:2], out_hw, crop, draws), out)
         return out
     box = crop_box(header.oriented_hw, out_hw, crop, draws)
-    factor = int(reduction_factors(np.array([box]), out_hw)[0])
+    factor = int(reduction_factors(np.array([[box.height, box.width]]), out_hw)[0])
     decode_jpeg_box(
         data, header, box, factor, out, grayscale=grayscale, source=source, max_pixels=max_pixels
     )
@@ -192,7 +189,8 @@ class CpuDecoder(Decoder):
 
     Args:
         size: Output ``(height, width)``, or an int for a square.
-        random_crop: Random resized crop parameters (training), or ``None`` for a centred crop.
+        random_crop: The random resized crop to run (training; see :class:`Decoder`), or
+            ``None`` for a centred crop.
         device: Where the output batch goes (copied there after decoding on the CPU).
         on_error: ``"raise"``, ``"skip"`` or ``"warn"``.
         grayscale: Decode to one channel.
@@ -212,7 +210,7 @@ class CpuDecoder(Decoder):
         self,
         size: int | tuple[int, int],
         *,
-        random_crop: RandomResizedCrop | bool | None = None,
+        random_crop: RandomResizedCrop | Executor | bool | None = None,
         device: torch.device | str = "cpu",
         on_error: str = "raise",
         grayscale: bool = False,
@@ -247,7 +245,7 @@ class CpuDecoder(Decoder):
         # crop boxes are drawn on the image as displayed (EXIF orientation applied)
         sizes = [headers[i].oriented_hw for i in jpegs]  # type: ignore[union-attr]
         boxes = crop_boxes(sizes, self.size, self.random_crop, draws[jpegs])
-        factors = reduction_factors(boxes, self.size)
+        factors = reduction_factors(boxes[:, 2:4], self.size)
         plan: list[tuple[Box, int] | None] = [None] * count
         for row, index in enumerate(jpegs):
             plan[index] = (Box(*boxes[row].tolist()), int(factors[row]))

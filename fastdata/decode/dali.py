@@ -51,9 +51,10 @@ from fastdata.decode._base import (
     resolve_num_threads,
 )
 from fastdata.decode._batching import decode_batch_or_each, is_environment_error
-from fastdata.decode._geometry import Box, RandomResizedCrop, crop_boxes
+from fastdata.decode._geometry import Box, crop_boxes
 from fastdata.decode.cpu import decode_crop
 from fastdata.errors import DecodeError
+from fastdata.ops import Executor, RandomResizedCrop
 
 _ACCELERATED_COMPONENTS = (1, 3)
 _PURPOSE = "The dali decoder backend"
@@ -115,7 +116,8 @@ class DaliDecoder(Decoder):
 
     Args:
         size: Output ``(height, width)``, or an int for a square.
-        random_crop: Random resized crop parameters (training), or ``None`` for a centred crop.
+        random_crop: The random resized crop to run (training; see :class:`Decoder`), or
+            ``None`` for a centred crop.
         device: ``"cpu"`` runs DALI's CPU operators only (``device_id=None``); a CUDA
             device decodes with DALI's mixed (nvJPEG) decoder on it.
         on_error: ``"raise"``, ``"skip"`` or ``"warn"``.
@@ -131,7 +133,7 @@ class DaliDecoder(Decoder):
         self,
         size: int | tuple[int, int],
         *,
-        random_crop: RandomResizedCrop | bool | None = None,
+        random_crop: RandomResizedCrop | Executor | bool | None = None,
         device: torch.device | str = "cpu",
         on_error: str = "raise",
         grayscale: bool = False,

@@ -19,7 +19,7 @@ import torch
 
 from fastdata._optional import install_hint
 from fastdata.decode._base import Decoder, check_on_error
-from fastdata.decode._geometry import RandomResizedCrop, parse_size
+from fastdata.decode._geometry import parse_size
 from fastdata.decode.cpu import CpuDecoder
 from fastdata.decode.dali import DaliDecoder
 from fastdata.decode.nvjpeg import (
@@ -28,6 +28,7 @@ from fastdata.decode.nvjpeg import (
     torchvision_too_old,
     torchvision_version,
 )
+from fastdata.ops import Executor, RandomResizedCrop
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ def create_decoder(
     backend: str = "auto",
     *,
     size: int | tuple[int, int],
-    random_crop: RandomResizedCrop | bool | None = None,
+    random_crop: RandomResizedCrop | Executor | bool | None = None,
     device: torch.device | str | int | None = None,
     on_error: str = "raise",
     grayscale: bool = False,
@@ -158,9 +159,11 @@ def create_decoder(
             torchvision >= 0.20 are present and ``device`` is unset or CUDA, else cpu;
             the choice and why are logged at INFO on the ``fastdata.decode`` logger).
         size: Output ``(height, width)``, or an int for a square.
-        random_crop: Random resized crop for training: a :class:`RandomResizedCrop`, or
-            ``True`` for the default scale (0.08, 1) and ratio (3/4, 4/3). ``None``/``False``
-            (evaluation): the largest centred crop of the output's aspect ratio.
+        random_crop: Random resized crop for training: a
+            :class:`fastdata.ops.RandomResizedCrop` of the decoder's ``size`` (or a CPU
+            transform or device module holding one), or ``True`` for the default scale
+            (0.08, 1) and ratio (3/4, 4/3). ``None``/``False`` (evaluation): the largest
+            centred crop of the output's aspect ratio.
         device: Where the output lives (an int is that CUDA device, e.g. ``local_rank``);
             default the current CUDA device for nvjpeg, and for dali when there is one,
             else ``"cpu"``.

@@ -48,10 +48,11 @@ from fastdata.decode._base import (
     check_batch,
 )
 from fastdata.decode._batching import crop_resize_batch, decode_batch_or_each
-from fastdata.decode._geometry import Box, RandomResizedCrop, crop_box
+from fastdata.decode._geometry import Box, crop_box
 from fastdata.decode.cpu import decode_crop
 from fastdata.errors import DecodeError, FastDataError
 from fastdata.gpu.prefetch import resolve_device
+from fastdata.ops import Executor, RandomResizedCrop
 
 # Component counts nvJPEG decodes to the right colours (gray, YCbCr); CMYK goes to the CPU.
 _NVJPEG_COMPONENTS = (1, 3)
@@ -178,7 +179,8 @@ class NvJpegDecoder(Decoder):
 
     Args:
         size: Output ``(height, width)``, or an int for a square.
-        random_crop: Random resized crop parameters (training), or ``None`` for a centred crop.
+        random_crop: The random resized crop to run (training; see :class:`Decoder`), or
+            ``None`` for a centred crop.
         device: The CUDA device that decodes and holds the output: ``"cuda:1"``, an int
             (``local_rank`` under DDP), or ``"cuda"`` for the current device when the
             decoder is built (under DDP, build it after ``torch.cuda.set_device``).
@@ -193,7 +195,7 @@ class NvJpegDecoder(Decoder):
         self,
         size: int | tuple[int, int],
         *,
-        random_crop: RandomResizedCrop | bool | None = None,
+        random_crop: RandomResizedCrop | Executor | bool | None = None,
         device: torch.device | str | int = "cuda",
         on_error: str = "raise",
         grayscale: bool = False,

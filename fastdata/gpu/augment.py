@@ -1,9 +1,12 @@
-"""Batch augmentation on the device: random horizontal flip and random resized crop.
+"""Batch augmentation on the device: random horizontal flip and random resized crop, the
+device kernels of :class:`fastdata.ops.HorizontalFlip` and
+:class:`fastdata.ops.RandomResizedCrop`.
 
 For pipelines whose CPU side is the bottleneck: the random parameters are drawn on the
-host (:class:`fastdata._draws.UniformDraws`, the CPU transforms' and decoders' scheme, so
-a seed gives the same boxes and flips on every device and in every executor), then the
-whole batch is transformed by a few device kernels. Masks given along with the images get
+host (:class:`fastdata._draws.UniformDraws`, the CPU transforms' and decoders' scheme) and
+turned into flips and boxes by the description, so a seed gives the same boxes and flips
+on every device and in every executor; then the whole batch is transformed by a few
+device kernels. Masks given along with the images get
 the same flips and crops (nearest-neighbour).
 """
 
@@ -16,7 +19,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from fastdata._crop import DRAWS_PER_BOX, check_ranges, parse_size, random_boxes
+from fastdata import ops
 from fastdata._draws import UniformDraws
 
 _LAYOUTS = ("BCHW", "BHWC")
@@ -57,14 +60,24 @@ def _check_batch(images: torch.Tensor, masks: torch.Tensor | None, layout: str) 
         )
 
 
-class _SeededModule(nn.Module):
-    """Holds the module's draws: :class:`fastdata._draws.UniformDraws`, the scheme the CPU
-    transforms and the decoders use, so one seed gives the same boxes and flips in all."""
+class _SeededModule(nn.Module, ops.Executor):
+    """Holds the module's description (``op``) and its draws:
+    :class:`fastdata._draws.UniformDraws`, the scheme the CPU transforms and the decoders
+    use, so one seed gives the same boxes and flips in all."""
 
-    def __init__(self, layout: str, seed: int | None) -> None:
+    def __init__(self, op: ops.Operation, layout: str, seed: int | None) -> None:
         super().__init__()
+        self.op = op
         self.layout = _check_layout(layout)
         self._draws = UniformDraws(seed)
+
+    def _uniform(self, count: int) -> np.ndarray:
+        """``(count, op.draws_per_sample)`` uniforms in [0, 1) (advances the generator)."""
+        return self._draws.uniform(count, self.op.draws_per_sample)
+
+    def extra_repr(self) -> str:
+        fields = repr(self.op).removeprefix(type(self.op).__name__)[1:-1]
+        return f"{fields}, layout={self.layout!r}, seed={self._draws.seed}"
 
     @property
     def generator(self) -> torch.Generator | None:
@@ -79,7 +92,8 @@ class _SeededModule(nn.Module):
 
 
 class DeviceRandomHorizontalFlip(_SeededModule):
-    """Flip each sample of a batch left-right with probability ``p``, on its device.
+    """Flip each sample of a batch left-right with probability ``p``, on its device: the
+    device kernel of :class:`fastdata.ops.HorizontalFlip`.
 
     Args:
         p: Probability that a sample is flipped, in [0, 1].
@@ -88,14 +102,20 @@ class DeviceRandomHorizontalFlip(_SeededModule):
             ``torch.manual_seed`` makes a run reproducible).
 
     Raises:
+        TypeError: ``p`` is not a number.
         ValueError: ``p`` outside [0, 1] or an unknown ``layout``.
     """
 
+    op_type = ops.HorizontalFlip
+    op: ops.HorizontalFlip
+
     def __init__(self, p: float = 0.5, *, layout: str = "BCHW", seed: int | None = None) -> None:
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"p must be in [0, 1], got {p!r}")
-        super().__init__(layout, seed)
-        self.p = float(p)
+        super().__init__(ops.HorizontalFlip(p), layout, seed)
+
+    @property
+    def p(self) -> float:
+        """Probability that a sample is flipped."""
+        return self.op.p
 
     def forward(
         self, images: torch.Tensor, masks: torch.Tensor | None = None
@@ -113,8 +133,8 @@ class DeviceRandomHorizontalFlip(_SeededModule):
             ValueError: ``images`` is not 4-D or ``masks`` does not match it.
         """
         _check_batch(images, masks, self.layout)
-        draws = torch.from_numpy(self._draws.uniform(images.shape[0])[:, 0])
-        flip = _to(draws < self.p, images.device)
+        flips = torch.from_numpy(self.op.flips(self._uniform(images.shape[0])))
+        flip = _to(flips, images.device)
         out_images = self._flip(images, flip, -2 if self.layout == "BHWC" else -1)
         if masks is None:
             return out_images
@@ -128,11 +148,12 @@ class DeviceRandomHorizontalFlip(_SeededModule):
 
 
 class DeviceRandomResizedCrop(_SeededModule):
-    """Crop a random box of each sample and resize it to ``size``, the whole batch at once.
+    """Crop a random box of each sample and resize it to ``size``, the whole batch at once:
+    the device kernel of :class:`fastdata.ops.RandomResizedCrop`.
 
     Boxes are drawn like torchvision's ``RandomResizedCrop`` (area fraction in ``scale``,
-    aspect ratio log-uniform in ``ratio``, ten tries then a centre crop: one sampler,
-    :func:`fastdata._crop.random_boxes`, shared with the decoders and CPU transforms); the
+    aspect ratio log-uniform in ``ratio``, ten tries then a centre crop: the description's
+    sampler, shared with the decoders and CPU transforms); the
     resize is bilinear without antialiasing (``grid_sample``, ``align_corners=False``),
     nearest for masks. Images keep their dtype: float16/bfloat16 are resampled in float32
     and cast back, uint8 likewise and rounded.
@@ -151,6 +172,9 @@ class DeviceRandomResizedCrop(_SeededModule):
             unknown ``layout``.
     """
 
+    op_type = ops.RandomResizedCrop
+    op: ops.RandomResizedCrop
+
     def __init__(
         self,
         size: int | Sequence[int],
@@ -160,11 +184,22 @@ class DeviceRandomResizedCrop(_SeededModule):
         layout: str = "BCHW",
         seed: int | None = None,
     ) -> None:
-        dims = parse_size(size)
-        ranges = check_ranges(scale, ratio)
-        super().__init__(layout, seed)
-        self.size = dims
-        self.scale, self.ratio = ranges
+        super().__init__(ops.RandomResizedCrop(size, scale, ratio), layout, seed)
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """Output ``(height, width)``."""
+        return self.op.size
+
+    @property
+    def scale(self) -> tuple[float, float]:
+        """Range of the crop's area fraction."""
+        return self.op.scale
+
+    @property
+    def ratio(self) -> tuple[float, float]:
+        """Range of the crop's width / height."""
+        return self.op.ratio
 
     def sample_boxes(self, batch_size: int, height: int, width: int) -> torch.Tensor:
         """Draw one crop box per sample (advances the generator).
@@ -172,9 +207,8 @@ class DeviceRandomResizedCrop(_SeededModule):
         Returns:
             ``(batch_size, 4)`` int64 on the host: ``x0, y0, w, h`` in pixels.
         """
-        draws = self._draws.uniform(batch_size, DRAWS_PER_BOX)
         sizes = np.full(batch_size, height), np.full(batch_size, width)
-        top, left, box_h, box_w = random_boxes(*sizes, self.scale, self.ratio, draws).T
+        top, left, box_h, box_w = self.op.boxes(*sizes, self._uniform(batch_size)).T
         return torch.from_numpy(np.stack([left, top, box_w, box_h], axis=1))
 
     def forward(

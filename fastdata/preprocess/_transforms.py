@@ -2,13 +2,17 @@
 
 Every function takes and returns ``(H, W, C)`` or ``(H, W)`` uint8 arrays. Images are
 shrunk with :func:`shrink` (area-like antialiasing) and enlarged with ``INTER_LINEAR``;
-masks always resized with ``INTER_NEAREST`` so that class ids are never blended.
+masks always resized with ``INTER_NEAREST`` so that class ids are never blended. Where to
+crop and what size to scale to is the one geometry module's (:mod:`fastdata._crop`), the
+math the decoders and the training-time transforms use.
 """
 
 from __future__ import annotations
 
 import cv2
 import numpy as np
+
+from fastdata._crop import largest_centered_box, scaled_size
 
 # shorter: shorter side to S then centre crop S x S; exact: stretch to S x S;
 # pad: longer side to S then zero-pad to S x S; longer: cap the longer side at S (variable).
@@ -64,20 +68,6 @@ def shrink(image: np.ndarray, width: int, height: int) -> np.ndarray:
     return cv2.resize(image, (width, height), interpolation=cv2.INTER_LINEAR)
 
 
-def scaled_size(height: int, width: int, side: int, *, longer: bool) -> tuple[int, int]:
-    """``(height, width)`` after scaling so that the shorter (or longer) side is ``side``."""
-    if (height >= width) == longer:  # the height is the side that becomes ``side``
-        return side, max(1, round(width * side / height))
-    return max(1, round(height * side / width)), side
-
-
-def center_crop(image: np.ndarray, height: int, width: int) -> np.ndarray:
-    """The centred ``(height, width)`` window (a view); the image must be at least that big."""
-    h, w = image.shape[:2]
-    top, left = (h - height) // 2, (w - width) // 2
-    return image[top : top + height, left : left + width]
-
-
 def pad_to_square(image: np.ndarray, side: int) -> np.ndarray:
     """Zero-pad (centred) to ``side x side``; the image must fit."""
     h, w = image.shape[:2]
@@ -102,8 +92,10 @@ def transform(image: np.ndarray, side: int, mode: str, *, nearest: bool = False)
     elif mode == "shorter":
         # the centred square of the source, then one resize: the same picture as scaling
         # the shorter side to S and cropping (the crop's scale is exact on both axes), at
-        # the cost of the pixels kept only
-        out = resize_to(center_crop(image, min(h, w), min(h, w)), side, side, nearest=nearest)
+        # the cost of the pixels kept only; the decoders' centred crop of a square output
+        top, left, height, width = largest_centered_box((h, w), 1.0)
+        square = image[top : top + height, left : left + width]
+        out = resize_to(square, side, side, nearest=nearest)
     elif mode == "pad":
         new_h, new_w = scaled_size(h, w, side, longer=True)
         out = pad_to_square(resize_to(image, new_w, new_h, nearest=nearest), side)

@@ -1,4 +1,5 @@
-"""The batch-transform protocol, random state per worker, and ``Compose``."""
+"""The batch-transform protocol, random state per worker, the base of the transforms that
+run a :mod:`fastdata.ops` description, and ``Compose``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Union
 import numpy as np
 import torch
 
-from fastdata._crop import parse_size
+from fastdata import ops
 from fastdata._draws import UniformDraws
 from fastdata._images import Images, check_images, check_masks, stack_images
 
@@ -166,10 +167,30 @@ class BatchTransform:
         return out, torch.from_numpy(stack_images(moved[0])) if tensor_masks else moved[0]
 
 
-def to_size(size: int | Sequence[int], name: str = "size") -> tuple[int, int]:
-    """``(height, width)`` from an int or a pair of positive ints
-    (:func:`fastdata._crop.parse_size`, the one size parser)."""
-    return parse_size(size, name)
+class OpTransform(BatchTransform, ops.Executor):
+    """A batch transform that runs one :mod:`fastdata.ops` description (``op``) on the
+    CPU: the description states the output and draws the parameters, the subclass holds
+    the OpenCV kernel only.
+
+    Args:
+        op: The description.
+        seed: See :class:`BatchTransform`.
+    """
+
+    def __init__(self, op: ops.Operation, seed: int | None = None) -> None:
+        super().__init__(seed)
+        self.op = op
+        self.in_place = not op.reads_only
+        self.keeps_size = op.keeps_size
+        self.min_input_side = op.min_input_side
+
+    def output_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
+        """The description's :meth:`~fastdata.ops.Operation.output_size`."""
+        return self.op.output_size(size)
+
+    def __repr__(self) -> str:
+        # the description's fields under this class's name: RandomHorizontalFlip(p=0.5)
+        return type(self).__name__ + repr(self.op).removeprefix(type(self.op).__name__)
 
 
 class Compose(BatchTransform):

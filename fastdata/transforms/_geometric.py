@@ -1,4 +1,5 @@
-"""Per-batch uint8 crops, resizes and flips with OpenCV (which releases the GIL)."""
+"""Per-batch uint8 crops, resizes and flips with OpenCV (which releases the GIL): the CPU
+kernels of the descriptions in :mod:`fastdata.ops`."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from concurrent.futures import Executor
 import cv2
 import numpy as np
 
-from fastdata._crop import DRAWS_PER_BOX, centered_boxes, check_ranges, random_boxes
+from fastdata import ops
 from fastdata._threads import parallel_for
-from fastdata.transforms._base import BatchTransform, Images, to_size
+from fastdata.transforms._base import Images, OpTransform
 
 
 def _sizes(images: Images) -> tuple[np.ndarray, np.ndarray]:
@@ -41,9 +42,10 @@ def _output(images: Images, height: int, width: int) -> np.ndarray:
 MASK_INTERPOLATION = cv2.INTER_NEAREST_EXACT
 
 
-class RandomResizedCrop(BatchTransform):
+class RandomResizedCrop(OpTransform):
     """Crop a random area and aspect ratio of each image, resized to ``size``
-    (the Inception crop, as ``torchvision.transforms.RandomResizedCrop``).
+    (the Inception crop, as ``torchvision.transforms.RandomResizedCrop``): the CPU kernel
+    of :class:`fastdata.ops.RandomResizedCrop`.
 
     Args:
         size: Output ``(height, width)``, or one int for a square.
@@ -56,8 +58,8 @@ class RandomResizedCrop(BatchTransform):
     ``(B, height, width, C)`` uint8.
     """
 
-    in_place = False
-    keeps_size = False
+    op_type = ops.RandomResizedCrop
+    op: ops.RandomResizedCrop
 
     def __init__(
         self,
@@ -67,20 +69,29 @@ class RandomResizedCrop(BatchTransform):
         interpolation: int = cv2.INTER_LINEAR,
         seed: int | None = None,
     ) -> None:
-        super().__init__(seed)
-        self.size = to_size(size)
-        self.scale, self.ratio = check_ranges(scale, ratio)
+        super().__init__(ops.RandomResizedCrop(size, scale, ratio), seed)
         self.interpolation = interpolation
 
-    def output_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
-        """``size`` (any input of at least 1x1 gives one)."""
-        return self.size
+    @property
+    def size(self) -> tuple[int, int]:
+        """Output ``(height, width)``."""
+        return self.op.size
+
+    @property
+    def scale(self) -> tuple[float, float]:
+        """Range of the crop's area fraction."""
+        return self.op.scale
+
+    @property
+    def ratio(self) -> tuple[float, float]:
+        """Range of the crop's width / height."""
+        return self.op.ratio
 
     def boxes(self, heights: np.ndarray, widths: np.ndarray) -> np.ndarray:
         """Crop boxes ``(B, 4)`` int64 as ``(top, left, height, width)`` for images of
-        ``(B,)`` heights and widths (:func:`fastdata._crop.random_boxes`)."""
-        draws = self.uniform(len(heights), DRAWS_PER_BOX)
-        return random_boxes(heights, widths, self.scale, self.ratio, draws)
+        ``(B,)`` heights and widths, from this transform's draws."""
+        draws = self.uniform(len(heights), self.op.draws_per_sample)
+        return self.op.boxes(heights, widths, draws)
 
     def apply_all(
         self, images: Images, masks: Sequence[Images], executor: Executor | None, tasks: int
@@ -105,41 +116,35 @@ class RandomResizedCrop(BatchTransform):
         parallel_for(executor, len(images), body, tasks=tasks)
         return out, list(mask_outs)
 
-    def __repr__(self) -> str:
-        return f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio})"
 
+class CenterCrop(OpTransform):
+    """Crop the centre ``size`` of each image (``top = (H - height) // 2``): the CPU kernel
+    of :class:`fastdata.ops.CenterCrop`.
 
-class CenterCrop(BatchTransform):
-    """Crop the centre ``size`` of each image (``top = (H - height) // 2``).
+    Args:
+        size: Output ``(height, width)``, or one int for a square.
 
     Input ``(B, H, W, C)`` uint8 or a list of such images at least ``size`` large; output
     ``(B, height, width, C)`` uint8.
     """
 
-    in_place = False
-    keeps_size = False
+    op_type = ops.CenterCrop
+    op: ops.CenterCrop
 
     def __init__(self, size: int | Sequence[int]) -> None:
-        super().__init__()
-        self.size = to_size(size)
+        super().__init__(ops.CenterCrop(size))
 
-    def output_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
-        """``size``; raises when the inputs are smaller."""
-        if size is not None and (size[0] < self.size[0] or size[1] < self.size[1]):
-            raise ValueError(
-                f"CenterCrop size {self.size} is larger than an image of "
-                f"{size[0]}x{size[1]}; resize first"
-            )
-        return self.size
+    @property
+    def size(self) -> tuple[int, int]:
+        """Output ``(height, width)``."""
+        return self.op.size
 
     def apply_all(
         self, images: Images, masks: Sequence[Images], executor: Executor | None, tasks: int
     ) -> tuple[Images, list[Images]]:
         heights, widths = _sizes(images)
         out_h, out_w = self.size
-        if len(images):
-            self.output_size((int(heights.min()), int(widths.min())))
-        boxes = centered_boxes(heights, widths, out_h, out_w).tolist()
+        boxes = self.op.boxes(heights, widths).tolist()
         out = _output(images, out_h, out_w)
         mask_outs = [_output(mask, out_h, out_w) for mask in masks]
 
@@ -153,13 +158,11 @@ class CenterCrop(BatchTransform):
         parallel_for(executor, len(images), body, tasks=tasks)
         return out, list(mask_outs)
 
-    def __repr__(self) -> str:
-        return f"CenterCrop(size={self.size})"
 
-
-class Resize(BatchTransform):
+class Resize(OpTransform):
     """Resize each image: an int resizes the shorter side to it (aspect kept), a
-    ``(height, width)`` resizes to exactly that.
+    ``(height, width)`` resizes to exactly that: the CPU kernel of
+    :class:`fastdata.ops.Resize`.
 
     JPEG decoders in fastdata datasets decode at a reduced scale (1/2, 1/4, 1/8) when that
     still leaves at least this many pixels (``min_input_side``).
@@ -172,39 +175,28 @@ class Resize(BatchTransform):
     otherwise a list of ``(H, W, C)`` uint8.
     """
 
-    in_place = False
-    keeps_size = False
+    op_type = ops.Resize
+    op: ops.Resize
 
     def __init__(self, size: int | Sequence[int], interpolation: int = cv2.INTER_AREA) -> None:
-        super().__init__()
-        self.size = to_size(size)
-        self.shorter = None if isinstance(size, tuple | list) else self.size[0]
+        super().__init__(ops.Resize(size))
         self.interpolation = interpolation
-        self.min_input_side = self.shorter if self.shorter is not None else min(self.size)
 
-    def output_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
-        """The pair given, or for a shorter side the size it gives ``size`` (``None``
-        when inputs vary)."""
-        if self.shorter is None:
-            return self.size
-        return None if size is None else self._target(*size)
+    @property
+    def size(self) -> int | tuple[int, int]:
+        """The shorter side, or the exact ``(height, width)``."""
+        return self.op.size
 
-    def _target(self, height: int, width: int) -> tuple[int, int]:
-        if self.shorter is None:
-            return self.size
-        scale = self.shorter / min(height, width)
-        # Same rounding as torchvision: the shorter side exact, the other truncated.
-        if height <= width:
-            return self.shorter, int(width * scale)
-        return int(height * scale), self.shorter
+    @property
+    def shorter(self) -> int | None:
+        """The shorter side, or ``None`` for an exact ``(height, width)``."""
+        return self.op.shorter
 
     def apply_all(
         self, images: Images, masks: Sequence[Images], executor: Executor | None, tasks: int
     ) -> tuple[Images, list[Images]]:
         heights, widths = _sizes(images)
-        targets = [
-            self._target(h, w) for h, w in zip(heights.tolist(), widths.tolist(), strict=True)
-        ]
+        targets = self.op.targets(heights, widths)
         same = len(set(targets)) <= 1
 
         def empty(batch: Images) -> Images:
@@ -234,23 +226,32 @@ class Resize(BatchTransform):
         parallel_for(executor, len(images), body, tasks=tasks)
         return out, mask_outs
 
-    def __repr__(self) -> str:
-        return f"Resize({self.shorter if self.shorter is not None else self.size})"
 
+class RandomHorizontalFlip(OpTransform):
+    """Mirror each image left-right with probability ``p`` (in place for arrays): the CPU
+    kernel of :class:`fastdata.ops.HorizontalFlip`.
 
-class RandomHorizontalFlip(BatchTransform):
-    """Mirror each image left-right with probability ``p`` (in place for arrays)."""
+    Args:
+        p: Probability that a sample is flipped, in [0, 1].
+        seed: See :class:`BatchTransform`.
+    """
+
+    op_type = ops.HorizontalFlip
+    op: ops.HorizontalFlip
 
     def __init__(self, p: float = 0.5, seed: int | None = None) -> None:
-        super().__init__(seed)
-        if not 0 <= p <= 1:
-            raise ValueError(f"p must be in [0, 1], got {p!r}")
-        self.p = p
+        super().__init__(ops.HorizontalFlip(p), seed)
+
+    @property
+    def p(self) -> float:
+        """Probability that a sample is flipped."""
+        return self.op.p
 
     def apply_all(
         self, images: Images, masks: Sequence[Images], executor: Executor | None, tasks: int
     ) -> tuple[Images, list[Images]]:
-        flips = np.flatnonzero(self.uniform(len(images))[:, 0] < self.p).tolist()
+        draws = self.uniform(len(images), self.op.draws_per_sample)
+        flips = np.flatnonzero(self.op.flips(draws)).tolist()
         batches = [images, *masks]
         for batch in batches:
             if isinstance(batch, list):
@@ -265,6 +266,3 @@ class RandomHorizontalFlip(BatchTransform):
 
         parallel_for(executor, len(flips), body, tasks=tasks)
         return images, list(masks)
-
-    def __repr__(self) -> str:
-        return f"RandomHorizontalFlip(p={self.p})"

@@ -11,10 +11,11 @@ from PIL import Image
 from fastdata._codec import decode_image
 from fastdata._crop import DRAWS_PER_BOX
 from fastdata._draws import UniformDraws
-from fastdata.decode import RandomResizedCrop, create_decoder
+from fastdata.decode import create_decoder
 from fastdata.decode._geometry import random_box
 from fastdata.decode.cpu import CpuDecoder
 from fastdata.errors import DecodeError
+from fastdata.ops import RandomResizedCrop
 from tests.decode.conftest import BAD, GOOD, exif_rotated_jpeg, rgb_jpeg, smooth_rgb
 
 # A JPEG decode differs from the source pixels by its compression error; against a
@@ -97,7 +98,7 @@ def test_on_error_warn(images: dict[str, bytes]) -> None:
 def test_random_crop_is_seeded_and_varies(images: dict[str, bytes]) -> None:
     batch = [images["large"]] * 4
     first = create_decoder("cpu", size=64, random_crop=True, seed=7)(batch)
-    again = create_decoder("cpu", size=64, random_crop=RandomResizedCrop(), seed=7)(batch)
+    again = create_decoder("cpu", size=64, random_crop=RandomResizedCrop(64), seed=7)(batch)
     assert torch.equal(first, again)
     assert not torch.equal(first[0], first[1])  # each sample gets its own crop
 
@@ -126,7 +127,7 @@ def test_rejects_bad_inputs() -> None:
 
 
 def test_rejects_bad_options() -> None:
-    with pytest.raises(TypeError, match="random_crop must be a RandomResizedCrop"):
+    with pytest.raises(TypeError, match=r"random_crop must be a fastdata\.ops\.RandomResizedCrop"):
         create_decoder("cpu", size=32, random_crop="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="on_error must be one of"):
         create_decoder("cpu", size=32, on_error="ignore")
@@ -137,7 +138,7 @@ def test_rejects_bad_options() -> None:
 def test_reduced_random_crops_stay_on_their_box() -> None:
     """A 1/2..1/8-scale decode must not shift the crop box (sub-pixel resampling)."""
     data = rgb_jpeg(480, 640, seed=6)
-    crop = RandomResizedCrop()
+    crop = RandomResizedCrop((48, 64))
     got = create_decoder("cpu", size=(48, 64), random_crop=crop, seed=11)([data] * 6)
     draws = UniformDraws(11).uniform(6, DRAWS_PER_BOX)  # the decoder's draws
     full = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))

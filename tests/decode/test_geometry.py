@@ -4,20 +4,20 @@ import numpy as np
 import pytest
 
 from fastdata import transforms
+from fastdata._codec import reduction_factors
 from fastdata._crop import DRAWS_PER_BOX
 from fastdata.decode import create_decoder
 from fastdata.decode._geometry import (
     Box,
-    RandomResizedCrop,
     center_box,
     crop_box,
     crop_boxes,
-    crop_parameters,
+    crop_description,
     parse_size,
     random_box,
-    reduction_factors,
 )
 from fastdata.gpu import DeviceRandomResizedCrop
+from fastdata.ops import RandomResizedCrop
 
 
 def test_parse_size() -> None:
@@ -47,13 +47,6 @@ def test_one_size_parser_for_every_executor() -> None:
             build((4, 0))
 
 
-def test_random_resized_crop_validates() -> None:
-    with pytest.raises(ValueError, match="scale must satisfy"):
-        RandomResizedCrop(scale=(0.5, 0.2))
-    with pytest.raises(ValueError, match="ratio must satisfy"):
-        RandomResizedCrop(ratio=(0.0, 1.0))
-
-
 def test_center_box_keeps_output_aspect() -> None:
     assert center_box((300, 400), (224, 224)) == Box(0, 50, 300, 300)
     assert center_box((400, 300), (100, 100)) == Box(50, 0, 300, 300)
@@ -61,7 +54,7 @@ def test_center_box_keeps_output_aspect() -> None:
 
 
 def test_random_box_is_inside_and_within_ranges() -> None:
-    crop = RandomResizedCrop(scale=(0.25, 0.5), ratio=(0.75, 1.333))
+    crop = RandomResizedCrop(8, scale=(0.25, 0.5), ratio=(0.75, 1.333))
     rng = np.random.default_rng(0)
     for _ in range(200):
         box = random_box((300, 500), crop, rng.random(DRAWS_PER_BOX))
@@ -73,15 +66,15 @@ def test_random_box_is_inside_and_within_ranges() -> None:
 
 def test_random_box_falls_back_to_clamped_center() -> None:
     # a 1000:10 strip cannot hold any sampled box: fall back to the widest allowed ratio
-    box = random_box((10, 1000), RandomResizedCrop(scale=(0.9, 1.0)), np.zeros(DRAWS_PER_BOX))
+    box = random_box((10, 1000), RandomResizedCrop(8, scale=(0.9, 1.0)), np.zeros(DRAWS_PER_BOX))
     assert box.height == 10 and box.width == round(10 * 4 / 3)
 
 
 def test_reduction_only_when_box_is_twice_the_output() -> None:
     boxes = np.array([[0, 0, 1000, 1000], [0, 0, 400, 400], [0, 0, 2000, 2000],
                       [0, 0, 1000, 447], [5, 9, 1792, 1800]])  # fmt: skip
-    assert reduction_factors(boxes, (224, 224)).tolist() == [4, 1, 8, 1, 8]
-    assert reduction_factors(boxes, (100, 300)).tolist() == [2, 1, 4, 1, 4]
+    assert reduction_factors(boxes[:, 2:], (224, 224)).tolist() == [4, 1, 8, 1, 8]
+    assert reduction_factors(boxes[:, 2:], (100, 300)).tolist() == [2, 1, 4, 1, 4]
 
 
 def test_batched_boxes_match_one_at_a_time() -> None:
@@ -89,7 +82,7 @@ def test_batched_boxes_match_one_at_a_time() -> None:
     heights, widths = rng.integers(50, 900, 64), rng.integers(50, 900, 64)
     draws = rng.random((64, DRAWS_PER_BOX))
     centred = crop_boxes(np.stack([heights, widths], 1), (224, 160), None, draws)
-    crop = RandomResizedCrop()
+    crop = RandomResizedCrop((224, 160))
     random = crop_boxes(np.stack([heights, widths], 1), (224, 160), crop, draws)
     for row in range(64):
         source_hw = (int(heights[row]), int(widths[row]))
@@ -98,22 +91,25 @@ def test_batched_boxes_match_one_at_a_time() -> None:
         assert crop_box(source_hw, (224, 160), crop, draws[row]) == tuple(random[row])
 
 
-def test_decoders_accept_the_crop_described_for_the_cpu_or_the_device() -> None:
-    """One description, three executors: the decoder takes the CPU or device crop's ranges
-    (and, with the same seed, cuts the same boxes as they do)."""
-    cpu = transforms.RandomResizedCrop((16, 12), scale=(0.3, 0.9), ratio=(0.5, 2.0), seed=4)
-    device = DeviceRandomResizedCrop((16, 12), scale=(0.3, 0.9), ratio=(0.5, 2.0), seed=4)
-    want = RandomResizedCrop(scale=(0.3, 0.9), ratio=(0.5, 2.0))
+def test_decoders_take_the_description_or_an_executor_holding_it() -> None:
+    """One description, three executors: the decoder runs the description itself, or the
+    one a CPU transform or device module holds (and, with the same seed, cuts the same
+    boxes as they do)."""
+    op = RandomResizedCrop((16, 12), scale=(0.3, 0.9), ratio=(0.5, 2.0))
+    cpu = transforms.RandomResizedCrop.from_op(op, seed=4)
+    device = DeviceRandomResizedCrop.from_op(op, seed=4)
     expected = cpu.boxes(np.full(8, 40), np.full(8, 60))  # a fresh seed-4 sequence
-    for described in (cpu, device):
-        assert crop_parameters(described, (16, 12)) == want
-        decoder = create_decoder("cpu", size=(16, 12), random_crop=described, seed=4)
-        assert decoder.random_crop == want
+    for given in (op, cpu, device):
+        assert crop_description(given, (16, 12)) is op
+        decoder = create_decoder("cpu", size=(16, 12), random_crop=given, seed=4)
+        assert decoder.random_crop is op
         boxes = crop_boxes([(40, 60)] * 8, (16, 12), decoder.random_crop, decoder._draws(8))
         np.testing.assert_array_equal(boxes, expected)
-    assert crop_parameters(True, (4, 4)) == RandomResizedCrop()
-    assert crop_parameters(False, (4, 4)) is None
+    assert crop_description(True, (4, 4)) == RandomResizedCrop(4)
+    assert crop_description(False, (4, 4)) is None
     with pytest.raises(ValueError, match=r"has size \(16, 12\) but the decoder outputs \(8, 8\)"):
         create_decoder("cpu", size=8, random_crop=cpu)
-    with pytest.raises(TypeError, match="random_crop must be a RandomResizedCrop, a bool or None"):
+    with pytest.raises(TypeError, match=r"random_crop must be a fastdata\.ops\.RandomResizedCrop"):
         create_decoder("cpu", size=8, random_crop="yes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"random_crop must be a fastdata\.ops\.RandomResizedCrop"):
+        create_decoder("cpu", size=8, random_crop=transforms.RandomHorizontalFlip())

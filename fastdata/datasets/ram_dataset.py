@@ -15,6 +15,7 @@ from fastdata.datasets._base import BatchedDataset
 from fastdata.datasets._loading import load_arrays, load_files, load_shards
 from fastdata.datasets._store import RAMStore
 from fastdata.datasets.shard_dataset import _known_fields
+from fastdata.errors import OnError
 
 
 class RAMDataset(BatchedDataset):
@@ -70,7 +71,7 @@ class RAMDataset(BatchedDataset):
         layout: str = "CHW",
         decode: bool = True,
         decode_min_side: int | None = None,
-        on_error: str = "raise",
+        on_error: OnError | str = "raise",
         num_threads: int | None = None,
         check_memory: bool = True,
         show_progress: bool = True,

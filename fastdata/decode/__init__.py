@@ -5,7 +5,7 @@ DataLoader batches of encoded bytes in the main process.
 Backends import their optional packages (torchvision, DALI) only when created.
 """
 
-from fastdata.decode._base import ON_ERROR, DecodedBatch, Decoder
+from fastdata.decode._base import DecodedBatch, Decoder
 from fastdata.decode._geometry import RandomResizedCrop
 from fastdata.decode.factory import BACKENDS, create_decoder, resolve_backend
 from fastdata.decode.loader import LAST_BATCH, DecodingLoader
@@ -13,7 +13,6 @@ from fastdata.decode.loader import LAST_BATCH, DecodingLoader
 __all__ = [
     "BACKENDS",
     "LAST_BATCH",
-    "ON_ERROR",
     "DecodedBatch",
     "Decoder",
     "DecodingLoader",

@@ -8,7 +8,7 @@ by default, or :class:`RayEngine` on a Ray cluster.
 
 from fastdata.preprocess._dataset_items import DatasetTypeError, DatasetValueError
 from fastdata.preprocess._engine import Engine, LocalEngine
-from fastdata.preprocess._options import ON_ERROR, STORAGE_MODES, PreprocessOptions
+from fastdata.preprocess._options import STORAGE_MODES, PreprocessOptions
 from fastdata.preprocess._python_source import DatasetListing, list_dataset, load_python_source
 from fastdata.preprocess._ray import RayEngine
 from fastdata.preprocess._runner import PreprocessSummary, plan_tasks, preprocess
@@ -25,7 +25,6 @@ from fastdata.preprocess._task import (
 from fastdata.preprocess._transforms import RESIZE_MODES
 
 __all__ = [
-    "ON_ERROR",
     "RESIZE_MODES",
     "SOURCE_KINDS",
     "STORAGE_MODES",

@@ -87,7 +87,7 @@ def test_on_error_skip_keeps_the_rest(images: dict[str, bytes]) -> None:
 
 def test_on_error_warn(images: dict[str, bytes]) -> None:
     decoder = create_decoder("cpu", size=32, on_error="warn")
-    with pytest.warns(UserWarning, match="cannot be decoded"):
+    with pytest.warns(RuntimeWarning, match="skipped a sample: "):
         decoded = decoder.decode([images["corrupt"], images["color"]])
     assert decoded.kept.tolist() == [1]
     empty = create_decoder("cpu", size=32, on_error="skip").decode([images["empty"]])

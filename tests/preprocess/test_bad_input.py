@@ -242,7 +242,7 @@ def test_foreign_files_refuse(sample_imagefolder: Path, tmp_path: Path, capsys: 
         ({"compression": "gzip", "storage": "jpeg"}, "compression applies to storage='raw'"),
         ({"jpeg_quality": 0}, "jpeg_quality must be an int in 1..100"),
         ({"shard_bytes": 0}, "shard_bytes must be a positive int"),
-        ({"on_error": "warn"}, "on_error must be one of"),
+        ({"on_error": "ignore"}, "on_error must be one of"),
     ],
 )
 def test_option_validation(kwargs: dict[str, Any], message: str) -> None:

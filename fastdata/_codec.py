@@ -64,9 +64,9 @@ DEFAULT_MAX_PIXELS = 89_478_485
 _TRUNCATED = "Premature end of JPEG file"
 _CORRUPT = ("Corrupt JPEG data", _TRUNCATED)
 _HARMLESS = "extraneous bytes before marker"
-# Signatures of formats fastdata stores (JPEG, PNG): bytes that start so and still do not
-# decode are damaged, not of an unknown kind.
-_SIGNATURES = (b"\xff\xd8", b"\x89PNG\r\n\x1a\n")
+# Start and end of the formats fastdata stores (JPEG, PNG): bytes that start so and do not
+# decode are damaged (truncated when the end is missing), not of an unknown kind.
+_FORMAT_ENDS = {b"\xff\xd8": b"\xff\xd9", b"\x89PNG\r\n\x1a\n": b"IEND\xaeB`\x82"}
 
 
 class JpegHeader(NamedTuple):
@@ -320,19 +320,23 @@ def decode_reduced(
     except cv2.error as exc:  # e.g. a size over OpenCV's own limit
         raise DecodeError(f"not a decodable image (OpenCV: {_first_line(exc)})", source) from exc
     if image is None:
-        # Damaged data of a format we know, or bytes no decoder recognises.
-        reason: DecodeReason = "corrupt" if _known_format(buf) else "not_an_image"
         raise DecodeError(
-            "not a decodable image (corrupt, truncated or unknown format)", source, reason
+            "not a decodable image (corrupt, truncated or unknown format)",
+            source,
+            _undecodable_reason(buf),
         )
     if not grayscale and _COLOR_RGB is None:
         cv2.cvtColor(image, cv2.COLOR_BGR2RGB, dst=image)
     return image
 
 
-def _known_format(buf: np.ndarray) -> bool:
-    head = buf[:8].tobytes()
-    return head.startswith(_SIGNATURES)
+def _undecodable_reason(buf: np.ndarray) -> DecodeReason:
+    """Why OpenCV decoded nothing, judged from the first and last bytes."""
+    head, tail = buf[:8].tobytes(), buf[-8:].tobytes()
+    for start, end in _FORMAT_ENDS.items():
+        if head.startswith(start):
+            return "corrupt" if tail.endswith(end) else "truncated"
+    return "not_an_image"
 
 
 def _first_line(exc: BaseException) -> str:

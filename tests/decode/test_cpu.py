@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import io
+import warnings
 
 import cv2
 import numpy as np
@@ -14,7 +15,7 @@ from fastdata._draws import UniformDraws
 from fastdata.decode import RandomResizedCrop, create_decoder
 from fastdata.decode._geometry import random_box
 from fastdata.decode.cpu import CpuDecoder
-from fastdata.errors import DecodeError
+from fastdata.errors import DecodeError, OnError
 from tests.decode.conftest import BAD, GOOD, exif_rotated_jpeg, rgb_jpeg, smooth_rgb
 
 # A JPEG decode differs from the source pixels by its compression error; against a
@@ -92,6 +93,20 @@ def test_on_error_warn(images: dict[str, bytes]) -> None:
     assert decoded.kept.tolist() == [1]
     empty = create_decoder("cpu", size=32, on_error="skip").decode([images["empty"]])
     assert empty.images.shape == (0, 3, 32, 32) and empty.kept.numel() == 0
+
+
+def test_decode_errors_carry_their_reason_whatever_the_policy(images: dict[str, bytes]) -> None:
+    for policy in ("skip", "warn", OnError.SKIP):
+        decoder = create_decoder("cpu", size=32, on_error=policy)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            decoder.decode([images["color"], images["truncated"], images["empty"]])
+        assert [(error.source, error.reason) for error in decoder.last_errors] == [
+            ("batch item 1", "truncated"),
+            ("batch item 2", "empty"),
+        ]
+    assert create_decoder("cpu", size=32, on_error="fail").on_error is OnError.RAISE
+    assert "on_error='skip'" in repr(create_decoder("cpu", size=32, on_error=OnError.SKIP))
 
 
 def test_random_crop_is_seeded_and_varies(images: dict[str, bytes]) -> None:

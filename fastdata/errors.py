@@ -75,7 +75,11 @@ class DecodeError(FastDataError):
 
     def with_source(self, source: str) -> DecodeError:
         """The same failure described at ``source`` (e.g. a ``shard:index`` instead of the
-        field name the decoder saw), chained to this one."""
+        field name the decoder saw), chained to this one.
+
+        Args:
+            source: Where the sample is, as the caller's users know it.
+        """
         error = DecodeError(self.message, source, self.reason)
         error.__cause__ = self
         return error

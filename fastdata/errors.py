@@ -45,7 +45,8 @@ class DecodeError(FastDataError):
     Args:
         message: What is wrong, for people (without the source).
         source: What was being decoded: a file path or a ``shard:index`` description.
-        reason: The kind of failure, for programs (see ``reason`` below).
+        reason: The kind of failure, for programs (see ``reason`` below; default
+            ``"corrupt"``).
 
     Attributes:
         message: What is wrong, for people, e.g. ``"corrupt or truncated JPEG (...)"``.

@@ -36,7 +36,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
-from fastdata.errors import DecodeError
+from fastdata.errors import DecodeError, DecodeReason
 
 _REDUCED_COLOR = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2,
                   4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}  # fmt: skip
@@ -61,8 +61,12 @@ DEFAULT_MAX_PIXELS = 89_478_485
 # simplejpeg's messages for data that ends early or is damaged (libjpeg "warnings" that
 # OpenCV would decode into grey blocks); other rejections fall back to OpenCV, and so do
 # stray bytes before a marker (harmless, common in camera files).
-_CORRUPT = ("Corrupt JPEG data", "Premature end of JPEG file")
+_TRUNCATED = "Premature end of JPEG file"
+_CORRUPT = ("Corrupt JPEG data", _TRUNCATED)
 _HARMLESS = "extraneous bytes before marker"
+# Start and end of the formats fastdata stores (JPEG, PNG): bytes that start so and do not
+# decode are damaged (truncated when the end is missing), not of an unknown kind.
+_FORMAT_ENDS = {b"\xff\xd8": b"\xff\xd9", b"\x89PNG\r\n\x1a\n": b"IEND\xaeB`\x82"}
 
 
 class JpegHeader(NamedTuple):
@@ -160,7 +164,7 @@ def image_size(data: bytes | np.ndarray) -> tuple[int, int] | None:
             with Image.open(stream) as pil:
                 width, height = pil.size
     except Image.DecompressionBombError as exc:
-        raise DecodeError(f"image too large ({exc})", "<bytes>") from exc
+        raise DecodeError(f"image too large ({exc})", "<bytes>", "too_large") from exc
     except Exception:  # not a format PIL knows: the decoder decides
         return None
     return height, width
@@ -180,6 +184,7 @@ def check_pixels(hw: tuple[int, int] | None, max_pixels: int | None, source: str
             f"image header says {hw[1]}x{hw[0]} = {hw[0] * hw[1]:,} pixels, over the limit of "
             f"{max_pixels:,} (max_pixels; raise it to accept such images)",
             source,
+            "too_large",
         )
 
 
@@ -295,7 +300,7 @@ def decode_image(
         try:
             check_pixels(image_size(buf), max_pixels, source)
         except DecodeError as exc:
-            raise DecodeError(str(exc).removesuffix(f": {exc.source}"), source) from exc
+            raise exc.with_source(source) from exc
     factor = reduction_for(None if header is None else (header.height, header.width), min_side)
     return decode_reduced(
         buf,
@@ -321,7 +326,7 @@ def decode_reduced(
     """:func:`decode_image` for callers that already parsed the header (``None``: not a
     JPEG) and chose the reduction ``factor`` (1, 2, 4 or 8; JPEGs only)."""
     if buf.size == 0:
-        raise DecodeError("empty image data", source)
+        raise DecodeError("empty image data", source, "empty")
     if header is not None:
         check_pixels((header.height, header.width), max_pixels, source)
         if header.components != 4:
@@ -336,10 +341,23 @@ def decode_reduced(
     except cv2.error as exc:  # e.g. a size over OpenCV's own limit
         raise DecodeError(f"not a decodable image (OpenCV: {_first_line(exc)})", source) from exc
     if image is None:
-        raise DecodeError("not a decodable image (corrupt, truncated or unknown format)", source)
+        raise DecodeError(
+            "not a decodable image (corrupt, truncated or unknown format)",
+            source,
+            _undecodable_reason(buf),
+        )
     if not grayscale and _COLOR_RGB is None:
         cv2.cvtColor(image, cv2.COLOR_BGR2RGB, dst=image)
     return image
+
+
+def _undecodable_reason(buf: np.ndarray) -> DecodeReason:
+    """Why OpenCV decoded nothing, judged from the first and last bytes."""
+    head, tail = buf[:8].tobytes(), buf[-8:].tobytes()
+    for start, end in _FORMAT_ENDS.items():
+        if head.startswith(start):
+            return "corrupt" if tail.endswith(end) else "truncated"
+    return "not_an_image"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -367,6 +385,7 @@ def _decode_simplejpeg(
         )
     except ValueError as exc:
         if str(exc).startswith(_CORRUPT) and _HARMLESS not in str(exc):
-            raise DecodeError(f"corrupt or truncated JPEG ({exc})", source) from exc
+            reason: DecodeReason = "truncated" if _TRUNCATED in str(exc) else "corrupt"
+            raise DecodeError(f"corrupt or truncated JPEG ({exc})", source, reason) from exc
         return None
     return image[:, :, 0] if grayscale else image

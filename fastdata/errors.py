@@ -1,8 +1,20 @@
-"""The exceptions fastdata raises. Every one derives from :class:`FastDataError`."""
+"""The exceptions fastdata raises (every one derives from :class:`FastDataError`) and
+:class:`OnError`, the one policy for a sample that cannot be read or decoded."""
 
 from __future__ import annotations
 
+import logging
+import warnings
+from enum import Enum
 from pathlib import Path
+from typing import Literal, get_args
+
+logger = logging.getLogger(__name__)
+
+DecodeReason = Literal["empty", "truncated", "corrupt", "too_large", "not_an_image", "mismatch"]
+DECODE_REASONS: tuple[str, ...] = get_args(DecodeReason)
+# What preprocessing called "raise" before the policies had one vocabulary.
+_RAISE_ALIAS = "fail"
 
 
 class FastDataError(Exception):
@@ -27,13 +39,51 @@ class ShardFormatError(FastDataError):
 class DecodeError(FastDataError):
     """One sample could not be decoded (corrupt, truncated or not an image).
 
-    Attributes:
+    ``str(error)`` is ``"<message>: <source>"``. What happens next is the caller's
+    :class:`OnError` policy.
+
+    Args:
+        message: What is wrong, for people (without the source).
         source: What was being decoded: a file path or a ``shard:index`` description.
+        reason: The kind of failure, for programs (see ``reason`` below; default
+            ``"corrupt"``).
+
+    Attributes:
+        message: What is wrong, for people, e.g. ``"corrupt or truncated JPEG (...)"``.
+        source: What was being decoded: a file path or a ``shard:index`` description.
+        reason: One of :data:`DECODE_REASONS`: ``"empty"`` (no bytes), ``"truncated"``
+            (the data ends before the image does), ``"corrupt"`` (damaged data a decoder
+            refused), ``"too_large"`` (the header claims more pixels than ``max_pixels``
+            allows), ``"not_an_image"`` (no decoder recognises the bytes, or the file is
+            not of a kind the caller takes, such as an RGB mask), ``"mismatch"`` (decodable,
+            but not the size, shape or dtype its record says).
+
+    Raises:
+        ValueError: ``reason`` is not one of :data:`DECODE_REASONS`.
     """
 
-    def __init__(self, message: str, source: str) -> None:
+    def __init__(self, message: str, source: str, reason: DecodeReason = "corrupt") -> None:
+        if reason not in DECODE_REASONS:
+            raise ValueError(f"reason must be one of {DECODE_REASONS}, got {reason!r}")
+        self.message = message
         self.source = source
+        self.reason: DecodeReason = reason
         super().__init__(f"{message}: {source}")
+
+    def __reduce__(self) -> tuple[type[DecodeError], tuple[str, str, DecodeReason]]:
+        # Errors cross process boundaries (DataLoader and preprocessing workers).
+        return type(self), (self.message, self.source, self.reason)
+
+    def with_source(self, source: str) -> DecodeError:
+        """The same failure described at ``source`` (e.g. a ``shard:index`` instead of the
+        field name the decoder saw), chained to this one.
+
+        Args:
+            source: Where the sample is, as the caller's users know it.
+        """
+        error = DecodeError(self.message, source, self.reason)
+        error.__cause__ = self
+        return error
 
 
 class PreprocessError(FastDataError):
@@ -42,3 +92,83 @@ class PreprocessError(FastDataError):
 
 class InsufficientMemoryError(FastDataError):
     """Loading would need more memory than is available (both figures are in the message)."""
+
+
+class OnError(str, Enum):
+    """What to do with one sample that cannot be read or decoded: the ``on_error``
+    argument of datasets, decoders and preprocessing (``--on-error`` on the command line).
+
+    - ``"raise"`` (also spelled ``"fail"``): stop, raising the error (a
+      :class:`DecodeError`; a preprocessing job stops with a :class:`PreprocessError`).
+    - ``"warn"``: leave the sample out and report it: a ``RuntimeWarning``
+      ``"skipped a sample: ..."`` (preprocessing: a log record at WARNING level, which the
+      command line prints).
+    - ``"skip"``: leave the sample out quietly (a log record at DEBUG level only).
+
+    A batch that lost samples is smaller; preprocessing records every input it left out in
+    the manifest's ``skipped`` list, whichever of ``"warn"`` and ``"skip"``. Arguments
+    accept the member or its string.
+    """
+
+    RAISE = "raise"
+    WARN = "warn"
+    SKIP = "skip"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def spellings(cls) -> tuple[str, ...]:
+        """Every string :meth:`parse` accepts (the command line's ``--on-error`` choices)."""
+        return (*(member.value for member in cls), _RAISE_ALIAS)
+
+    @classmethod
+    def parse(cls, value: OnError | str, name: str = "on_error") -> OnError:
+        """The policy a user's ``value`` names.
+
+        Args:
+            value: An :class:`OnError`, ``"raise"``, ``"fail"`` (the same as ``"raise"``),
+                ``"warn"`` or ``"skip"``.
+            name: The argument's name, for the error message.
+
+        Raises:
+            TypeError: ``value`` is not a string.
+            ValueError: ``value`` is not one of the spellings above.
+        """
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+        if value == _RAISE_ALIAS:
+            return cls.RAISE
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(
+                f"{name} must be one of {cls.spellings()} ('fail' is 'raise'), got {value!r}"
+            ) from None
+
+    def handle(
+        self, error: Exception, *, log: logging.Logger | None = None, stacklevel: int = 1
+    ) -> None:
+        """Apply the policy to one sample's ``error``: raise it, or return (the caller then
+        leaves the sample out) after reporting it as the policy says.
+
+        Args:
+            error: Why the sample failed; its text follows ``"skipped a sample: "``.
+            log: Report ``"warn"`` as a WARNING record here instead of a warning (jobs
+                whose reports are log lines, such as preprocessing).
+            stacklevel: The warning's stack level as seen from the caller (1: the line that
+                called this method).
+
+        Raises:
+            Exception: ``error`` itself, under ``"raise"``.
+        """
+        if self is OnError.RAISE:
+            raise error
+        if self is OnError.SKIP:
+            (log or logger).debug("skipped a sample: %s", error)
+        elif log is not None:
+            log.warning("skipped a sample: %s", error)
+        else:
+            warnings.warn(f"skipped a sample: {error}", RuntimeWarning, stacklevel=stacklevel + 1)

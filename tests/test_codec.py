@@ -187,3 +187,28 @@ def test_max_pixels_reads_the_header_of_any_format() -> None:
         with pytest.raises(DecodeError, match=r"40x30 = 1,200 pixels, over the limit of 1,199"):
             decode_image(data, max_pixels=1199, source="x")
     assert image_size(b"not an image at all") is None
+
+
+def test_decode_errors_say_why_in_reason() -> None:
+    good = rgb_jpeg(48, 64)
+    png = encode(Image.fromarray(smooth_rgb(30, 40)), fmt="PNG")
+    sof = good.index(b"\xff\xc0")
+    claims_more = bytearray(good)
+    claims_more[sof + 5 : sof + 9] = struct.pack(">HH", 480, 640)  # data for 48x64 only
+    no_tables = good[:2] + good[good.index(b"\xff\xda") :]  # scan data, no frame header
+    cases = {
+        "empty": b"",
+        "not_an_image": b"not an image at all",
+        "truncated": good[: len(good) // 2],
+        "corrupt": bytes(claims_more),
+    }
+    cases_by_opencv = {"truncated": png[: len(png) // 2], "corrupt": no_tables}
+    for expected, data in [*cases.items(), *cases_by_opencv.items()]:
+        with pytest.raises(DecodeError) as caught:
+            decode_image(data, source="x.jpg")
+        assert (caught.value.reason, caught.value.source) == (expected, "x.jpg"), data[:16]
+    for data in (good, png):
+        with pytest.raises(DecodeError, match="over the limit") as caught:
+            decode_image(data, max_pixels=1000, source="big")
+        assert caught.value.reason == "too_large" and caught.value.source == "big"
+        assert str(caught.value) == f"{caught.value.message}: big"

@@ -12,9 +12,9 @@ from fastdata._codec import DEFAULT_MAX_PIXELS
 from fastdata._system import format_bytes
 from fastdata.cli import EXIT_OK
 from fastdata.cli._args import QUIET_HELP, HelpFormatter, int_between, positive_float, positive_int
+from fastdata.errors import OnError
 from fastdata.preprocess import (
     DEFAULT_SHARD_BYTES,
-    ON_ERROR,
     RESIZE_MODES,
     SOURCE_KINDS,
     STORAGE_MODES,
@@ -106,16 +106,17 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--on-error",
-        choices=ON_ERROR,
-        default="skip",
-        help="skip (report, record) or fail on an unreadable input",
+        choices=OnError.spellings(),
+        default=str(OnError.SKIP),
+        help="an unreadable input: skip it or warn (also log it), either way recorded in "
+        "index.json's 'skipped'; or raise (alias fail): stop",
     )
     parser.add_argument(
         "--max-pixels",
         type=_max_pixels,
         default=DEFAULT_MAX_PIXELS,
         metavar="N",
-        help="refuse (skip or fail) an input whose header claims more pixels, before "
+        help="refuse (as --on-error says) an input whose header claims more pixels, before "
         f"decoding (default: {DEFAULT_MAX_PIXELS:,}, PIL's limit; 0: no limit)",
     )
     parser.add_argument(

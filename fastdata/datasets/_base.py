@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import logging
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
@@ -21,12 +19,9 @@ from fastdata.datasets._collate import mark_collated
 from fastdata.datasets._loader import ResumableDataLoader
 from fastdata.datasets._memory import MemoryReport
 from fastdata.datasets._store import RAMStore, Store
-from fastdata.errors import DecodeError
+from fastdata.errors import DecodeError, OnError
 from fastdata.shards import FieldSpec
 
-logger = logging.getLogger(__name__)
-
-ON_ERROR = ("raise", "skip", "warn")
 LAYOUTS = ("CHW", "HWC")
 _SHARED_MIN_BYTES = 1 << 16  # smaller batches: a plain allocation is cheaper
 IMAGE_ENCODINGS = ("jpeg", "png", "image")  # "image": any format OpenCV reads
@@ -50,13 +45,12 @@ class BatchedDataset(Dataset):
         layout: str,
         decode: bool,
         decode_min_side: int | None,
-        on_error: str,
+        on_error: OnError | str,
         num_threads: int | None,
     ) -> None:
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        if on_error not in ON_ERROR:
-            raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        on_error = OnError.parse(on_error)
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable or None, got {type(transform).__name__}")
         if decode_min_side is not None and (
@@ -290,14 +284,9 @@ class BatchedDataset(Dataset):
 
         parallel_for(pool[0], len(raw), body, tasks=pool[1])
         for k, exc in sorted(failures, key=lambda item: item[0]):
-            error = DecodeError(str(exc).rsplit(": ", 1)[0], self.store.source(int(indices[k])))
-            if self.on_error == "raise" or single:
-                raise error from exc
+            error = exc.with_source(self.store.source(int(indices[k])))
+            (OnError.RAISE if single else self.on_error).handle(error, stacklevel=4)
             keep[k] = False
-            if self.on_error == "warn":
-                warnings.warn(f"skipped a sample: {error}", RuntimeWarning, stacklevel=4)
-            else:
-                logger.debug("skipped a sample: %s", error)
         return decoded
 
     def _transforms(self, name: str) -> bool:

@@ -14,6 +14,7 @@ from fastdata._codec import DEFAULT_MAX_PIXELS, resolve_max_pixels
 from fastdata.datasets._base import BatchedDataset
 from fastdata.datasets._loading import load_arrays, load_files, load_shards
 from fastdata.datasets._store import RAMStore, known_fields
+from fastdata.errors import OnError
 
 
 class RAMDataset(BatchedDataset):
@@ -69,7 +70,7 @@ class RAMDataset(BatchedDataset):
         layout: str = "CHW",
         decode: bool = True,
         decode_min_side: int | None = None,
-        on_error: str = "raise",
+        on_error: OnError | str = "raise",
         num_threads: int | None = None,
         check_memory: bool = True,
         show_progress: bool = True,

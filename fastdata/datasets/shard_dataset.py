@@ -9,6 +9,7 @@ from typing import Any
 from fastdata.datasets._base import BatchedDataset
 from fastdata.datasets._loading import load_shards
 from fastdata.datasets._store import ShardStore, Store, known_fields
+from fastdata.errors import OnError
 
 
 class ShardDataset(BatchedDataset):
@@ -41,8 +42,8 @@ class ShardDataset(BatchedDataset):
         decode_min_side: Decode JPEGs at 1/2, 1/4 or 1/8 scale when the shorter side stays
             at least this large. Defaults to the transform's ``min_input_side``
             (:class:`~fastdata.transforms.Resize` sets it).
-        on_error: Undecodable bytes in a batch: ``"raise"`` a ``DecodeError``, ``"skip"``
-            the sample (the batch gets smaller), ``"warn"`` and skip.
+        on_error: Undecodable bytes in a batch: ``"raise"`` a ``DecodeError``, ``"warn"``
+            or ``"skip"`` (the batch gets smaller); see :class:`~fastdata.errors.OnError`.
         num_threads: Threads for the per-sample work of a batch; see :attr:`num_threads`.
         in_memory: Load the fields into RAM first (shared memory, the storage of
             :meth:`RAMDataset.from_shards`), after a memory check.
@@ -71,7 +72,7 @@ class ShardDataset(BatchedDataset):
         layout: str = "CHW",
         decode: bool = True,
         decode_min_side: int | None = None,
-        on_error: str = "raise",
+        on_error: OnError | str = "raise",
         num_threads: int | None = None,
         in_memory: bool = False,
         check_memory: bool = True,

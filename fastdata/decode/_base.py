@@ -1,5 +1,5 @@
 """The one small interface every decoder backend implements, and what they share:
-input checking, the ``on_error`` policy and the per-batch random draws."""
+input checking and the per-batch random draws."""
 
 from __future__ import annotations
 
@@ -14,10 +14,8 @@ import torch
 from fastdata._draws import UniformDraws
 from fastdata._system import usable_cpus
 from fastdata.decode._geometry import crop_description, parse_size
-from fastdata.errors import DecodeError
+from fastdata.errors import OnError
 from fastdata.ops import Executor, RandomResizedCrop
-
-ON_ERROR = ("raise", "skip", "warn")
 
 EncodedImage = bytes | bytearray | memoryview | np.ndarray | torch.Tensor
 
@@ -34,22 +32,6 @@ class DecodedBatch(NamedTuple):
 
     images: torch.Tensor
     kept: torch.Tensor
-
-
-def check_on_error(on_error: str) -> str:
-    """Validate an ``on_error`` policy name."""
-    if on_error not in ON_ERROR:
-        raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
-    return on_error
-
-
-def apply_on_error(on_error: str, error: DecodeError) -> None:
-    """Raise ``error`` (``"raise"``), warn about it (``"warn"``) or ignore it (``"skip"``);
-    under ``"warn"`` and ``"skip"`` the sample is left out of the batch."""
-    if on_error == "raise":
-        raise error
-    if on_error == "warn":
-        warnings.warn(f"skipping a sample that cannot be decoded: {error}", stacklevel=3)
 
 
 def as_byte_array(data: EncodedImage, index: int) -> np.ndarray:
@@ -113,8 +95,9 @@ class Decoder(ABC):
             largest that fits) resized to ``size``. Given ``True``, the default one; given
             a CPU transform or device module, the description it holds (its ``op``).
         device: Where the output batch lives.
-        on_error: ``"raise"`` (raise :class:`~fastdata.DecodeError`), ``"skip"`` (leave the
-            sample out) or ``"warn"`` (leave it out with a warning).
+        on_error: A sample that cannot be decoded: ``"raise"`` a
+            :class:`~fastdata.DecodeError`, ``"warn"`` or ``"skip"`` (leave it out of the
+            batch); see :class:`~fastdata.errors.OnError`.
         grayscale: One output channel instead of three (RGB).
     """
 
@@ -126,14 +109,14 @@ class Decoder(ABC):
         *,
         random_crop: RandomResizedCrop | Executor | bool | None = None,
         device: torch.device,
-        on_error: str = "raise",
+        on_error: OnError | str = "raise",
         grayscale: bool = False,
         seed: int | None = None,
     ) -> None:
         self.size = parse_size(size)
         self.random_crop = crop_description(random_crop, self.size)
         self.device = device
-        self.on_error = check_on_error(on_error)
+        self.on_error = OnError.parse(on_error)
         self.grayscale = bool(grayscale)
         self._random = UniformDraws(seed)
         self._warned_fallback = False
@@ -195,5 +178,5 @@ class Decoder(ABC):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(size={self.size}, random_crop={self.random_crop}, "
-            f"device={self.device}, on_error={self.on_error!r}, grayscale={self.grayscale})"
+            f"device={self.device}, on_error={self.on_error.value!r}, grayscale={self.grayscale})"
         )

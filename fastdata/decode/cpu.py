@@ -28,13 +28,12 @@ from fastdata.decode._base import (
     DecodedBatch,
     Decoder,
     EncodedImage,
-    apply_on_error,
     channels_last,
     check_batch,
     resolve_num_threads,
 )
 from fastdata.decode._geometry import Box, crop_box, crop_boxes
-from fastdata.errors import DecodeError
+from fastdata.errors import DecodeError, OnError
 from fastdata.ops import Executor, RandomResizedCrop
 
 
@@ -192,7 +191,8 @@ class CpuDecoder(Decoder):
         random_crop: The random resized crop to run (training; see :class:`Decoder`), or
             ``None`` for a centred crop.
         device: Where the output batch goes (copied there after decoding on the CPU).
-        on_error: ``"raise"``, ``"skip"`` or ``"warn"``.
+        on_error: As for :class:`~fastdata.decode.Decoder` (see
+            :class:`~fastdata.errors.OnError`).
         grayscale: Decode to one channel.
         num_threads: Decoding threads (default: the CPUs this process may use).
         seed: Seed of the random crops.
@@ -212,7 +212,7 @@ class CpuDecoder(Decoder):
         *,
         random_crop: RandomResizedCrop | Executor | bool | None = None,
         device: torch.device | str = "cpu",
-        on_error: str = "raise",
+        on_error: OnError | str = "raise",
         grayscale: bool = False,
         num_threads: int | None = None,
         seed: int | None = None,
@@ -291,7 +291,7 @@ class CpuDecoder(Decoder):
         self.last_errors = [error for error in errors if error is not None]
         for error in errors:
             if error is not None:
-                apply_on_error(self.on_error, error)
+                self.on_error.handle(error, stacklevel=2)
         pixels = batch if len(kept) == count else torch.from_numpy(out[kept])
         images = channels_last(pixels)
         if self.device.type != "cpu":

@@ -45,7 +45,6 @@ from fastdata.decode._base import (
     DecodedBatch,
     Decoder,
     EncodedImage,
-    apply_on_error,
     channels_last,
     check_batch,
     resolve_num_threads,
@@ -53,7 +52,7 @@ from fastdata.decode._base import (
 from fastdata.decode._batching import decode_batch_or_each, is_environment_error
 from fastdata.decode._geometry import Box, crop_boxes
 from fastdata.decode.cpu import decode_crop
-from fastdata.errors import DecodeError
+from fastdata.errors import DecodeError, OnError
 from fastdata.ops import Executor, RandomResizedCrop
 
 _ACCELERATED_COMPONENTS = (1, 3)
@@ -120,7 +119,8 @@ class DaliDecoder(Decoder):
             ``None`` for a centred crop.
         device: ``"cpu"`` runs DALI's CPU operators only (``device_id=None``); a CUDA
             device decodes with DALI's mixed (nvJPEG) decoder on it.
-        on_error: ``"raise"``, ``"skip"`` or ``"warn"``.
+        on_error: As for :class:`~fastdata.decode.Decoder` (see
+            :class:`~fastdata.errors.OnError`).
         grayscale: Decode to one channel.
         num_threads: DALI CPU threads (default: the CPUs this process may use).
         seed: Seed of the random crops.
@@ -135,7 +135,7 @@ class DaliDecoder(Decoder):
         *,
         random_crop: RandomResizedCrop | Executor | bool | None = None,
         device: torch.device | str = "cpu",
-        on_error: str = "raise",
+        on_error: OnError | str = "raise",
         grayscale: bool = False,
         num_threads: int | None = None,
         seed: int | None = None,
@@ -353,7 +353,7 @@ class DaliDecoder(Decoder):
                     )
                     images.append(torch.from_numpy(pixels).to(self.device))
             except DecodeError as error:
-                apply_on_error(self.on_error, error)
+                self.on_error.handle(error, stacklevel=2)
                 continue
             kept.append(index)
         if images:

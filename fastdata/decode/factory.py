@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from fastdata._optional import install_hint
-from fastdata.decode._base import Decoder, check_on_error
+from fastdata.decode._base import Decoder
 from fastdata.decode._geometry import parse_size
 from fastdata.decode.cpu import CpuDecoder
 from fastdata.decode.dali import DaliDecoder
@@ -28,6 +28,7 @@ from fastdata.decode.nvjpeg import (
     torchvision_too_old,
     torchvision_version,
 )
+from fastdata.errors import OnError
 from fastdata.ops import Executor, RandomResizedCrop
 
 
@@ -141,7 +142,7 @@ def create_decoder(
     size: int | tuple[int, int],
     random_crop: RandomResizedCrop | Executor | bool | None = None,
     device: torch.device | str | int | None = None,
-    on_error: str = "raise",
+    on_error: OnError | str = "raise",
     grayscale: bool = False,
     num_threads: int | None = None,
     seed: int | None = None,
@@ -168,7 +169,8 @@ def create_decoder(
             default the current CUDA device for nvjpeg, and for dali when there is one,
             else ``"cpu"``.
         on_error: A sample that cannot be decoded: ``"raise"`` a
-            :class:`~fastdata.DecodeError`, ``"skip"`` it, or ``"warn"`` and skip it.
+            :class:`~fastdata.DecodeError`, ``"warn"`` or ``"skip"`` (leave it out of the
+            batch); see :class:`~fastdata.errors.OnError`.
         grayscale: One output channel instead of RGB.
         num_threads: CPU threads for the cpu and dali backends (default: usable CPUs).
         seed: Seed of the random crops (reproducible across backends).
@@ -187,7 +189,7 @@ def create_decoder(
     target = _check_device(device)
     name = resolve_backend(backend, target)
     parse_size(size)
-    check_on_error(on_error)
+    on_error = OnError.parse(on_error)
     entry = _REGISTRY[name]
     target = torch.device(target) if target is not None else torch.device(entry.default_device())
     if entry.check_device is not None:

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from fastdata.decode._base import Decoder, apply_on_error
+from fastdata.decode._base import Decoder
 from fastdata.decode.cpu import CpuDecoder
 from fastdata.errors import DecodeError
 
@@ -67,12 +67,12 @@ def _split(batch: Any, position: int) -> tuple[Sequence[Any], list[Any]]:
 
 class _WorkerBatch(NamedTuple):
     """A batch decoded in a DataLoader worker: images, fields indexed alike, the number of
-    samples read, and each decode error as ``(message, source)`` for the main process."""
+    samples read, and the decode errors, for the main process's ``on_error``."""
 
     images: torch.Tensor
     fields: list[Any]
     size: int
-    errors: list[tuple[str, str]]
+    errors: list[DecodeError]
 
 
 class _DecodeInWorkers:
@@ -113,17 +113,10 @@ class _DecodeInWorkers:
         encoded, fields = _split(self.collate(samples), 0)
         decoder = self._worker_decoder()
         decoded = decoder.decode(encoded)
-        errors = [(_message_of(error), error.source) for error in decoder.last_errors]
         taken = [
             _select(field, decoded.kept, len(encoded), i + 1) for i, field in enumerate(fields)
         ]
-        return _WorkerBatch(decoded.images, taken, len(encoded), errors)
-
-
-def _message_of(error: DecodeError) -> str:
-    text = str(error)
-    suffix = f": {error.source}"
-    return text[: -len(suffix)] if text.endswith(suffix) else text
+        return _WorkerBatch(decoded.images, taken, len(encoded), decoder.last_errors)
 
 
 def _with_collate(loader: DataLoader[Any], collate: Callable[[Any], Any]) -> DataLoader[Any]:
@@ -239,8 +232,8 @@ class DecodingLoader:
             for batch in self._source():
                 if not isinstance(batch, _WorkerBatch):
                     raise TypeError(f"expected a batch decoded in a worker, got {type(batch)}")
-                for message, source in batch.errors:
-                    apply_on_error(self.decoder.on_error, DecodeError(message, source))
+                for error in batch.errors:
+                    self.decoder.on_error.handle(error, stacklevel=2)
                 images = batch.images.to(self.decoder.device, non_blocking=True)
                 yield from self._finish(images, batch.fields, batch.size, full)
             return

@@ -44,13 +44,12 @@ from fastdata.decode._base import (
     DecodedBatch,
     Decoder,
     EncodedImage,
-    apply_on_error,
     check_batch,
 )
 from fastdata.decode._batching import crop_resize_batch, decode_batch_or_each
 from fastdata.decode._geometry import Box, crop_box
 from fastdata.decode.cpu import decode_crop
-from fastdata.errors import DecodeError, FastDataError
+from fastdata.errors import DecodeError, FastDataError, OnError
 from fastdata.gpu.prefetch import resolve_device
 from fastdata.ops import Executor, RandomResizedCrop
 
@@ -184,7 +183,8 @@ class NvJpegDecoder(Decoder):
         device: The CUDA device that decodes and holds the output: ``"cuda:1"``, an int
             (``local_rank`` under DDP), or ``"cuda"`` for the current device when the
             decoder is built (under DDP, build it after ``torch.cuda.set_device``).
-        on_error: ``"raise"``, ``"skip"`` or ``"warn"``.
+        on_error: As for :class:`~fastdata.decode.Decoder` (see
+            :class:`~fastdata.errors.OnError`).
         grayscale: Decode to one channel.
         seed: Seed of the random crops.
     """
@@ -197,7 +197,7 @@ class NvJpegDecoder(Decoder):
         *,
         random_crop: RandomResizedCrop | Executor | bool | None = None,
         device: torch.device | str | int = "cuda",
-        on_error: str = "raise",
+        on_error: OnError | str = "raise",
         grayscale: bool = False,
         seed: int | None = None,
     ) -> None:
@@ -289,7 +289,7 @@ class NvJpegDecoder(Decoder):
                             )
                         fallen[len(kept)] = self._fallback(data, draws[index], index)
                 except DecodeError as error:
-                    apply_on_error(self.on_error, error)
+                    self.on_error.handle(error, stacklevel=2)
                     continue
                 kept.append(index)
             batch = torch.empty(

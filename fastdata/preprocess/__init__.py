@@ -10,7 +10,6 @@ default, or :class:`RayEngine` on a Ray cluster. Another engine implements
 from fastdata.preprocess._engine import Engine, LocalEngine
 from fastdata.preprocess._options import (
     DEFAULT_SHARD_BYTES,
-    ON_ERROR,
     STORAGE_MODES,
     PreprocessOptions,
 )
@@ -23,7 +22,6 @@ from fastdata.preprocess._transforms import RESIZE_MODES
 
 __all__ = [
     "DEFAULT_SHARD_BYTES",
-    "ON_ERROR",
     "RESIZE_MODES",
     "SOURCE_KINDS",
     "STORAGE_MODES",

@@ -6,11 +6,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from fastdata._codec import DEFAULT_MAX_PIXELS
+from fastdata.errors import OnError
 from fastdata.preprocess._transforms import RESIZE_MODES
 from fastdata.shards import COMPRESSIONS
 
 STORAGE_MODES = ("raw", "jpeg")
-ON_ERROR = ("skip", "fail")
 # 64 MiB: ~440 raw 224x224 images per shard, so a few thousand images already make several
 # shards for shard-aware sampling and per-shard resume, at the read speed of 1 GiB shards
 # (benchmarks/bench_shard_size.py); MosaicML streaming's writers default to 64 MiB too.
@@ -36,8 +36,10 @@ class PreprocessOptions:
             (lossless, ``raw`` only).
         jpeg_quality: JPEG quality 1-100 of ``jpeg`` storage.
         shard_bytes: Target size of one shard file in bytes (default 64 MiB).
-        on_error: A corrupt, truncated or non-image input is ``"skip"``-ped (reported and
-            recorded in the manifest) or makes the job ``"fail"``.
+        on_error: A corrupt, truncated or non-image input: ``"skip"`` it (default) or
+            ``"warn"`` (also log it), either way recorded in the manifest's ``skipped``; or
+            ``"raise"`` (also spelled ``"fail"``): the job stops. See
+            :class:`~fastdata.errors.OnError`; the manifest records the policy's name.
         max_pixels: An input whose header claims more pixels (width x height) is refused
             before decoding, like any undecodable input (default PIL's limit, 89.5
             megapixels; ``None``: no limit).
@@ -50,7 +52,7 @@ class PreprocessOptions:
     compression: str | None = None
     jpeg_quality: int = 90
     shard_bytes: int = DEFAULT_SHARD_BYTES
-    on_error: str = "skip"
+    on_error: OnError | str = OnError.SKIP
     max_pixels: int | None = DEFAULT_MAX_PIXELS
 
     def __post_init__(self) -> None:
@@ -81,8 +83,7 @@ class PreprocessOptions:
             raise ValueError(f"jpeg_quality must be an int in 1..100, got {self.jpeg_quality!r}")
         if not isinstance(self.shard_bytes, int) or self.shard_bytes < 1:
             raise ValueError(f"shard_bytes must be a positive int, got {self.shard_bytes!r}")
-        if self.on_error not in ON_ERROR:
-            raise ValueError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
+        object.__setattr__(self, "on_error", OnError.parse(self.on_error))
         if self.max_pixels is not None and (
             not isinstance(self.max_pixels, int)
             or isinstance(self.max_pixels, bool)
@@ -94,4 +95,5 @@ class PreprocessOptions:
         """The options as the manifest records them (what a resume compares)."""
         out = asdict(self)
         out["sizes"] = list(self.sizes)
+        out["on_error"] = str(self.on_error)
         return out

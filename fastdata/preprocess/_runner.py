@@ -30,6 +30,7 @@ from fastdata.preprocess._outdir import (
 )
 from fastdata.preprocess._python_source import dataset_engine, list_dataset
 from fastdata.preprocess._sources import SourceListing, list_source
+from fastdata.preprocess._stats import PixelStats, merge_fields
 from fastdata.preprocess._task import (
     SampleLoader,
     ShardJob,
@@ -139,7 +140,7 @@ def preprocess(
             (the message names its index and what it holds).
         PreprocessError: Missing/empty/inconsistent source, ``out`` not writable or
             holding another job, a write failing (disk full), or an unreadable input with
-            ``on_error="fail"``. Shards finished before the error stay for a resume; no
+            ``on_error="raise"``. Shards finished before the error stay for a resume; no
             partial file is left and ``index.json`` is not written.
     """
     started = time.perf_counter()
@@ -314,19 +315,7 @@ def _summary(
 
 def _combine_stats(results: list[ShardResult]) -> dict[str, dict[str, Any]]:
     """Per-channel mean/std (0-255 scale) of each image field over all shards, in order."""
-    totals: dict[str, list[Any]] = {}
+    totals: dict[str, PixelStats] = {}
     for result in results:
-        for name, part in result.stats.items():
-            total = totals.setdefault(
-                name, [0, 0.0, [0.0] * len(part["sum"]), [0.0] * len(part["sum"])]
-            )
-            total[0] += part["count"]
-            total[1] += part["pixels"]
-            total[2] = [a + b for a, b in zip(total[2], part["sum"], strict=True)]
-            total[3] = [a + b for a, b in zip(total[3], part["sumsq"], strict=True)]
-    stats: dict[str, dict[str, Any]] = {}
-    for name, (count, pixels, sums, squares) in totals.items():
-        mean = [s / pixels for s in sums]
-        std = [math.sqrt(max(0.0, q / pixels - m * m)) for q, m in zip(squares, mean, strict=True)]
-        stats[name] = {"mean": mean, "std": std, "count": count}
-    return stats
+        totals = merge_fields(totals, result.stats)
+    return {name: stats.summary() for name, stats in totals.items()}

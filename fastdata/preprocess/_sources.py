@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import logging
 import os
 import re
 from collections.abc import Iterable
@@ -35,7 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fastdata.errors import PreprocessError
+from fastdata.errors import OnError, PreprocessError
+
+logger = logging.getLogger(__name__)
 
 SOURCE_KINDS = ("auto", "imagefolder", "list", "segmentation", "npy")
 _LIST_SUFFIXES = (".csv", ".tsv", ".txt")
@@ -206,7 +209,7 @@ def list_source(
     mask_suffix: str | None = None,
     path_column: str | None = None,
     label_column: str | None = None,
-    on_error: str = "fail",
+    on_error: OnError | str = OnError.RAISE,
     exclude: Iterable[str | Path] = (),
 ) -> SourceListing:
     """List the samples of a source, validating it as a whole.
@@ -225,8 +228,8 @@ def list_source(
             (:data:`PATH_COLUMN_NAMES`), else the first column.
         label_column: Column holding the labels, as ``path_column``. Default: the
             header's recognised name (:data:`LABEL_COLUMN_NAMES`), else the second column.
-        on_error: ``"skip"`` records an image without a mask (or a mask without an
-            image) in ``skipped``; ``"fail"`` raises.
+        on_error: An image without a mask (or a mask without an image): ``"raise"``, or
+            ``"warn"``/``"skip"`` record it in ``skipped`` (see :class:`~fastdata.errors.OnError`).
         exclude: Folders never listed (the output folder of the job).
 
     Raises:
@@ -235,8 +238,7 @@ def list_source(
     """
     if kind not in SOURCE_KINDS:
         raise ValueError(f"kind must be one of {SOURCE_KINDS}, got {kind!r}")
-    if on_error not in ("skip", "fail"):
-        raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
+    on_error = OnError.parse(on_error)
     if mask_suffix is not None and (not mask_suffix or "/" in mask_suffix):
         raise ValueError(f"mask_suffix must be a non-empty file-name part, got {mask_suffix!r}")
     root = Path(src).absolute()
@@ -430,11 +432,11 @@ def _stems(
 
 
 def _segmentation(
-    images: Path, masks: Path, suffix: str | None, on_error: str, walker: _Walker
+    images: Path, masks: Path, suffix: str | None, on_error: OnError, walker: _Walker
 ) -> SourceListing:
     if not masks.is_dir():
         raise PreprocessError(f"mask folder does not exist: {masks}")
-    skip = on_error == "skip"
+    skip = on_error is not OnError.RAISE
     skipped: list[dict[str, str]] = []
     image_list = walker.files(images)
     mask_list = walker.files(masks)
@@ -465,6 +467,8 @@ def _segmentation(
     for stem in unmasked:
         reason = f"image without a mask (no mask named {hint} in {masks})"
         skipped.append({"path": display_name(str(image_files[stem])), "reason": reason})
+    for entry in skipped:
+        on_error.handle(PreprocessError(f"{entry['path']}: {entry['reason']}"), log=logger)
     items = [
         SourceItem(
             str(image_files[stem]), display_name(image_files[stem].name), mask=str(mask_files[stem])

@@ -21,16 +21,14 @@ import numpy as np
 from PIL import Image
 
 from fastdata._codec import JpegHeader, check_pixels, decode_image, jpeg_header, orient
-from fastdata.errors import DecodeError, PreprocessError
+from fastdata.errors import DecodeError, OnError, PreprocessError
 from fastdata.preprocess._options import PreprocessOptions
 from fastdata.preprocess._sources import SourceItem, SourceListing, display_name
+from fastdata.preprocess._stats import PixelStats, merge_fields
 from fastdata.preprocess._transforms import decode_min_side, transform
 from fastdata.shards import FieldSpec, ShardInfo, ShardWriter
 
 logger = logging.getLogger(__name__)
-
-# Per field: (number of pixels, per-channel sum, per-channel sum of squares).
-PixelStats = dict[str, tuple[float, np.ndarray, np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -41,7 +39,7 @@ class SampleFailure:
     reason: str
 
 
-SampleResult = Union[tuple[dict[str, Any], PixelStats], SampleFailure]  # noqa: UP007
+SampleResult = Union[tuple[dict[str, Any], dict[str, PixelStats]], SampleFailure]  # noqa: UP007
 
 
 class SampleLoader(Protocol):
@@ -88,21 +86,22 @@ class ShardResult:
 
     index: int
     info: ShardInfo
-    stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stats: dict[str, PixelStats] = field(default_factory=dict)
     skipped: list[dict[str, str]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "index": self.index,
             "info": self.info.to_json(),
-            "stats": self.stats,
+            "stats": {name: stats.to_json() for name, stats in self.stats.items()},
             "skipped": self.skipped,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ShardResult:
         info = ShardInfo.from_json(data["info"], "info")
-        return cls(data["index"], info, data["stats"], data["skipped"])
+        stats = {name: PixelStats.from_json(part) for name, part in data["stats"].items()}
+        return cls(data["index"], info, stats, data["skipped"])
 
 
 def field_names(prefix: str, sizes: tuple[int, ...]) -> list[str]:
@@ -136,13 +135,6 @@ def build_fields(listing: SourceListing, options: PreprocessOptions) -> tuple[Fi
     return tuple(fields)
 
 
-def _pixel_stats(pixels: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-    count = float(pixels.shape[0] * pixels.shape[1])
-    mean, std = cv2.meanStdDev(pixels)
-    mean, std = mean.ravel(), std.ravel()
-    return count, mean * count, (std * std + mean * mean) * count
-
-
 def _read_mask(
     path: str, header: JpegHeader | None, image_hw: tuple[int, int], max_pixels: int | None
 ) -> np.ndarray:
@@ -159,7 +151,9 @@ def _read_mask(
                 check_pixels((pil.size[1], pil.size[0]), max_pixels, path)
                 if pil.mode not in ("L", "P", "1"):
                     raise DecodeError(
-                        f"mask must be single-channel (L or P mode), got {pil.mode}", path
+                        f"mask must be single-channel (L or P mode), got {pil.mode}",
+                        path,
+                        "not_an_image",
                     )
                 mask = np.asarray(pil.convert("L") if pil.mode == "1" else pil, dtype=np.uint8)
     except (DecodeError, MemoryError, OSError):  # OSError: unreadable, not an image
@@ -172,7 +166,7 @@ def _read_mask(
         if not (mask.shape == header.oriented_hw and mask.shape != stored):
             mask = orient(mask, orientation)
     if mask.shape != image_hw:
-        raise DecodeError(f"mask is {mask.shape}, its image is {image_hw}", path)
+        raise DecodeError(f"mask is {mask.shape}, its image is {image_hw}", path, "mismatch")
     return mask
 
 
@@ -218,7 +212,7 @@ def process_pixels(
     job: ShardJob,
     source: str,
     mask_source: str = "",
-) -> tuple[dict[str, Any], PixelStats]:
+) -> tuple[dict[str, Any], dict[str, PixelStats]]:
     """The stored image (and mask) values of one decoded input: offline transforms,
     pixel statistics and, for ``jpeg`` storage, encoding.
 
@@ -234,12 +228,12 @@ def process_pixels(
     """
     options = job.options
     sample: dict[str, Any] = {}
-    stats: PixelStats = {}
+    stats: dict[str, PixelStats] = {}
     names = field_names("image", options.sizes)
     mask_names = field_names("mask", options.sizes)
     for name, mask_name, side in zip(names, mask_names, options.sizes, strict=True):
         pixels = transform(image, side, options.resize)
-        stats[name] = _pixel_stats(pixels)
+        stats[name] = PixelStats.of_image(pixels)
         if options.storage == "raw":
             sample[name] = pixels
         else:
@@ -256,13 +250,13 @@ def _process_array(item: SourceItem, spec: FieldSpec) -> SampleResult:
     array = np.load(item.path, allow_pickle=False)
     if array.shape != spec.shape or array.dtype.newbyteorder("=") != np.dtype(spec.dtype):
         raise DecodeError(
-            f"array is {array.shape} {array.dtype}, expected {spec.shape} {spec.dtype}", item.path
+            f"array is {array.shape} {array.dtype}, expected {spec.shape} {spec.dtype}",
+            item.path,
+            "mismatch",
         )
     if not array.dtype.isnative:  # e.g. big-endian uint16 beside little-endian ones
         array = array.astype(array.dtype.newbyteorder("="))
-    flat = array.reshape(-1, 1).astype(np.float64)
-    count = float(flat.shape[0])
-    return {"volume": array}, {"volume": (count, flat.sum(0), (flat * flat).sum(0))}
+    return {"volume": array}, {"volume": PixelStats.of_array(array)}
 
 
 def process_sample(item: SourceItem, job: ShardJob) -> SampleResult:
@@ -270,8 +264,8 @@ def process_sample(item: SourceItem, job: ShardJob) -> SampleResult:
 
     Returns:
         ``(values, stats)``: a value per field (uint8 arrays for ``raw``, bytes for
-        encoded fields) and per image field the pixel count, per-channel sum and sum of
-        squares; or a :class:`SampleFailure` for an unreadable or undecodable input.
+        encoded fields) and per image field its :class:`PixelStats`; or a
+        :class:`SampleFailure` for an unreadable or undecodable input.
     """
     if job.loader is not None:
         return job.loader.process_sample(item, job)
@@ -281,8 +275,7 @@ def process_sample(item: SourceItem, job: ShardJob) -> SampleResult:
         else:
             sample, stats = _process_image(item, job)  # type: ignore[misc]
     except DecodeError as exc:
-        reason = str(exc).removesuffix(f": {exc.source}")
-        return SampleFailure(display_name(item.path), display_name(reason))
+        return SampleFailure(display_name(item.path), display_name(exc.message))
     except cv2.error as exc:  # a decoder or resize refusing the pixels
         reason = f"cannot decode (OpenCV: {str(exc).strip()[-200:]})"
         return SampleFailure(display_name(item.path), reason)
@@ -298,11 +291,12 @@ def write_shard(task: ShardTask, job: ShardJob, results: Iterable[SampleResult])
     """Write ``task``'s shard atomically from the results of its items, in item order.
 
     Raises:
-        PreprocessError: ``on_error="fail"`` and an input failed, or the shard cannot be
+        PreprocessError: ``on_error="raise"`` and an input failed, or the shard cannot be
             written (disk full, permissions). Nothing of the shard is left on disk then.
     """
     path = Path(job.out) / task.file
-    totals: dict[str, list[Any]] = {}
+    on_error = OnError.parse(job.options.on_error)
+    totals: dict[str, PixelStats] = {}
     skipped: list[dict[str, str]] = []
     try:
         with ShardWriter(
@@ -315,35 +309,21 @@ def write_shard(task: ShardTask, job: ShardJob, results: Iterable[SampleResult])
         ) as writer:
             for result in results:
                 if isinstance(result, SampleFailure):
-                    if job.options.on_error == "fail":
+                    failure = f"{result.path}: {result.reason}"
+                    if on_error is OnError.RAISE:
                         raise PreprocessError(
-                            f"{result.path}: {result.reason} "
-                            "(--on-error skip / on_error='skip' leaves such inputs out)"
+                            f"{failure} (--on-error skip / on_error='skip' leaves such inputs out)"
                         )
-                    logger.warning("skipped %s: %s", result.path, result.reason)
+                    on_error.handle(PreprocessError(failure), log=logger)
                     skipped.append({"path": result.path, "reason": result.reason})
                     continue
                 sample, stats = result
                 writer.append(sample)
-                for name, (count, sums, squares) in stats.items():
-                    total = totals.setdefault(name, [0, 0.0, 0.0, 0.0])
-                    total[0] += 1
-                    total[1] += count
-                    total[2] = total[2] + sums
-                    total[3] = total[3] + squares
+                totals = merge_fields(totals, stats)
             info = writer.close()
     except OSError as exc:
         raise PreprocessError(f"cannot write shard {path}: {exc}") from exc
-    stats_json = {
-        name: {
-            "count": n,
-            "pixels": pixels,
-            "sum": np.asarray(s).tolist(),
-            "sumsq": np.asarray(q).tolist(),
-        }
-        for name, (n, pixels, s, q) in totals.items()
-    }
-    return ShardResult(task.index, info, stats_json, skipped)
+    return ShardResult(task.index, info, totals, skipped)
 
 
 def run_shard_task(task: ShardTask, job: ShardJob) -> ShardResult:

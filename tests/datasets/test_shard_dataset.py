@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
 from fastdata.datasets import ShardDataset, _base, passthrough_collate
-from fastdata.errors import DecodeError
+from fastdata.errors import DecodeError, OnError
 from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
 from fastdata.transforms import CenterCrop
 from tests.datasets.conftest import NUM_SAMPLES, Reference, write_shards
@@ -116,6 +118,25 @@ def test_on_error_policies(corrupt_shards: Reference) -> None:
     assert images.shape[0] == 2
     with pytest.raises(DecodeError, match=r"shard-00000\.h5:5"):
         ShardDataset(corrupt_shards.path, on_error="skip")[5]  # nothing to drop it from
+
+
+def test_on_error_takes_the_policy_type_and_every_spelling(corrupt_shards: Reference) -> None:
+    indices = [4, 5, 6]
+    for policy in ("raise", "fail", OnError.RAISE):
+        with pytest.raises(DecodeError) as caught:
+            ShardDataset(corrupt_shards.path, on_error=policy).__getitems__(indices)
+        # the decoder's error, told where the sample is stored, keeps its reason
+        assert caught.value.source.endswith("shard-00000.h5:5")
+        assert caught.value.reason == "truncated"  # a JPEG start without its end
+        assert caught.value.message.startswith("not a decodable image")
+    for policy in ("skip", OnError.SKIP, "warn", OnError.WARN):
+        with warnings.catch_warnings(record=True) as caught_warnings:
+            warnings.simplefilter("always")
+            dataset = ShardDataset(corrupt_shards.path, on_error=policy)
+            _, labels = dataset.__getitems__(indices)
+        np.testing.assert_array_equal(labels.numpy(), corrupt_shards.labels[[4, 6]])
+        assert dataset.on_error is OnError.parse(policy)
+        assert len(caught_warnings) == (dataset.on_error is OnError.WARN)
 
 
 def test_compressed_shards_read_through_hdf5(raw_shards: Reference) -> None:

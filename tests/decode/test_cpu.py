@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import io
+import warnings
 
 import cv2
 import numpy as np
@@ -14,7 +15,7 @@ from fastdata._draws import UniformDraws
 from fastdata.decode import create_decoder
 from fastdata.decode._geometry import random_box
 from fastdata.decode.cpu import CpuDecoder
-from fastdata.errors import DecodeError
+from fastdata.errors import DecodeError, OnError
 from fastdata.ops import RandomResizedCrop
 from tests.decode.conftest import BAD, GOOD, exif_rotated_jpeg, rgb_jpeg, smooth_rgb
 
@@ -88,11 +89,25 @@ def test_on_error_skip_keeps_the_rest(images: dict[str, bytes]) -> None:
 
 def test_on_error_warn(images: dict[str, bytes]) -> None:
     decoder = create_decoder("cpu", size=32, on_error="warn")
-    with pytest.warns(UserWarning, match="cannot be decoded"):
+    with pytest.warns(RuntimeWarning, match="skipped a sample: "):
         decoded = decoder.decode([images["corrupt"], images["color"]])
     assert decoded.kept.tolist() == [1]
     empty = create_decoder("cpu", size=32, on_error="skip").decode([images["empty"]])
     assert empty.images.shape == (0, 3, 32, 32) and empty.kept.numel() == 0
+
+
+def test_decode_errors_carry_their_reason_whatever_the_policy(images: dict[str, bytes]) -> None:
+    for policy in ("skip", "warn", OnError.SKIP):
+        decoder = create_decoder("cpu", size=32, on_error=policy)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            decoder.decode([images["color"], images["truncated"], images["empty"]])
+        assert [(error.source, error.reason) for error in decoder.last_errors] == [
+            ("batch item 1", "truncated"),
+            ("batch item 2", "empty"),
+        ]
+    assert create_decoder("cpu", size=32, on_error="fail").on_error is OnError.RAISE
+    assert "on_error='skip'" in repr(create_decoder("cpu", size=32, on_error=OnError.SKIP))
 
 
 def test_random_crop_is_seeded_and_varies(images: dict[str, bytes]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from PIL import Image
 
 from fastdata import PreprocessOptions, ShardReader, load_manifest
 from fastdata.cli import main
-from fastdata.errors import PreprocessError
+from fastdata.errors import OnError, PreprocessError
 from fastdata.preprocess import preprocess
 from fastdata.shards import ShardWriter
 
@@ -83,6 +84,49 @@ def test_cli_fail_mode_exit_code(damaged_folder: Path, tmp_path: Path, capsys: A
     assert code == 1
     assert "truncated.jpg" in capsys.readouterr().err  # the first bad file in sample order
     assert not (tmp_path / "o" / "index.json").exists()
+
+
+@pytest.mark.parametrize("spelling", ["raise", "fail", OnError.RAISE])
+def test_raise_and_fail_are_one_policy(
+    damaged_folder: Path, tmp_path: Path, spelling: OnError | str
+) -> None:
+    options = PreprocessOptions(sizes=(16,), on_error=spelling)
+    assert options.on_error is OnError.RAISE and options.to_json()["on_error"] == "raise"
+    with pytest.raises(PreprocessError, match=r"truncated\.jpg.*--on-error skip"):
+        preprocess(damaged_folder, tmp_path / "o", options, show_progress=False)
+
+
+def test_warn_logs_each_skipped_input_and_skip_does_not(
+    damaged_folder: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    for policy in ("warn", "skip"):
+        caplog.clear()
+        options = PreprocessOptions(sizes=(16,), on_error=policy)
+        with caplog.at_level(logging.DEBUG, logger="fastdata.preprocess"):
+            summary = preprocess(
+                damaged_folder, tmp_path / policy, options, workers=2, show_progress=False
+            )
+        assert summary.num_skipped == 3  # recorded under either policy
+        reports = [
+            (r.levelno, r.getMessage())
+            for r in caplog.records
+            if r.getMessage().startswith("skipped a sample: ")
+        ]
+        level = logging.WARNING if policy == "warn" else logging.DEBUG
+        assert [lvl for lvl, _ in reports] == [level] * 3
+        assert any("truncated.jpg" in message for _, message in reports)
+        assert load_manifest(tmp_path / policy).options["on_error"] == policy
+
+
+@pytest.mark.parametrize(("spelling", "code"), [("warn", 0), ("skip", 0), ("raise", 1)])
+def test_cli_accepts_every_policy(
+    damaged_folder: Path, tmp_path: Path, spelling: str, code: int
+) -> None:
+    out = tmp_path / "o"
+    args = ["preprocess", str(damaged_folder), str(out), "--size", "16", "-q"]
+    assert main([*args, "--on-error", spelling]) == code
+    if code == 0:
+        assert load_manifest(out).options["on_error"] == spelling
 
 
 def test_cli_skip_mode_summary(damaged_folder: Path, tmp_path: Path, capsys: Any) -> None:
@@ -242,7 +286,7 @@ def test_foreign_files_refuse(sample_imagefolder: Path, tmp_path: Path, capsys: 
         ({"compression": "gzip", "storage": "jpeg"}, "compression applies to storage='raw'"),
         ({"jpeg_quality": 0}, "jpeg_quality must be an int in 1..100"),
         ({"shard_bytes": 0}, "shard_bytes must be a positive int"),
-        ({"on_error": "warn"}, "on_error must be one of"),
+        ({"on_error": "ignore"}, "on_error must be one of"),
     ],
 )
 def test_option_validation(kwargs: dict[str, Any], message: str) -> None:

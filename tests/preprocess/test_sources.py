@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -233,7 +234,9 @@ def test_mask_suffix_beside_images_and_in_own_folder(tmp_path: Path) -> None:
     assert load_manifest(tmp_path / "o2").num_samples == 2
 
 
-def test_unpaired_images_and_masks_follow_on_error(tmp_path: Path) -> None:
+def test_unpaired_images_and_masks_follow_on_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     images, masks = tmp_path / "i", tmp_path / "m"
     _images(images, ["a.jpg", "b.jpg", "c.jpg"])
     masks.mkdir()
@@ -247,6 +250,12 @@ def test_unpaired_images_and_masks_follow_on_error(tmp_path: Path) -> None:
     fail = PreprocessOptions(sizes=(8,), on_error="fail")
     with pytest.raises(PreprocessError, match=r"without an image, e\.g\. .*z\.png"):
         preprocess(images, tmp_path / "o2", fail, masks=masks, show_progress=False)
+    warn = PreprocessOptions(sizes=(8,), on_error="warn")
+    with caplog.at_level(logging.WARNING, logger="fastdata.preprocess"):
+        preprocess(images, tmp_path / "o3", warn, masks=masks, show_progress=False)
+    assert len(load_manifest(tmp_path / "o3").skipped) == 2
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 2 and any("z.png: mask without an image" in m for m in warned)
 
 
 def test_default_shard_size_gives_several_shards_for_a_few_thousand_images() -> None:

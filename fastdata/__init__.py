@@ -19,6 +19,7 @@ from fastdata.errors import (
     DecodeError,
     FastDataError,
     InsufficientMemoryError,
+    OnError,
     PreprocessError,
     ShardFormatError,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "InsufficientMemoryError",
     "Manifest",
     "MemoryReport",
+    "OnError",
     "PreprocessError",
     "PreprocessOptions",
     "PreprocessSummary",

@@ -157,6 +157,11 @@ class BatchTransform:
             array: Images = images.permute(0, 2, 3, 1).numpy()
         else:
             array = check_images(images)
+        if self.in_place:
+            # The kernels write whole rows in place, which needs C-contiguous samples; a
+            # planar tensor's channels-last view (or a strided array) is copied once here.
+            array = _contiguous(array)
+            mask_list = [_contiguous(mask) for mask in mask_list]
         check_masks(array, mask_list)
         result, moved = self.apply_all(array, mask_list, executor, tasks)
         out: BatchInput = result
@@ -165,6 +170,13 @@ class BatchTransform:
         if masks is None:
             return out
         return out, torch.from_numpy(stack_images(moved[0])) if tensor_masks else moved[0]
+
+
+def _contiguous(images: Images) -> Images:
+    """``images`` with every sample C-contiguous (copied only where one is not)."""
+    if isinstance(images, np.ndarray):
+        return np.ascontiguousarray(images)
+    return [np.ascontiguousarray(image) for image in images]
 
 
 class OpTransform(BatchTransform, ops.Executor):

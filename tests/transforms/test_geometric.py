@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import cv2
 import numpy as np
@@ -115,3 +117,26 @@ def test_seeded_transform_pickles_and_reseeds(batch: np.ndarray) -> None:
     first = crop(batch)
     clone = pickle.loads(pickle.dumps(crop))  # as into a spawned worker
     np.testing.assert_array_equal(clone(batch), first)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: RandomHorizontalFlip(p=1.0),
+        lambda: CenterCrop(6),
+        lambda: RandomResizedCrop(6, seed=0),
+        lambda: Resize(8),
+    ],
+    ids=["flip", "center_crop", "random_resized_crop", "resize"],
+)
+def test_planar_tensors_and_strided_arrays(batch: np.ndarray, make: Callable[[], Any]) -> None:
+    # A contiguous (B, C, H, W) tensor is a strided view once channels-last; the in-place
+    # flip used to hand OpenCV that view as its destination and fail.
+    expected = make()(batch.copy())
+    planar = torch.from_numpy(batch).permute(0, 3, 1, 2).contiguous()
+    np.testing.assert_array_equal(make()(planar).permute(0, 2, 3, 1).numpy(), expected)
+    strided = np.ascontiguousarray(batch[:, :, ::-1])[:, :, ::-1]  # negative strides
+    np.testing.assert_array_equal(make()(strided), expected)
+    masks = torch.from_numpy(batch[..., 0].copy()).transpose(1, 2).contiguous().transpose(1, 2)
+    _, moved = make()(planar, masks=masks)
+    np.testing.assert_array_equal(moved.numpy(), make()(batch.copy(), masks=batch[..., 0])[1])

@@ -4,6 +4,8 @@ This is the only package that imports h5py.
 """
 
 from fastdata.shards._checksum import VerifyProblem, file_sha256, shard_matches, verify_shards
+from fastdata.shards._field_kind import Column, FieldKind
+from fastdata.shards._kinds import register_field_kind
 from fastdata.shards._schema import (
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -21,6 +23,8 @@ __all__ = [
     "COMPRESSIONS",
     "FORMAT_VERSION",
     "MANIFEST_NAME",
+    "Column",
+    "FieldKind",
     "FieldSpec",
     "Manifest",
     "ShardInfo",
@@ -29,6 +33,7 @@ __all__ = [
     "VerifyProblem",
     "file_sha256",
     "load_manifest",
+    "register_field_kind",
     "save_manifest",
     "shard_matches",
     "verify_shards",

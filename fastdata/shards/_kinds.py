@@ -1,0 +1,28 @@
+"""The registry of field kinds: the name a manifest gives a field's ``kind`` → its class.
+
+A new kind of field (say variable-length arrays of detection boxes) is one
+:class:`~fastdata.shards.FieldKind` subclass passed to :func:`register_field_kind`.
+"""
+
+from __future__ import annotations
+
+from fastdata.shards._array_kind import ArrayKind
+from fastdata.shards._encoded_kind import EncodedKind
+from fastdata.shards._field_kind import FieldKind
+
+FIELD_KINDS: dict[str, type[FieldKind]] = {kind.name: kind for kind in (ArrayKind, EncodedKind)}
+
+
+def register_field_kind(cls: type[FieldKind]) -> type[FieldKind]:
+    """Make ``cls`` the kind named ``cls.name`` in manifests (usable as a decorator)."""
+    FIELD_KINDS[cls.name] = cls
+    return cls
+
+
+def kind_class(name: str) -> type[FieldKind]:
+    """The class of kind ``name``; ``ValueError`` naming the known kinds otherwise."""
+    cls = FIELD_KINDS.get(name)
+    if cls is None:
+        known = ", ".join(repr(k) for k in FIELD_KINDS)
+        raise ValueError(f"kind must be one of {known}, got {name!r}")
+    return cls

@@ -53,6 +53,11 @@ class Column:
 class FieldKind(ABC):
     """How one kind of field is stored, read and described (subclass per kind).
 
+    A subclass sets ``name`` (the manifest's ``kind``) and ``fixed_size``, implements the
+    abstract methods and is passed to :func:`register_field_kind`; ``spec.field_kind`` is
+    then an instance bound to its field. Its layout inside a shard is its own; the two
+    built-in kinds' layouts are in docs/FORMAT.md.
+
     Args:
         spec: The field this kind is bound to.
     """
@@ -68,7 +73,11 @@ class FieldKind(ABC):
     @classmethod
     @abstractmethod
     def check(cls, spec: FieldSpec) -> None:
-        """``ValueError`` when ``spec`` is not a valid field of this kind."""
+        """``ValueError`` when ``spec`` is not a valid field of this kind.
+
+        Args:
+            spec: The field being created (from code or a manifest).
+        """
 
     @property
     @abstractmethod
@@ -105,30 +114,63 @@ class FieldKind(ABC):
     # -- writing ----------------------------------------------------------------------
     @abstractmethod
     def to_bytes(self, value: Any) -> bytes | memoryview:
-        """One sample's stored bytes; ``TypeError``/``ValueError`` naming the field when
-        ``value`` does not fit."""
+        """One sample's stored bytes, as the writer appends them.
+
+        Args:
+            value: The sample's value given to ``ShardWriter.append``.
+
+        Raises:
+            TypeError: ``value`` has the wrong type or dtype (the message names the field).
+            ValueError: ``value`` has the wrong shape.
+        """
 
     def preallocate(self, h5: h5py.File, max_samples: int) -> int | None:
-        """Lay out room for ``max_samples`` samples in ``h5`` and return the file offset
-        where sample 0 goes, so that samples can be written in place; ``None`` (the
-        default) when the kind is written only by :meth:`write`."""
+        """Lay out room for ``max_samples`` samples and return the file offset where
+        sample 0 goes, so that fixed-size samples can be written in place; ``None`` (the
+        default) when the kind is written only by :meth:`write`.
+
+        Args:
+            h5: The shard file being laid out.
+            max_samples: Samples the shard will hold.
+        """
         return None
 
     @abstractmethod
     def write(self, h5: h5py.File, column: Column, compression: str | None) -> list[Region]:
-        """Create the field's datasets in ``h5`` for ``column``; returns the byte regions
-        still to be copied into the file (HDF5 has allocated them)."""
+        """Create the field's datasets for one shard; returns the regions
+        ``(source file, offset in it, offset in the shard, bytes)`` still to be copied
+        into the file (HDF5 has allocated them; the kernel copies them).
+
+        Args:
+            h5: The shard file being built.
+            column: The samples' spilled bytes.
+            compression: ``None``, ``"gzip"`` or ``"lzf"`` (see ``ShardWriter``).
+        """
 
     # -- reading ----------------------------------------------------------------------
     @abstractmethod
     def open(self, h5: h5py.File, num_samples: int, mapper: Mapper) -> Any:
-        """Check the field's datasets in an open shard against the spec (``ValueError``
-        naming what differs) and return its view: what :meth:`read` and :meth:`gather`
-        take."""
+        """Check the field's datasets in an open shard against the spec and return its
+        view, what :meth:`read` and :meth:`gather` take.
+
+        Args:
+            h5: The open shard file.
+            num_samples: Samples the manifest records for the shard.
+            mapper: Maps a checked contiguous dataset into memory (or returns it as is).
+
+        Raises:
+            ValueError: A dataset is missing or differs from the spec (the message says
+                what differs).
+        """
 
     @abstractmethod
     def read(self, view: Any, index: int) -> np.ndarray:
-        """Sample ``index`` of one segment's ``view``."""
+        """One sample.
+
+        Args:
+            view: One segment's view (what :meth:`open` or :meth:`unpack` returned).
+            index: Sample index inside the segment.
+        """
 
     @abstractmethod
     def gather(
@@ -141,8 +183,9 @@ class FieldKind(ABC):
         executor: Executor | None = None,
         tasks: int = 1,
     ) -> np.ndarray | list[np.ndarray]:
-        """Samples ``local`` of segments ``segments`` (what :func:`fastdata._gather.locate`
-        returns), in that order.
+        """Samples ``local`` of segments ``segments`` (what ``ShardReader.locate``
+        returns), in that order: fixed-size kinds as one ``(B, *shape)`` array, others
+        as a list.
 
         Args:
             views: Segment number → its view.
@@ -156,14 +199,24 @@ class FieldKind(ABC):
     # -- one contiguous copy (RAM datasets) --------------------------------------------
     @abstractmethod
     def pack(self, view: Any) -> tuple[Any, np.ndarray | None]:
-        """One segment's ``(payload, offsets)``: its samples as one array-like, and when
-        samples vary in size their ``int64`` offsets along the payload's first axis
-        (``N + 1``, from 0; ``None`` for fixed-size kinds)."""
+        """One segment's ``(payload, offsets)``, to be copied into one contiguous buffer:
+        its samples as one array-like, and when samples vary in size their ``int64``
+        offsets along the payload's first axis (``N + 1``, from 0; ``None`` for
+        fixed-size kinds).
+
+        Args:
+            view: One segment's view (what :meth:`open` returned).
+        """
 
     @abstractmethod
     def unpack(self, payload: np.ndarray, offsets: np.ndarray | None, num_samples: int) -> Any:
-        """The view of ``num_samples`` samples held as a flat ``uint8`` ``payload`` (and
-        ``offsets``): the inverse of :meth:`pack`."""
+        """The view of samples held in one contiguous buffer: the inverse of :meth:`pack`.
+
+        Args:
+            payload: The samples' bytes, flat ``uint8``.
+            offsets: Their offsets (``None`` for fixed-size kinds).
+            num_samples: Samples held.
+        """
 
 
 def create_contiguous(

@@ -14,7 +14,27 @@ FIELD_KINDS: dict[str, type[FieldKind]] = {kind.name: kind for kind in (ArrayKin
 
 
 def register_field_kind(cls: type[FieldKind]) -> type[FieldKind]:
-    """Make ``cls`` the kind named ``cls.name`` in manifests (usable as a decorator)."""
+    """Make ``cls`` the kind named ``cls.name`` in manifests (usable as a decorator).
+
+    Args:
+        cls: A :class:`FieldKind` subclass.
+
+    Example:
+        >>> @register_field_kind                                    # doctest: +SKIP
+        ... class BoxesKind(FieldKind):
+        ...     name = "boxes"
+        ...     fixed_size = False
+        ...     ...
+
+    Raises:
+        TypeError: ``cls`` is not a :class:`FieldKind` subclass.
+        ValueError: Another class already has the name.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, FieldKind)):
+        raise TypeError(f"cls must be a FieldKind subclass, got {cls!r}")
+    held = FIELD_KINDS.get(cls.name)
+    if held is not None and held is not cls:
+        raise ValueError(f"field kind {cls.name!r} is already {held.__qualname__}")
     FIELD_KINDS[cls.name] = cls
     return cls
 

@@ -169,3 +169,15 @@ def test_a_kind_checks_its_specs(boxes_kind: None) -> None:
         FieldSpec("b", "polygons", "float32")
     with pytest.raises(ValueError, match="encoded field 'e' must have dtype 'uint8'"):
         FieldSpec("e", "encoded", "int16", encoding="png")
+
+
+def test_registering_checks_the_class(boxes_kind: None) -> None:
+    with pytest.raises(TypeError, match="cls must be a FieldKind subclass"):
+        register_field_kind(dict)  # type: ignore[arg-type]
+
+    class OtherBoxes(BoxesKind):
+        pass
+
+    with pytest.raises(ValueError, match="field kind 'boxes' is already BoxesKind"):
+        register_field_kind(OtherBoxes)
+    assert register_field_kind(BoxesKind) is BoxesKind

@@ -54,8 +54,8 @@ class Store:
         tasks: int = 1,
     ) -> np.ndarray | list[np.ndarray]:
         """Samples ``indices`` of ``field``: fixed-size ones copied into ``out`` (or a new
-        array), variable-size ones as a list of 1-D ``uint8`` arrays (views where the
-        storage allows).
+        array), variable-size ones as a list of arrays (1-D ``uint8`` for encoded fields;
+        views where the storage allows).
 
         Rows are read in ascending (segment, offset) order, and the copy loop is split
         into ``tasks`` slices on ``executor`` (see :func:`fastdata._gather.gather_rows`).

@@ -1,8 +1,9 @@
 """The one batched read path over segmented storage (shards on disk, or one RAM buffer).
 
-``ShardReader`` and the datasets' stores both read through these functions, so indexing,
-ordering and copying behave the same everywhere; the checks of a shard happen when the
-``view`` callables open it (``fastdata.shards.reader``), once per shard and process.
+``ShardReader`` and the datasets' stores both read through these functions (each field
+kind's ``gather`` calls the one for its layout), so indexing, ordering and copying behave
+the same everywhere; the checks of a shard happen when the ``view`` callables open it
+(``fastdata.shards.reader``), once per shard and process.
 """
 
 from __future__ import annotations

@@ -31,12 +31,7 @@ def run(args: argparse.Namespace) -> int:
         f"{format_bytes(manifest.num_bytes)}"
     )
     for spec in manifest.fields:
-        detail = (
-            f"{spec.dtype} {tuple(spec.shape)} {spec.layout}".rstrip()
-            if spec.kind == "array"
-            else f"encoded {spec.encoding}"
-        )
-        print(f"field         {spec.name:<12} {detail}")
+        print(f"field         {spec.name:<12} {spec.field_kind.describe()}")
     if manifest.class_names:
         shown = ", ".join(manifest.class_names[:8])
         more = f" … (+{len(manifest.class_names) - 8})" if len(manifest.class_names) > 8 else ""

@@ -24,7 +24,6 @@ from fastdata.shards import FieldSpec
 
 LAYOUTS = ("CHW", "HWC")
 _SHARED_MIN_BYTES = 1 << 16  # smaller batches: a plain allocation is cheaper
-IMAGE_ENCODINGS = ("jpeg", "png", "image")  # "image": any format OpenCV reads
 
 
 class BatchedDataset(Dataset):
@@ -85,7 +84,7 @@ class BatchedDataset(Dataset):
         masks = []
         for name in self.fields[1:]:
             spec = self.store.specs[name]
-            if spec.kind != "array" or spec.dtype != "uint8" or len(spec.shape) != 2:
+            if not spec.field_kind.is_mask:
                 continue
             if image_size is not None and tuple(spec.shape) != tuple(image_size):
                 raise ValueError(
@@ -99,12 +98,7 @@ class BatchedDataset(Dataset):
 
     def _image_size(self) -> tuple[int, int] | None:
         """The first field's stored ``(height, width)`` (``None``: encoded, sizes vary)."""
-        first = self.store.specs[self.fields[0]]
-        if first.kind != "array" or len(first.shape) not in (2, 3):
-            return None
-        if len(first.shape) == 2:
-            return first.shape[0], first.shape[1]
-        return (first.shape[1], first.shape[2]) if first.layout == "CHW" else first.shape[:2]  # type: ignore[return-value]
+        return self.store.specs[self.fields[0]].field_kind.image_size
 
     def _check_transform_input(self) -> None:
         """Ask a batch transform what it makes of the stored image size, so that a crop
@@ -212,7 +206,7 @@ class BatchedDataset(Dataset):
         keep = np.ones(len(indices), bool)
         for name in self.fields:
             spec = self.store.specs[name]
-            if spec.kind == "encoded":
+            if not spec.field_kind.fixed_size:
                 values[name] = self._read_encoded(
                     name, indices, keep, single=single, pool=(executor, tasks)
                 )
@@ -262,11 +256,11 @@ class BatchedDataset(Dataset):
         pool: tuple[Executor | None, int],
     ) -> list[Any]:
         spec = self.store.specs[name]
-        raw = self.store.encoded(name, indices)
+        raw = self.store.gather(name, indices)
         if spec.encoding == "utf-8":
             return [bytes(item).decode() for item in raw]
-        if not self.decode or spec.encoding not in IMAGE_ENCODINGS:
-            return [torch.from_numpy(np.array(item, np.uint8)) for item in raw]
+        if not self.decode or not spec.field_kind.decodes_to_image:
+            return [torch.from_numpy(np.array(item)) for item in raw]  # copies out of the map
         decoded: list[Any] = [None] * len(raw)
         failures: list[tuple[int, DecodeError]] = []
 
@@ -292,7 +286,7 @@ class BatchedDataset(Dataset):
     def _transforms(self, name: str) -> bool:
         """Whether ``transform`` applies to field ``name`` (the first, an image)."""
         spec = self.store.specs[name]
-        is_image = spec.kind == "array" or (self.decode and spec.encoding in IMAGE_ENCODINGS)
+        is_image = spec.field_kind.fixed_size or (self.decode and spec.field_kind.decodes_to_image)
         return self.transform is not None and is_image and name == self.fields[0]
 
     def _per_sample(self, name: str) -> bool:
@@ -344,7 +338,7 @@ class BatchedDataset(Dataset):
             value = stack_images(value)
         tensor = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
         spec = self.store.specs[name]
-        channels_last = spec.layout == "HWC" or spec.kind == "encoded"
+        channels_last = spec.field_kind.sample_layout == "HWC"
         if tensor.dim() == 4 and channels_last and self.layout == "CHW":
             tensor = tensor.permute(0, 3, 1, 2)
         return tensor

@@ -96,36 +96,34 @@ def load_shards(
         n = len(reader)
         shards = range(len(reader.manifest.shards))
         counts = [info.num_samples for info in reader.manifest.shards]
-        sizes = {
-            spec.name: (
-                spec.sample_nbytes * n
-                if spec.kind == "array"
-                else sum(int(reader.view(spec.name, s)[1][-1]) for s in shards)
-            )
-            for spec in specs
-        }
-        encoded = [spec.name for spec in specs if spec.kind == "encoded"]
-        needed = sum(sizes.values()) + 8 * (n + 1) * len(encoded)
+        packs = [
+            {spec.name: spec.field_kind.pack(reader.view(spec.name, s)) for spec in specs}
+            for s in shards
+        ]
+        sizes = {spec.name: sum(int(p[spec.name][0].nbytes) for p in packs) for spec in specs}
+        # fields whose samples vary in size keep their offsets
+        indexed = [spec.name for spec in specs if not spec.field_kind.fixed_size]
+        needed = sum(sizes.values()) + 8 * (n + 1) * len(indexed)
         check_memory(needed, what=f"shard set {path}", override=override_memory_check)
         buffers = {name: SharedBuffer(nbytes, name) for name, nbytes in sizes.items()}
-        offsets = {name: SharedBuffer(8 * (n + 1), f"{name}-offsets") for name in encoded}
+        offsets = {name: SharedBuffer(8 * (n + 1), f"{name}-offsets") for name in indexed}
         bar = progress_bar(total=needed, desc="load shards", unit="B", enabled=show_progress)
         sample_start = 0
-        byte_start = dict.fromkeys(encoded, 0)
-        for shard, count in zip(shards, counts, strict=True):
-            for spec in specs:
-                if spec.kind == "array":
-                    target = buffers[spec.name].array.view(spec.dtype).reshape(n, *spec.shape)
-                    target[sample_start : sample_start + count] = reader.view(spec.name, shard)[:]
-                    bar.update(spec.sample_nbytes * count)
-                else:
-                    data, local = reader.view(spec.name, shard)
-                    start, length = byte_start[spec.name], int(local[-1])
-                    buffers[spec.name].array[start : start + length] = data[:length]
-                    view = offsets[spec.name].array.view(np.int64)
-                    view[sample_start : sample_start + count + 1] = local + start
-                    byte_start[spec.name] += length
-                    bar.update(length + 8 * count)
+        byte_start = dict.fromkeys(sizes, 0)
+        row_start = dict.fromkeys(sizes, 0)  # offsets count the payload's rows
+        for shard_packs, count in zip(packs, counts, strict=True):
+            for name, (payload, local) in shard_packs.items():
+                start, length = byte_start[name], int(payload.nbytes)
+                if length:
+                    target = buffers[name].array[start : start + length]
+                    target.view(payload.dtype).reshape(payload.shape)[...] = payload[...]
+                byte_start[name] += length
+                if local is not None:
+                    view = offsets[name].array.view(np.int64)
+                    view[sample_start : sample_start + count + 1] = local + row_start[name]
+                    length += 8 * count
+                row_start[name] += len(payload)
+                bar.update(length)
             sample_start += count
         bar.close()
     finally:

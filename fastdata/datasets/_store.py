@@ -1,9 +1,10 @@
 """Where a dataset's samples live: memory-mapped shards or contiguous RAM buffers.
 
 Both stores present the same small interface to the datasets: fields, segments
-(a shard, or the one RAM buffer) with direct array views, and a batched gather that
-copies rows in file order, split across a thread pool. Indexing and gathering are the
-functions of :mod:`fastdata._gather`, which :class:`~fastdata.shards.ShardReader` uses too.
+(a shard, or the one RAM buffer) with direct views, and a batched gather that copies
+rows in file order, split across a thread pool. Indexing is :func:`fastdata._gather.locate`
+and gathering each field's kind (:class:`~fastdata.shards.FieldKind`), which
+:class:`~fastdata.shards.ShardReader` uses too.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from fastdata._gather import gather_encoded, gather_rows, locate
+from fastdata._gather import locate
 from fastdata.datasets._shm import SharedBuffer
 from fastdata.shards import FieldSpec, ShardReader, load_manifest
 
@@ -32,12 +33,9 @@ class Store:
         """Global indices → (segment, index inside it); ``IndexError`` when out of range."""
         raise NotImplementedError
 
-    def array_view(self, field: str, segment: int) -> Any:
-        """``(n, *shape)`` array-like of one segment's samples of an array field."""
-        raise NotImplementedError
-
-    def encoded_view(self, field: str, segment: int) -> tuple[Any, np.ndarray]:
-        """``(blob, offsets)`` of one segment's encoded field."""
+    def view(self, field: str, segment: int) -> Any:
+        """One segment's samples of ``field`` as its kind views them: an ``(n, *shape)``
+        array-like for an array field, ``(blob, offsets)`` for an encoded one."""
         raise NotImplementedError
 
     def source(self, index: int) -> str:
@@ -51,22 +49,23 @@ class Store:
         self,
         field: str,
         indices: np.ndarray,
-        out: np.ndarray,
+        out: np.ndarray | None = None,
         executor: Executor | None = None,
         tasks: int = 1,
-    ) -> None:
-        """Copy samples ``indices`` of an array field into ``out[0:len(indices)]``.
+    ) -> np.ndarray | list[np.ndarray]:
+        """Samples ``indices`` of ``field``: fixed-size ones copied into ``out`` (or a new
+        array), variable-size ones as a list of arrays (1-D ``uint8`` for encoded fields;
+        views where the storage allows).
 
         Rows are read in ascending (segment, offset) order, and the copy loop is split
         into ``tasks`` slices on ``executor`` (see :func:`fastdata._gather.gather_rows`).
         """
         segments, local = self.locate(indices)
-        gather_rows(
-            lambda segment: self.array_view(field, segment),
+        return self.specs[field].field_kind.gather(
+            lambda segment: self.view(field, segment),
             segments,
             local,
             out,
-            sample_nbytes=self.specs[field].sample_nbytes,
             executor=executor,
             tasks=tasks,
         )
@@ -75,15 +74,10 @@ class Store:
         """Read-only views of samples ``indices`` of an array field, without copying
         (``None`` when a segment is not memory-mapped, e.g. compressed shards)."""
         segments, local = self.locate(indices)
-        views = {s: self.array_view(field, s) for s in np.unique(segments).tolist()}
+        views = {s: self.view(field, s) for s in np.unique(segments).tolist()}
         if not all(isinstance(view, np.ndarray) for view in views.values()):
             return None
         return [views[s][i] for s, i in zip(segments.tolist(), local.tolist(), strict=True)]
-
-    def encoded(self, field: str, indices: np.ndarray) -> list[np.ndarray]:
-        """Encoded samples as 1-D ``uint8`` arrays (views where the storage allows)."""
-        segments, local = self.locate(indices)
-        return gather_encoded(lambda segment: self.encoded_view(field, segment), segments, local)
 
 
 class ShardStore(Store):
@@ -100,12 +94,8 @@ class ShardStore(Store):
     def locate(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self.reader.locate(indices)
 
-    def array_view(self, field: str, segment: int) -> Any:
+    def view(self, field: str, segment: int) -> Any:
         return self.reader.view(field, segment)
-
-    def encoded_view(self, field: str, segment: int) -> tuple[Any, np.ndarray]:
-        blob, offsets = self.reader.view(field, segment)
-        return blob, offsets
 
     def source(self, index: int) -> str:
         segments, local = self.locate(np.array([index]))
@@ -117,9 +107,10 @@ class ShardStore(Store):
 
 
 class RAMStore(Store):
-    """Samples in contiguous shared-memory buffers: per array field one ``(N, *shape)``
-    array, per encoded field one flat ``uint8`` blob plus ``int64`` offsets, and the
-    sources (file paths) packed the same way. No per-sample Python objects."""
+    """Samples in contiguous shared-memory buffers: per field its kind's packed payload
+    (an array field's ``(N, *shape)`` rows, an encoded field's flat ``uint8`` blob) plus
+    ``int64`` offsets where samples vary in size, and the sources (file paths) packed the
+    same way. No per-sample Python objects."""
 
     def __init__(
         self,
@@ -142,12 +133,13 @@ class RAMStore(Store):
     def locate(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return locate(self._starts, indices)
 
-    def array_view(self, field: str, segment: int) -> np.ndarray:
-        spec = self.specs[field]
-        return self.buffers[field].array.view(spec.dtype).reshape(self.num_samples, *spec.shape)
-
-    def encoded_view(self, field: str, segment: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.buffers[field].array, self.offsets[field].array.view(np.int64)
+    def view(self, field: str, segment: int) -> Any:
+        offsets = self.offsets.get(field)
+        return self.specs[field].field_kind.unpack(
+            self.buffers[field].array,
+            None if offsets is None else offsets.array.view(np.int64),
+            self.num_samples,
+        )
 
     def source(self, index: int) -> str:
         if self.sources is None:

@@ -66,7 +66,7 @@ def slot_fields(job: ShardJob) -> list[tuple[FieldSpec, int]]:
     fields = []
     offset = 0
     for spec in job.fields:
-        if spec.kind == "array" and spec.sample_nbytes >= _MIN_SLOT_FIELD_BYTES:
+        if spec.sample_nbytes >= _MIN_SLOT_FIELD_BYTES:  # fixed-size fields only
             fields.append((spec, offset))
             offset += -(-spec.sample_nbytes // 64) * 64  # cache-line aligned
     return fields

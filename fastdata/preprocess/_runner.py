@@ -83,7 +83,7 @@ def plan_tasks(
     """Split the items into consecutive shards of about ``options.shard_bytes``."""
     per_sample = _PATH_BYTES_ESTIMATE
     for spec in fields:
-        if spec.kind == "array":
+        if spec.field_kind.fixed_size:
             per_sample += spec.sample_nbytes
         elif spec.encoding in ("jpeg", "png"):  # ~2.7 bits per pixel and channel at q90
             per_sample += max(options.sizes) ** 2 * (1 if options.grayscale else 3) // 3

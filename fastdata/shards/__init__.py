@@ -4,6 +4,8 @@ This is the only package that imports h5py.
 """
 
 from fastdata.shards._checksum import VerifyProblem, shard_matches, verify_shards
+from fastdata.shards._field_kind import Column, FieldKind
+from fastdata.shards._kinds import register_field_kind
 from fastdata.shards._schema import (
     MANIFEST_NAME,
     FieldSpec,
@@ -18,6 +20,8 @@ from fastdata.shards.writer import COMPRESSIONS, ShardWriter
 __all__ = [
     "COMPRESSIONS",
     "MANIFEST_NAME",
+    "Column",
+    "FieldKind",
     "FieldSpec",
     "Manifest",
     "ShardInfo",
@@ -25,6 +29,7 @@ __all__ = [
     "ShardWriter",
     "VerifyProblem",
     "load_manifest",
+    "register_field_kind",
     "save_manifest",
     "shard_matches",
     "verify_shards",

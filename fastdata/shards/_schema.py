@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from fastdata._files import write_json_atomic
 from fastdata.errors import ShardFormatError
+from fastdata.shards._field_kind import NUMERIC_KINDS, FieldKind
+from fastdata.shards._kinds import kind_class
 
 FORMAT_NAME = "fastdata-shards"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "index.json"
-
-FieldKind = Literal["array", "encoded"]
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,8 @@ class FieldSpec:
 
     Attributes:
         name: Field name, also the HDF5 dataset (``array``) or group (``encoded``) name.
-        kind: ``"array"``: a fixed ``shape`` and ``dtype`` per sample, stored as one
+        kind: Name of the field's kind (:attr:`field_kind` is its class, bound to this
+            spec). ``"array"``: a fixed ``shape`` and ``dtype`` per sample, stored as one
             ``(N, *shape)`` dataset. ``"encoded"``: variable-length bytes per sample,
             stored as one flat ``uint8`` blob (``<name>/data``) plus ``int64`` offsets
             (``<name>/offsets``, ``N + 1`` entries).
@@ -37,29 +39,25 @@ class FieldSpec:
     """
 
     name: str
-    kind: FieldKind
+    kind: str
     dtype: str
     shape: tuple[int, ...] = ()
     layout: str = ""
     encoding: str | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in ("array", "encoded"):
-            raise ValueError(f"kind must be 'array' or 'encoded', got {self.kind!r}")
-        if self.kind == "encoded" and self.encoding is None:
-            raise ValueError(f"encoded field {self.name!r} needs an encoding")
-        if self.layout and len(self.layout) != len(self.shape):
-            raise ValueError(
-                f"layout {self.layout!r} of field {self.name!r} does not match shape {self.shape}"
-            )
         np.dtype(self.dtype)  # raises TypeError for an unknown dtype name
+        kind_class(self.kind).check(self)
+
+    @cached_property
+    def field_kind(self) -> FieldKind:
+        """What this field's kind does: size, write, view, gather, describe."""
+        return kind_class(self.kind)(self)
 
     @property
     def sample_nbytes(self) -> int:
-        """Bytes per sample of an array field (0 for encoded fields, whose size varies)."""
-        if self.kind == "encoded":
-            return 0
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        """Bytes per sample (0 for kinds whose samples vary in size, such as encoded)."""
+        return self.field_kind.sample_nbytes
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -71,8 +69,10 @@ class FieldSpec:
         """A spec from its manifest entry; ``ValueError`` naming ``key`` when malformed."""
         entry = _expect(data, dict, key)
         kind = _expect(entry.get("kind"), str, f"{key}.kind")
-        if kind not in ("array", "encoded"):
-            raise ValueError(f"{key}.kind must be 'array' or 'encoded', got {kind!r}")
+        try:
+            kind_class(kind)
+        except ValueError as exc:
+            raise ValueError(f"{key}.{exc}") from exc
         dtype = _expect(entry.get("dtype"), str, f"{key}.dtype")
         try:
             parsed = np.dtype(dtype)
@@ -80,27 +80,20 @@ class FieldSpec:
             raise ValueError(f"{key}.dtype {dtype!r} is not a NumPy dtype") from exc
         if parsed.kind not in NUMERIC_KINDS or parsed.fields is not None or parsed.subdtype:
             raise ValueError(f"{key}.dtype must be a plain numeric dtype, got {dtype!r}")
-        if kind == "encoded" and parsed != np.uint8:
-            raise ValueError(f"{key}.dtype of an encoded field must be 'uint8', got {dtype!r}")
         shape = _expect(entry.get("shape", []), list, f"{key}.shape")
         for axis, size in enumerate(shape):
             _count(size, f"{key}.shape[{axis}]")
-        if kind == "encoded" and shape:
-            raise ValueError(f"{key}.shape of an encoded field must be [], got {shape}")
         encoding = entry.get("encoding")
         if encoding is not None:
             _expect(encoding, str, f"{key}.encoding")
         name = _expect(entry.get("name"), str, f"{key}.name")
         if not name or "/" in name or name in (".", ".."):
             raise ValueError(f"{key}.name must be a non-empty name without '/', got {name!r}")
-        return cls(
-            name=name,
-            kind=kind,
-            dtype=dtype,
-            shape=tuple(shape),
-            layout=_expect(entry.get("layout", ""), str, f"{key}.layout"),
-            encoding=encoding,
-        )
+        layout = _expect(entry.get("layout", ""), str, f"{key}.layout")
+        try:
+            return cls(name, kind, dtype, tuple(shape), layout, encoding)
+        except ValueError as exc:  # the kind's own rules
+            raise ValueError(f"{key}: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -163,9 +156,6 @@ def is_plain_name(name: str) -> bool:
         and "\\" not in name
         and "\0" not in name
     )
-
-
-NUMERIC_KINDS = "biufc"  # bool, int, uint, float, complex: never object, string or void
 
 
 def _expect(value: Any, kind: type, key: str) -> Any:

@@ -12,12 +12,11 @@ from typing import Any
 import h5py
 import numpy as np
 
-from fastdata._gather import gather_encoded, gather_rows, locate
+from fastdata._gather import locate
 from fastdata.errors import ShardFormatError
 from fastdata.shards._schema import (
     FORMAT_NAME,
     FORMAT_VERSION,
-    NUMERIC_KINDS,
     FieldSpec,
     Manifest,
     ShardInfo,
@@ -30,8 +29,8 @@ class OpenShard:
 
     Opening checks the file against its manifest entry before anything is mapped (see
     docs/FORMAT.md, "What readers check"): a regular file of the recorded size, the format
-    attributes, the job identity, and per field the dataset's kind, dtype, shape, storage
-    and, for encoded fields, the offsets. Any difference raises :class:`ShardFormatError`.
+    attributes, the job identity, and per field what its kind checks (datasets, dtype,
+    shape, storage, offsets). Any difference raises :class:`ShardFormatError`.
     """
 
     def __init__(
@@ -43,31 +42,14 @@ class OpenShard:
             self.h5 = h5py.File(path, "r")
         except OSError as exc:
             raise ShardFormatError(f"cannot open shard ({exc})", path) from exc
-        self.arrays: dict[str, Any] = {}  # mapped np.ndarray when contiguous, else h5py.Dataset
-        self.offsets: dict[str, np.ndarray] = {}
-        self.blobs: dict[str, Any] = {}
+        # field name -> what its kind's open() returned (mapped arrays where it can)
+        self.views: dict[str, Any] = {}
         try:
             _check_attributes(self.h5, info)
-            n = info.num_samples
             for spec in fields:
-                if spec.kind == "array":
-                    ds = _dataset(self.h5, spec.name, spec.dtype, (n, *spec.shape))
-                    self.arrays[spec.name] = self._view(ds, use_mmap)
-                else:
-                    group = self.h5.get(spec.name)
-                    if not isinstance(group, h5py.Group):
-                        raise ValueError(f"field {spec.name!r} is not a group of an encoded field")
-                    offsets_ds = _dataset(group, "offsets", "int64", (n + 1,))
-                    offsets = np.asarray(offsets_ds[()])
-                    data = group.get("data")
-                    size = data.shape[0] if isinstance(data, h5py.Dataset) and data.ndim else 0
-                    data = _dataset(group, "data", "uint8", (size,))
-                    if offsets[0] != 0 or offsets[-1] != size or np.any(np.diff(offsets) < 0):
-                        raise ValueError(
-                            f"offsets of field {spec.name!r} do not run from 0 up to {size}"
-                        )
-                    self.offsets[spec.name] = offsets
-                    self.blobs[spec.name] = self._view(data, use_mmap)
+                self.views[spec.name] = spec.field_kind.open(
+                    self.h5, info.num_samples, lambda ds: self._view(ds, use_mmap)
+                )
         except (ValueError, KeyError, OSError) as exc:
             self.h5.close()
             raise ShardFormatError(f"shard does not match the manifest: {exc}", path) from exc
@@ -94,8 +76,7 @@ class OpenShard:
         return ds
 
     def close(self) -> None:
-        self.arrays.clear()
-        self.blobs.clear()
+        self.views.clear()
         self.h5.close()
 
 
@@ -156,22 +137,6 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _dataset(parent: h5py.Group, name: str, dtype: str, shape: tuple[int, ...]) -> h5py.Dataset:
-    """``parent[name]`` after checking it is a plain dataset of ``dtype`` and ``shape``:
-    never a variable-length, string or compound type, external or virtual storage."""
-    ds = parent.get(name)
-    where = f"{parent.name.rstrip('/')}/{name}"
-    if not isinstance(ds, h5py.Dataset):
-        raise ValueError(f"{where} is missing or not a dataset")
-    if ds.dtype != np.dtype(dtype) or ds.dtype.kind not in NUMERIC_KINDS or ds.dtype.metadata:
-        raise ValueError(f"{where} has dtype {ds.dtype}, the manifest records {dtype}")
-    if ds.shape != shape:
-        raise ValueError(f"{where} has shape {ds.shape}, the manifest records {shape}")
-    if ds.external or ds.is_virtual:
-        raise ValueError(f"{where} keeps its data outside the shard file")
-    return ds
-
-
 class ShardReader:
     """Reads samples of a ``fastdata preprocess`` output by field and global index.
 
@@ -224,10 +189,7 @@ class ShardReader:
         shard = self._shard(int(shard_ids[0]))
         local = int(local_ids[0])
         try:
-            if spec.kind == "array":
-                return np.asarray(shard.arrays[field][local])
-            offsets = shard.offsets[field]
-            return np.asarray(shard.blobs[field][offsets[local] : offsets[local + 1]])
+            return spec.field_kind.read(shard.views[field], local)
         except OSError as exc:
             raise ShardFormatError(
                 f"cannot read field {field!r} ({exc})", shard.path, index
@@ -244,48 +206,31 @@ class ShardReader:
         as a list of 1-D ``uint8`` arrays.
         """
         spec = self.manifest.field(field)
-        index_array = np.asarray(indices, dtype=np.int64)
-        shard_ids, local_ids = self.locate(index_array)
-        if spec.kind == "encoded":
-            return gather_encoded(lambda shard: self.view(field, shard), shard_ids, local_ids)
-        shape = (len(index_array), *spec.shape)
-        if out is None:
-            out = np.empty(shape, dtype=spec.dtype)
-        elif out.shape != shape or out.dtype != np.dtype(spec.dtype):
-            raise ValueError(
-                f"out must have shape {shape} and dtype {spec.dtype}, got {out.shape} {out.dtype}"
-            )
+        shard_ids, local_ids = self.locate(np.asarray(indices, dtype=np.int64))
         try:
-            gather_rows(
-                lambda shard: self.view(field, shard),
-                shard_ids,
-                local_ids,
-                out,
-                sample_nbytes=spec.sample_nbytes,
+            return spec.field_kind.gather(
+                lambda shard: self.view(field, shard), shard_ids, local_ids, out
             )
         except OSError as exc:  # h5py reading a damaged chunk
             raise ShardFormatError(f"cannot read field {field!r} ({exc})", self.root) from exc
-        return out
 
     def view(self, field: str, shard_id: int) -> Any:
         """Direct access to one shard's field, opened in this process on first use.
 
         Returns:
-            For an array field, the ``(n, *shape)`` samples of shard ``shard_id``: a
-            read-only memory-mapped ``np.ndarray`` when the dataset is contiguous and
-            uncompressed (and ``use_mmap``), else the ``h5py.Dataset``. For an encoded field,
+            What the field's kind opened (:meth:`FieldKind.open`). For an array field, the
+            ``(n, *shape)`` samples of shard ``shard_id``: a read-only memory-mapped
+            ``np.ndarray`` when the dataset is contiguous and uncompressed (and
+            ``use_mmap``), else the ``h5py.Dataset``. For an encoded field,
             ``(data, offsets)``: the flat ``uint8`` blob (mapped array or dataset) and its
             ``int64`` offsets, ``n + 1`` entries.
         """
-        spec = self.manifest.field(field)
+        self.manifest.field(field)  # KeyError naming the stored fields
         if not 0 <= shard_id < len(self.manifest.shards):
             raise IndexError(
                 f"shard {shard_id} out of range for {len(self.manifest.shards)} shards"
             )
-        shard = self._shard(shard_id)
-        if spec.kind == "array":
-            return shard.arrays[field]
-        return shard.blobs[field], shard.offsets[field]
+        return self._shard(shard_id).views[field]
 
     def _shard(self, shard_id: int) -> OpenShard:
         if self._pid != os.getpid():  # forked: handles of the parent must not be used here

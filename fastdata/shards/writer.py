@@ -18,10 +18,10 @@ import numpy as np
 
 from fastdata._files import fsync_dir
 from fastdata.shards._checksum import file_sha256
+from fastdata.shards._field_kind import COPY_BLOCK_BYTES, Column, Region
 from fastdata.shards._schema import FORMAT_NAME, FORMAT_VERSION, FieldSpec, ShardInfo
 
 COMPRESSIONS = ("gzip", "lzf")
-_COPY_BLOCK_BYTES = 64 << 20
 # copy_file_range errors that mean "not here" (cross-device before Linux 5.3, file systems
 # without support, seccomp filters): the copy goes through pread/pwrite instead.
 _NO_KERNEL_COPY = frozenset({errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP})
@@ -100,8 +100,9 @@ class ShardWriter:
             self._close_direct()
             _remove_tree(self._spill_dir)
             raise
+        # bytes per sample of the fields whose samples vary in size
         self._lengths: dict[str, list[int]] = {
-            f.name: [] for f in self.fields if f.kind == "encoded"
+            f.name: [] for f in self.fields if not f.field_kind.fixed_size
         }
         self._closed = False
 
@@ -118,14 +119,15 @@ class ShardWriter:
         if self.num_samples == self.max_samples:
             raise ValueError(f"ShardWriter for {self.path} takes at most {self.max_samples}")
         for spec in self.fields:
-            data = _to_bytes(spec, sample[spec.name])
+            data = spec.field_kind.to_bytes(sample[spec.name])
             offset = self._direct.get(spec.name)
             if offset is not None:
                 _pwrite_all(self._direct_fd, data, offset + self.num_samples * spec.sample_nbytes)
                 continue
             self._spills[spec.name].write(data)
-            if spec.kind == "encoded":
-                self._lengths[spec.name].append(len(data))
+            lengths = self._lengths.get(spec.name)
+            if lengths is not None:
+                lengths.append(len(data))
         self.num_samples += 1
 
     def close(self) -> ShardInfo:
@@ -173,23 +175,16 @@ class ShardWriter:
         _remove_tree(self._spill_dir)
 
     def _preallocate(self, max_samples: int) -> None:
-        """Lay out the large uncompressed array fields for ``max_samples`` samples."""
-        direct = [
-            spec
-            for spec in self.fields
-            if spec.kind == "array" and spec.sample_nbytes >= _DIRECT_MIN_BYTES
-        ]
+        """Lay out the large fixed-size fields (images, masks) for ``max_samples`` samples."""
+        direct = [spec for spec in self.fields if spec.sample_nbytes >= _DIRECT_MIN_BYTES]
         if not direct:
             return
         partial = self._spill_dir / "shard.h5"
         with h5py.File(partial, "w") as h5:
             for spec in direct:
-                ds = _create_contiguous(h5, spec.name, (max_samples, *spec.shape), spec.dtype)
-                ds.attrs["layout"] = spec.layout
-                offset = ds.id.get_offset()
-                if offset is None:
-                    raise OSError(f"HDF5 gave no offset for field {spec.name!r} of {partial}")
-                self._direct[spec.name] = offset
+                offset = spec.field_kind.preallocate(h5, max_samples)
+                if offset is not None:
+                    self._direct[spec.name] = offset
         self._direct_fd = os.open(partial, os.O_WRONLY)
 
     def _close_direct(self) -> None:
@@ -199,17 +194,12 @@ class ShardWriter:
 
     def _complete(self, partial: Path) -> None:
         """Add the attributes and the spilled fields to the preallocated file."""
-        regions: list[tuple[Path, int, int, int]] = []
+        regions: list[Region] = []
         with h5py.File(partial, "r+") as h5:
             self._write_attrs(h5, self.num_samples)
             for spec in self.fields:
-                if spec.name in self._direct:
-                    continue
-                spill = self._spill_dir / spec.name
-                if spec.kind == "array":
-                    regions += self._write_array(h5, spec, (spill, 0), self.num_samples)
-                else:
-                    regions += self._write_encoded(h5, spec, spill)
+                if spec.name not in self._direct:
+                    regions += self._write_field(h5, spec, self._spill_dir / spec.name, 0)
         _copy_regions(partial, regions)
 
     def _write_attrs(self, h5: h5py.File, num_samples: int) -> None:
@@ -239,69 +229,23 @@ class ShardWriter:
         # HDF5 lays out (and allocates) every contiguous dataset first; the bulk bytes are
         # then copied from the spill files into those regions by the kernel, never through
         # Python or HDF5's own buffers.
-        n = self.num_samples
-        # (source file, offset in it, offset in shard, bytes)
-        regions: list[tuple[Path, int, int, int]] = []
+        regions: list[Region] = []
         with h5py.File(partial, "w") as h5:
-            self._write_attrs(h5, n)
+            self._write_attrs(h5, self.num_samples)
             for spec in self.fields:
-                source = (self._spill_dir / spec.name, 0)
                 if spec.name in self._direct:
                     source = (self._spill_dir / _PREALLOCATED, self._direct[spec.name])
-                if spec.kind == "array":
-                    regions += self._write_array(h5, spec, source, n)
                 else:
-                    regions += self._write_encoded(h5, spec, source[0])
+                    source = (self._spill_dir / spec.name, 0)
+                regions += self._write_field(h5, spec, *source)
         _copy_regions(partial, regions)
 
-    def _write_array(
-        self, h5: h5py.File, spec: FieldSpec, source: tuple[Path, int], n: int
-    ) -> list[tuple[Path, int, int, int]]:
-        shape = (n, *spec.shape)
-        chunked = self.compression is not None and n > 0 and spec.sample_nbytes > 0
-        if not chunked:
-            ds = _create_contiguous(h5, spec.name, shape, spec.dtype)
-            ds.attrs["layout"] = spec.layout
-            offset = ds.id.get_offset()
-            nbytes = n * spec.sample_nbytes
-            return [(*source, offset, nbytes)] if nbytes and offset is not None else []
-        ds = h5.create_dataset(
-            spec.name,
-            shape=shape,
-            dtype=spec.dtype,
-            chunks=(1, *spec.shape),
-            compression=self.compression,
-        )
-        ds.attrs["layout"] = spec.layout
-        rows = np.memmap(source[0], dtype=spec.dtype, mode="r", offset=source[1], shape=shape)
-        rows_per_block = max(1, _COPY_BLOCK_BYTES // max(1, spec.sample_nbytes))
-        for start in range(0, n, rows_per_block):
-            ds[start : start + rows_per_block] = rows[start : start + rows_per_block]
-        del rows
-        return []
-
-    def _write_encoded(
-        self, h5: h5py.File, spec: FieldSpec, spill: Path
-    ) -> list[tuple[Path, int, int, int]]:
-        group = h5.create_group(spec.name)
-        group.attrs["encoding"] = spec.encoding or ""
-        lengths = np.asarray(self._lengths[spec.name], dtype=np.int64)
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        group.create_dataset("offsets", data=offsets)
-        total = int(offsets[-1])
-        data = _create_contiguous(group, "data", (total,), "uint8")
-        offset = data.id.get_offset()
-        return [(spill, 0, offset, total)] if total and offset is not None else []
-
-
-def _create_contiguous(
-    parent: h5py.Group, name: str, shape: tuple[int, ...], dtype: str
-) -> h5py.Dataset:
-    """A contiguous dataset whose file space is allocated now and never pre-filled."""
-    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
-    return parent.create_dataset(name, shape=shape, dtype=dtype, dcpl=dcpl, fill_time="never")
+    def _write_field(
+        self, h5: h5py.File, spec: FieldSpec, spill: Path, offset: int
+    ) -> list[Region]:
+        """Let the field's kind store the samples spilled to ``spill`` from ``offset`` on."""
+        column = Column(spill, offset, self._lengths.get(spec.name, ()), self.num_samples)
+        return spec.field_kind.write(h5, column, self.compression)
 
 
 def _mapped_sha256(path: Path) -> str:
@@ -314,8 +258,8 @@ def _mapped_sha256(path: Path) -> str:
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
             view = memoryview(mapped)
             try:
-                for start in range(0, size, _COPY_BLOCK_BYTES):
-                    digest.update(view[start : start + _COPY_BLOCK_BYTES])
+                for start in range(0, size, COPY_BLOCK_BYTES):
+                    digest.update(view[start : start + COPY_BLOCK_BYTES])
             finally:
                 view.release()
     return digest.hexdigest()
@@ -328,7 +272,7 @@ def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
         view, offset = view[written:], offset + written
 
 
-def _copy_regions(target: Path, regions: list[tuple[Path, int, int, int]]) -> None:
+def _copy_regions(target: Path, regions: list[Region]) -> None:
     if not regions:
         return
     with open(target, "r+b") as out:
@@ -344,7 +288,7 @@ def _copy_range(source_fd: int, target_fd: int, offsets: tuple[int, int], nbytes
     source_offset, offset = offsets
     copied = _kernel_copy(source_fd, target_fd, offsets, nbytes)
     while copied < nbytes:
-        block = os.pread(source_fd, min(_COPY_BLOCK_BYTES, nbytes - copied), source_offset + copied)
+        block = os.pread(source_fd, min(COPY_BLOCK_BYTES, nbytes - copied), source_offset + copied)
         if not block:
             raise OSError(f"spill file ended after {copied} of {nbytes} bytes")
         os.pwrite(target_fd, block, offset + copied)
@@ -369,26 +313,6 @@ def _kernel_copy(source_fd: int, target_fd: int, offsets: tuple[int, int], nbyte
         if exc.errno not in _NO_KERNEL_COPY:
             raise
     return copied
-
-
-def _to_bytes(spec: FieldSpec, value: SampleValue) -> bytes | memoryview:
-    if spec.kind == "encoded":
-        if isinstance(value, str):
-            return value.encode()
-        if isinstance(value, np.ndarray):
-            return value.tobytes()
-        if isinstance(value, bytes):
-            return value
-        raise TypeError(f"field {spec.name!r} takes bytes, got {type(value).__name__}")
-    array = np.asarray(value)
-    if array.shape != spec.shape:
-        raise ValueError(f"field {spec.name!r} takes shape {spec.shape}, got {array.shape}")
-    if array.dtype != np.dtype(spec.dtype):
-        if array.ndim == 0 and np.can_cast(array, np.dtype(spec.dtype), casting="same_kind"):
-            array = array.astype(spec.dtype)
-        else:
-            raise TypeError(f"field {spec.name!r} takes dtype {spec.dtype}, got {array.dtype}")
-    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data  # no copy
 
 
 def _remove_tree(folder: Path) -> None:

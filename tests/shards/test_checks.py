@@ -191,8 +191,14 @@ def test_shard_file_outside_the_folder_is_refused(tmp_path: Path, name: str) -> 
             r"shards\[0\].num_samples must be an int",
         ),
         (lambda d: d["shards"][1].update(num_bytes=True), r"shards\[1\].num_bytes must be an int"),
-        (lambda d: d["fields"][0].update(kind="encoded"), r"fields\[0\].shape of an encoded field"),
-        (lambda d: d["fields"][0].update(kind="blob"), r"fields\[0\].kind must be 'array'"),
+        (
+            lambda d: d["fields"][0].update(kind="encoded"),
+            r"fields\[0\]: encoded field 'image' must have shape \(\)",
+        ),
+        (
+            lambda d: d["fields"][0].update(kind="blob"),
+            r"fields\[0\].kind must be one of 'array', 'encoded', got 'blob'",
+        ),
         (lambda d: d["fields"][0].update(dtype="object"), r"fields\[0\].dtype must be a plain"),
         (lambda d: d["fields"][0].update(dtype="nope"), r"fields\[0\].dtype 'nope' is not"),
         (lambda d: d["fields"][0].update(shape="4x4"), r"fields\[0\].shape must be a list"),

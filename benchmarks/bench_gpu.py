@@ -61,7 +61,7 @@ def time_call(
 
 def host_part(images: torch.Tensor, repeat: int) -> dict[str, Any]:
     """Bytes per batch for each path and the host cost of normalizing to float32."""
-    normalize = Normalize(MEAN, STD, layout="BHWC")
+    normalize = Normalize(MEAN, STD, layout="HWC")
     float_bytes = images.numel() * 4
     timing = time_call(lambda: normalize(images), repeat=repeat)
     return {
@@ -171,8 +171,8 @@ def device_part(images: torch.Tensor, steps: int, repeat: int) -> dict[str, Any]
     """Copy/normalize timings on the current CUDA device and the prefetcher's overlap."""
     device = torch.device("cuda", torch.cuda.current_device())
     sync = torch.cuda.synchronize
-    normalize_host = Normalize(MEAN, STD, layout="BHWC")
-    normalize_dev = Normalize(MEAN, STD, layout="BHWC").to(device)
+    normalize_host = Normalize(MEAN, STD, layout="HWC")
+    normalize_dev = Normalize(MEAN, STD, layout="HWC").to(device)
     paths = copy_paths(images, device, normalize_host, normalize_dev, torch.Tensor.pin_memory)
     timed = {name: time_call(fn, repeat=repeat, sync=sync) for name, fn in paths.items()}
     pinned_u8 = images.pin_memory()

@@ -13,17 +13,18 @@ from torch.utils.data import Dataset, get_worker_info
 
 from fastdata._codec import DEFAULT_MAX_PIXELS, decode_image
 from fastdata._images import check_masks, stack_images
+from fastdata._layout import check_layout
 from fastdata._system import available_memory_bytes, usable_cpus
 from fastdata._threads import parallel_for
+from fastdata.datasets._buffers import BatchBuffers
 from fastdata.datasets._collate import mark_collated
 from fastdata.datasets._loader import ResumableDataLoader
 from fastdata.datasets._memory import MemoryReport
+from fastdata.datasets._plan import TransformPlan, plan_transform
 from fastdata.datasets._store import RAMStore, Store
 from fastdata.errors import DecodeError, OnError
 from fastdata.shards import FieldSpec
-
-LAYOUTS = ("CHW", "HWC")
-_SHARED_MIN_BYTES = 1 << 16  # smaller batches: a plain allocation is cheaper
+from fastdata.transforms import BatchTransform
 
 
 class BatchedDataset(Dataset):
@@ -47,11 +48,7 @@ class BatchedDataset(Dataset):
         on_error: OnError | str,
         num_threads: int | None,
     ) -> None:
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         on_error = OnError.parse(on_error)
-        if transform is not None and not callable(transform):
-            raise TypeError(f"transform must be callable or None, got {type(transform).__name__}")
         if decode_min_side is not None and (
             not isinstance(decode_min_side, int) or decode_min_side < 1
         ):
@@ -60,60 +57,33 @@ class BatchedDataset(Dataset):
             )
         self.store = store
         self.fields = tuple(fields)
-        self.transform = transform
-        self.layout = layout
+        self.layout = check_layout(layout, stacklevel=3)
         self.decode = decode
         self.on_error = on_error
-        self.mask_fields = self._mask_fields()
-        # Reduced JPEG decoding would shrink images below their full-size masks.
-        auto_side = None if self.mask_fields else getattr(transform, "min_input_side", None)
-        self.decode_min_side = decode_min_side or auto_side
-        self._check_transform_input()
+        # Everything later reads the transform's declarations from here.
+        self.plan: TransformPlan = plan_transform(
+            transform, store.specs, self.fields, decode=decode, decode_min_side=decode_min_side
+        )
+        self._buffers = BatchBuffers()
         self._num_threads: int | None = None
         self.num_threads = num_threads
         self._executor: ThreadPoolExecutor | None = None
         self._executor_key: tuple[int, int] = (-1, 0)
 
-    def _mask_fields(self) -> tuple[str, ...]:
-        """Fields a batch transform moves along with the first (image) field: every 2-D
-        uint8 array field after it. Checks at construction that their height and width are
-        the image's when both are stored at a fixed size."""
-        if not getattr(self.transform, "batched", False) or not self.fields:
-            return ()
-        image_size = self._image_size()
-        masks = []
-        for name in self.fields[1:]:
-            spec = self.store.specs[name]
-            if not spec.field_kind.is_mask:
-                continue
-            if image_size is not None and tuple(spec.shape) != tuple(image_size):
-                raise ValueError(
-                    f"field {name!r} holds {spec.shape[0]}x{spec.shape[1]} masks but field "
-                    f"{self.fields[0]!r} holds {image_size[0]}x{image_size[1]} images: the batch "
-                    "transform moves masks with their images, so their sizes must match (read "
-                    f"{name!r} without the transform, or store masks of the image size)"
-                )
-            masks.append(name)
-        return tuple(masks)
+    @property
+    def transform(self) -> Callable[..., Any] | None:
+        """The transform applied to the first field (fixed at construction)."""
+        return self.plan.transform
 
-    def _image_size(self) -> tuple[int, int] | None:
-        """The first field's stored ``(height, width)`` (``None``: encoded, sizes vary)."""
-        return self.store.specs[self.fields[0]].field_kind.image_size
+    @property
+    def mask_fields(self) -> tuple[str, ...]:
+        """Fields the batch transform moves along with the image (2-D uint8 arrays)."""
+        return self.plan.mask_fields
 
-    def _check_transform_input(self) -> None:
-        """Ask a batch transform what it makes of the stored image size, so that a crop
-        larger than the images fails here rather than at the first batch."""
-        output_size = getattr(self.transform, "output_size", None)
-        size = self._image_size() if self.fields else None
-        if not getattr(self.transform, "batched", False) or output_size is None or size is None:
-            return
-        try:
-            output_size(size)
-        except ValueError as exc:
-            raise ValueError(
-                f"transform {self.transform!r} cannot take field {self.fields[0]!r} "
-                f"({size[0]}x{size[1]} images): {exc}"
-            ) from exc
+    @property
+    def decode_min_side(self) -> int | None:
+        """JPEGs decode reduced down to this shorter side (``None``: full size)."""
+        return self.plan.decode_min_side
 
     # -- threads ------------------------------------------------------------------------
     @property
@@ -210,7 +180,7 @@ class BatchedDataset(Dataset):
                 values[name] = self._read_encoded(
                     name, indices, keep, single=single, pool=(executor, tasks)
                 )
-            elif name == self.fields[0] and self._transform_copies() and not single:
+            elif self.plan.rows_in_place(name) and not single:
                 # The transform writes a new batch: let it read the stored rows in place.
                 values[name] = self.store.rows(name, indices)
                 if values[name] is None:
@@ -227,7 +197,7 @@ class BatchedDataset(Dataset):
         first = self.fields[0]
         return tuple(
             values[name]
-            if name == first and self._per_sample(name)
+            if name == first and self.plan.per_sample
             else self._to_torch(name, values[name])
             for name in self.fields
         )
@@ -236,15 +206,14 @@ class BatchedDataset(Dataset):
         self, name: str, spec: FieldSpec, indices: np.ndarray, executor: Executor | None, tasks: int
     ) -> torch.Tensor:
         scalar_int = not spec.shape and np.issubdtype(np.dtype(spec.dtype), np.integer)
-        out = _empty((len(indices), *spec.shape), "int64" if scalar_int else spec.dtype)
+        dtype = torch.from_numpy(np.empty(0, "int64" if scalar_int else spec.dtype)).dtype
+        # Only a transform that writes a new batch reads it: then it is never returned.
+        scratch = name in self.plan.moved_fields and (
+            self.plan.per_sample or self.plan.reads_input_only
+        )
+        out = self._buffers.empty((len(indices), *spec.shape), dtype, returned=not scratch)
         self.store.gather(name, indices, out.numpy(), executor, tasks)
         return out
-
-    def _transform_copies(self) -> bool:
-        """A batch transform that reads its input and writes a new batch (never in place)."""
-        return getattr(self.transform, "batched", False) and not getattr(
-            self.transform, "in_place", True
-        )
 
     def _read_encoded(
         self,
@@ -283,44 +252,70 @@ class BatchedDataset(Dataset):
             keep[k] = False
         return decoded
 
-    def _transforms(self, name: str) -> bool:
-        """Whether ``transform`` applies to field ``name`` (the first, an image)."""
-        spec = self.store.specs[name]
-        is_image = spec.field_kind.fixed_size or (self.decode and spec.field_kind.decodes_to_image)
-        return self.transform is not None and is_image and name == self.fields[0]
-
-    def _per_sample(self, name: str) -> bool:
-        """Whether a per-sample (torchvision-style) callable transforms field ``name``."""
-        return self._transforms(name) and not getattr(self.transform, "batched", False)
-
     def _transform_fields(
         self, values: dict[str, Any], executor: Executor | None, tasks: int
     ) -> None:
-        """Apply ``transform`` to the first field: batch transforms once per batch on the
-        NumPy ``(B, H, W, C)`` batch, moving the mask fields (``mask_fields``) alike; any
-        other callable per sample on a ``(C, H, W)`` tensor (first field only; the output
-        stacked in ``layout``)."""
-        name = self.fields[0]
-        if not self._transforms(name) or self.transform is None:
+        """Apply the transform to the first field: a batch transform once per batch on the
+        NumPy ``(B, H, W, C)`` batch, moving the mask fields (``plan.mask_fields``) alike;
+        any other callable per sample on a ``(C, H, W)`` tensor (first field only; the
+        output stacked in ``layout``)."""
+        plan = self.plan
+        name = plan.field
+        if name is None or plan.transform is None:
             return
         images = values[name]
-        if not getattr(self.transform, "batched", False):
-            outputs = [self.transform(self._image_tensor(image)) for image in images]
-            values[name] = _stack_transformed(outputs, self.transform, self.layout)
+        if plan.per_sample:
+            outputs = [plan.transform(self._image_tensor(image)) for image in images]
+            values[name] = self._stack_transformed(outputs)
             return
+        transform: BatchTransform = plan.transform  # type: ignore[assignment]
 
         def numpy(batch: Any) -> Any:
             return batch.numpy() if isinstance(batch, torch.Tensor) else batch
 
-        if not self.mask_fields or not hasattr(self.transform, "apply_all"):
-            values[name] = self.transform.apply(numpy(images), executor, tasks)  # type: ignore[attr-defined]
+        if not plan.mask_fields:
+            values[name] = transform.apply(numpy(images), executor, tasks)
             return
-        masks = [numpy(values[mask]) for mask in self.mask_fields]
-        check_masks(numpy(images), masks, self.mask_fields)
-        values[name], moved = self.transform.apply_all(  # type: ignore[attr-defined]
-            numpy(images), masks, executor, tasks
-        )
-        values.update(zip(self.mask_fields, moved, strict=True))
+        masks = [numpy(values[mask]) for mask in plan.mask_fields]
+        check_masks(numpy(images), masks, plan.mask_fields)
+        values[name], moved = transform.apply_all(numpy(images), masks, executor, tasks)
+        values.update(zip(plan.mask_fields, moved, strict=True))
+
+    def _stack_transformed(self, outputs: list[Any]) -> torch.Tensor:
+        """Stack per-sample transform outputs into one batch in ``layout``.
+
+        The transform gets ``(C, H, W)`` and returns ``(C, H', W')`` (or ``(H', W')``);
+        the batch is ``(B, C, H', W')`` for ``"CHW"`` and a ``(B, H', W', C)`` view for
+        ``"HWC"``.
+
+        Raises:
+            TypeError: An output is not a tensor or an array.
+            ValueError: Outputs differ in shape (they cannot make one batch).
+        """
+        if not outputs:
+            return torch.empty(0, dtype=torch.uint8)
+        tensors = []
+        for item in outputs:
+            output = torch.from_numpy(item) if isinstance(item, np.ndarray) else item
+            if not isinstance(output, torch.Tensor):
+                raise TypeError(
+                    f"transform {self.transform!r} returned {type(output).__name__}; a "
+                    "per-sample transform must return a tensor (end it with e.g. "
+                    "torchvision's transforms.v2.ToImage() / PILToTensor())"
+                )
+            tensors.append(output)
+        shapes = {tuple(t.shape) for t in tensors}
+        if len(shapes) > 1:
+            raise ValueError(
+                f"transform {self.transform!r} returned samples of different shapes "
+                f"{sorted(shapes)[:3]}: a per-sample transform gets (C, H, W) and must give "
+                "every sample one shape (add a Resize/CenterCrop to a fixed size)"
+            )
+        shape, dtype = (len(tensors), *tensors[0].shape), tensors[0].dtype
+        batch = torch.stack(tensors, out=self._buffers.empty(shape, dtype, returned=True))
+        if batch.dim() == 4 and self.layout == "HWC":
+            return batch.permute(0, 2, 3, 1)
+        return batch
 
     @staticmethod
     def _image_tensor(image: np.ndarray | torch.Tensor) -> torch.Tensor:
@@ -360,55 +355,10 @@ class BatchedDataset(Dataset):
         if self._executor is not None and self._executor_key[0] == os.getpid():
             self._executor.shutdown(wait=False)
         self._executor = None
+        self._buffers.clear()
         self.store.close()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_executor"] = None
         return state
-
-
-def _stack_transformed(outputs: list[Any], transform: Any, layout: str) -> Any:
-    """Stack per-sample transform outputs into a batch in ``layout``.
-
-    The transform gets ``(C, H, W)`` and returns ``(C, H', W')`` (or ``(H', W')``); the batch
-    is ``(B, C, H', W')`` for ``"CHW"`` and a ``(B, H', W', C)`` view for ``"HWC"``.
-
-    Raises:
-        TypeError: An output is not a tensor or an array.
-        ValueError: Outputs differ in shape (they cannot make one batch).
-    """
-    if not outputs:
-        return torch.empty(0, dtype=torch.uint8)
-    tensors = []
-    for item in outputs:
-        output = torch.from_numpy(item) if isinstance(item, np.ndarray) else item
-        if not isinstance(output, torch.Tensor):
-            raise TypeError(
-                f"transform {transform!r} returned {type(output).__name__}; a per-sample "
-                "transform must return a tensor (end it with e.g. torchvision's "
-                "transforms.v2.ToImage() / PILToTensor())"
-            )
-        tensors.append(output)
-    shapes = {tuple(t.shape) for t in tensors}
-    if len(shapes) > 1:
-        raise ValueError(
-            f"transform {transform!r} returned samples of different shapes "
-            f"{sorted(shapes)[:3]}: a per-sample transform gets (C, H, W) and must give every "
-            "sample one shape (add a Resize/CenterCrop to a fixed size)"
-        )
-    batch = torch.stack(tensors)
-    if batch.dim() == 4 and layout == "HWC":
-        return batch.permute(0, 2, 3, 1)
-    return batch
-
-
-def _empty(shape: tuple[int, ...], dtype: str) -> torch.Tensor:
-    """A fresh batch tensor; inside a DataLoader worker it is allocated in shared memory
-    so that sending it to the main process does not copy it once more."""
-    torch_dtype = torch.from_numpy(np.empty(0, dtype)).dtype
-    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    if get_worker_info() is None or nbytes < _SHARED_MIN_BYTES:
-        return torch.empty(shape, dtype=torch_dtype)
-    storage = torch.UntypedStorage._new_shared(nbytes)
-    return torch.empty(0, dtype=torch_dtype).set_(storage).view(shape)

@@ -33,9 +33,13 @@ class ShardDataset(BatchedDataset):
             to ``(B, H, W, C)`` uint8), or any callable applied per sample to a
             ``(C, H, W)`` uint8 tensor whatever ``layout`` (torchvision style); it must
             return one shape for every sample, and the batch is stacked in ``layout``.
-        layout: ``"CHW"``: images ``(B, C, H, W)``, a channels-last view of the
+            What a batch transform declares is read once, here: stored images too small
+            for it raise ``ValueError`` now rather than at the first batch.
+        layout: One sample's dims, the batch dim implied (as in :mod:`fastdata.gpu`).
+            ``"CHW"``: images ``(B, C, H, W)``, a channels-last view of the
             ``(B, H, W, C)`` memory (no copy; ``.contiguous()`` makes it planar).
-            ``"HWC"``: ``(B, H, W, C)``.
+            ``"HWC"``: ``(B, H, W, C)``. ``"BCHW"``/``"BHWC"``: former spellings
+            (``FutureWarning``).
         decode: For encoded image fields (JPEG-mode shards): decode to ``(H, W, 3)`` uint8
             with OpenCV. ``False`` returns the encoded bytes as 1-D uint8 tensors (for
             decoding on the GPU).
@@ -52,7 +56,9 @@ class ShardDataset(BatchedDataset):
         show_progress: Progress bar while loading into memory.
 
     Raises:
-        ValueError: A field is not stored in the shard set, or an argument is invalid.
+        TypeError: ``transform`` is not callable, or ``layout`` is not a string.
+        ValueError: A field is not stored in the shard set, an argument is invalid, or
+            the stored images are too small for ``transform``.
         ShardFormatError: The shard set is missing or unreadable.
         InsufficientMemoryError: ``in_memory`` would exceed the available memory.
 

@@ -21,14 +21,7 @@ from torch import nn
 
 from fastdata import ops
 from fastdata._draws import UniformDraws
-
-_LAYOUTS = ("BCHW", "BHWC")
-
-
-def _check_layout(layout: str) -> str:
-    if layout not in _LAYOUTS:
-        raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
-    return layout
+from fastdata._layout import check_layout
 
 
 def _to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -39,7 +32,7 @@ def _to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def _channels_last(images: torch.Tensor) -> bool:
-    """A BCHW batch laid out channels-last in memory (and not trivially both ways)."""
+    """A (B, C, H, W) batch laid out channels-last in memory (and not trivially both ways)."""
     return images.is_contiguous(memory_format=torch.channels_last) and not (
         images.is_contiguous() and images.shape[1] > 1
     )
@@ -48,11 +41,11 @@ def _channels_last(images: torch.Tensor) -> bool:
 def _check_batch(images: torch.Tensor, masks: torch.Tensor | None, layout: str) -> None:
     if not isinstance(images, torch.Tensor) or images.dim() != 4:
         got = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
-        raise ValueError(f"images must be a 4-D {layout} tensor, got {got}")
+        raise ValueError(f"images must be a 4-D tensor in layout {layout}, got {got}")
     if masks is None:
         return
-    spatial = images.shape[1:3] if layout == "BHWC" else images.shape[2:4]
-    mask_spatial = masks.shape[1:3] if masks.dim() == 3 or layout == "BHWC" else masks.shape[2:4]
+    spatial = images.shape[1:3] if layout == "HWC" else images.shape[2:4]
+    mask_spatial = masks.shape[1:3] if masks.dim() == 3 or layout == "HWC" else masks.shape[2:4]
     if masks.dim() not in (3, 4) or masks.shape[0] != images.shape[0] or mask_spatial != spatial:
         raise ValueError(
             f"masks of shape {tuple(masks.shape)} do not match images of shape "
@@ -68,7 +61,7 @@ class _SeededModule(nn.Module, ops.Executor):
     def __init__(self, op: ops.Operation, layout: str, seed: int | None) -> None:
         super().__init__()
         self.op = op
-        self.layout = _check_layout(layout)
+        self.layout = check_layout(layout, stacklevel=3)
         self._draws = UniformDraws(seed)
 
     def _uniform(self, count: int) -> np.ndarray:
@@ -97,19 +90,21 @@ class DeviceRandomHorizontalFlip(_SeededModule):
 
     Args:
         p: Probability that a sample is flipped, in [0, 1].
-        layout: ``"BCHW"`` or ``"BHWC"`` (the images' dims; any dtype, any memory format).
+        layout: ``"CHW"`` (batches ``(B, C, H, W)``) or ``"HWC"`` (``(B, H, W, C)``), any
+            dtype, any memory format; ``"BCHW"``/``"BHWC"`` are the former spellings
+            (``FutureWarning``).
         seed: Seed of the module's draws (``None``: torch's default generator, so
             ``torch.manual_seed`` makes a run reproducible).
 
     Raises:
-        TypeError: ``p`` is not a number.
+        TypeError: ``p`` is not a number or ``layout`` is not a string.
         ValueError: ``p`` outside [0, 1] or an unknown ``layout``.
     """
 
     op_type = ops.HorizontalFlip
     op: ops.HorizontalFlip
 
-    def __init__(self, p: float = 0.5, *, layout: str = "BCHW", seed: int | None = None) -> None:
+    def __init__(self, p: float = 0.5, *, layout: str = "CHW", seed: int | None = None) -> None:
         super().__init__(ops.HorizontalFlip(p), layout, seed)
 
     @property
@@ -135,10 +130,10 @@ class DeviceRandomHorizontalFlip(_SeededModule):
         _check_batch(images, masks, self.layout)
         flips = torch.from_numpy(self.op.flips(self._uniform(images.shape[0])))
         flip = _to(flips, images.device)
-        out_images = self._flip(images, flip, -2 if self.layout == "BHWC" else -1)
+        out_images = self._flip(images, flip, -2 if self.layout == "HWC" else -1)
         if masks is None:
             return out_images
-        mask_dim = -1 if masks.dim() == 3 or self.layout == "BCHW" else -2
+        mask_dim = -1 if masks.dim() == 3 or self.layout == "CHW" else -2
         return out_images, self._flip(masks, flip, mask_dim)
 
     @staticmethod
@@ -162,12 +157,13 @@ class DeviceRandomResizedCrop(_SeededModule):
         size: Output ``(height, width)``, or one int for a square.
         scale: Range of the crop's area as a fraction of the image's.
         ratio: Range of the crop's width / height.
-        layout: ``"BCHW"`` or ``"BHWC"``.
+        layout: ``"CHW"`` or ``"HWC"``, as for :class:`DeviceRandomHorizontalFlip`.
         seed: Seed of the module's draws (``None``: torch's default generator, so
             ``torch.manual_seed`` makes a run reproducible).
 
     Raises:
-        TypeError: ``scale`` or ``ratio`` is not a (low, high) pair of numbers.
+        TypeError: ``scale`` or ``ratio`` is not a (low, high) pair of numbers, or
+            ``layout`` is not a string.
         ValueError: A size is not positive, a range is empty or out of bounds, or an
             unknown ``layout``.
     """
@@ -181,7 +177,7 @@ class DeviceRandomResizedCrop(_SeededModule):
         scale: tuple[float, float] = (0.08, 1.0),
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
         *,
-        layout: str = "BCHW",
+        layout: str = "CHW",
         seed: int | None = None,
     ) -> None:
         super().__init__(ops.RandomResizedCrop(size, scale, ratio), layout, seed)
@@ -222,14 +218,14 @@ class DeviceRandomResizedCrop(_SeededModule):
 
         Returns:
             Images of spatial size ``size`` in the same layout, dtype, device and memory
-            format (a channels-last BCHW batch stays channels-last), and masks, when given,
-            likewise.
+            format (a channels-last ``(B, C, H, W)`` batch stays channels-last), and masks,
+            when given, likewise.
 
         Raises:
             ValueError: ``images`` is not 4-D or ``masks`` does not match it.
         """
         _check_batch(images, masks, self.layout)
-        bchw = images.permute(0, 3, 1, 2) if self.layout == "BHWC" else images
+        bchw = images.permute(0, 3, 1, 2) if self.layout == "HWC" else images
         batch, _, height, width = bchw.shape
         boxes = self.sample_boxes(batch, height, width).double()
         x0, y0, box_w, box_h = boxes.unbind(dim=1)
@@ -241,19 +237,19 @@ class DeviceRandomResizedCrop(_SeededModule):
         out_size = (batch, 1, *self.size)
         grid = F.affine_grid(_to(theta, images.device), list(out_size), align_corners=False)
         out = self._resample(bchw, grid, "bilinear")
-        if self.layout == "BHWC":
+        if self.layout == "HWC":
             out = out.permute(0, 2, 3, 1).contiguous()
         elif _channels_last(images):
             out = out.contiguous(memory_format=torch.channels_last)  # keep the caller's format
         if masks is None:
             return out
         mask_bchw = masks.unsqueeze(1) if masks.dim() == 3 else masks
-        if masks.dim() == 4 and self.layout == "BHWC":
+        if masks.dim() == 4 and self.layout == "HWC":
             mask_bchw = masks.permute(0, 3, 1, 2)
         out_masks = self._resample(mask_bchw, grid, "nearest")
         if masks.dim() == 3:
             out_masks = out_masks.squeeze(1)
-        elif self.layout == "BHWC":
+        elif self.layout == "HWC":
             out_masks = out_masks.permute(0, 2, 3, 1).contiguous()
         return out, out_masks
 

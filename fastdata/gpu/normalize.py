@@ -9,38 +9,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from fastdata._layout import check_layout, resolve_layout
 from fastdata.shards import load_manifest
 
-LAYOUTS = ("auto", "BCHW", "BHWC")
 # torch.compiler.is_compiling appeared in torch 2.3; before it, eager code is always taken.
 _is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 OUTPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def _check_layout(layout: str) -> str:
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    return layout
-
-
-def resolve_layout(images: torch.Tensor, layout: str, channels: int) -> str:
-    """The layout of a 4-D batch: ``layout`` itself, or the one ``"auto"`` can tell apart.
-
-    Raises:
-        ValueError: ``"auto"`` with a batch whose dims 1 and 3 both (or neither) equal
-            ``channels``.
-    """
-    if layout != "auto":
-        return layout
-    first, last = images.shape[1] == channels, images.shape[3] == channels
-    if first and not last:
-        return "BCHW"
-    if last and not first:
-        return "BHWC"
-    raise ValueError(
-        f"layout='auto' cannot tell the channel dim of a batch of shape {tuple(images.shape)} "
-        f"with {channels} channels; pass layout='BCHW' or layout='BHWC'"
-    )
 
 
 def _channel_values(name: str, values: Sequence[float] | torch.Tensor) -> torch.Tensor:
@@ -69,13 +43,16 @@ class Normalize(nn.Module):
             units as in a shard manifest, ``1.0`` for torchvision-style constants such as
             ``(0.485, 0.456, 0.406)``.
         dtype: Output dtype: ``torch.float32``, ``torch.float16`` or ``torch.bfloat16``.
-        layout: Input layout: ``"BCHW"``, ``"BHWC"`` or ``"auto"`` (told apart by which
-            dim equals the channel count; an ambiguous shape raises ``ValueError``).
+        layout: Input layout: ``"CHW"`` (batches ``(B, C, H, W)``), ``"HWC"``
+            (``(B, H, W, C)``) or ``"auto"`` (told apart by which dim equals the channel
+            count; an ambiguous shape raises ``ValueError``). ``"BCHW"``/``"BHWC"`` are
+            the former spellings (``FutureWarning``).
         channels_last: Return the output in ``torch.channels_last`` memory format (the
             logical shape is ``(B, C, H, W)`` either way).
 
     Raises:
-        TypeError: ``mean``/``std`` are not sequences, or ``dtype`` is not a float dtype above.
+        TypeError: ``mean``/``std`` are not sequences, ``dtype`` is not a float dtype above,
+            or ``layout`` is not a string.
         ValueError: Lengths differ, a value is not finite, a ``std`` is not > 0,
             ``value_range`` is not > 0, or ``layout`` is unknown.
     """
@@ -113,7 +90,7 @@ class Normalize(nn.Module):
         self.register_buffer("mean", (mean_t * to_pixels).to(torch.float32))
         self.register_buffer("std", (std_t * to_pixels).to(torch.float32))
         self.dtype = dtype
-        self.layout = _check_layout(layout)
+        self.layout = check_layout(layout, auto=True)
         self.channels_last = bool(channels_last)
 
     @classmethod
@@ -179,8 +156,8 @@ class Normalize(nn.Module):
                 f"images must be 4-D (B, C, H, W) or (B, H, W, C), got shape {tuple(images.shape)}"
             )
         channels = self.num_channels
-        layout = resolve_layout(images, self.layout, channels)
-        if layout == "BHWC":
+        layout = resolve_layout(images.shape, self.layout, channels)
+        if layout == "HWC":
             images = images.permute(0, 3, 1, 2)
         if images.shape[1] != channels:
             raise ValueError(

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from fastdata.datasets import ShardDataset, _base, passthrough_collate
+from fastdata.datasets import ShardDataset, _buffers, passthrough_collate
 from fastdata.errors import DecodeError, OnError
 from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
 from fastdata.transforms import CenterCrop
@@ -159,7 +159,7 @@ def test_compressed_shards_read_through_hdf5(raw_shards: Reference) -> None:
 def test_worker_batches_are_allocated_in_shared_memory(
     raw_shards: Reference, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_base, "_SHARED_MIN_BYTES", 0)  # forked workers inherit the patch
+    monkeypatch.setattr(_buffers, "_SHARED_MIN_BYTES", 0)  # forked workers inherit the patch
     dataset = ShardDataset(raw_shards.path, fields=("image", "label", "mask"))
     loader = DataLoader(
         dataset, batch_size=4, num_workers=2, collate_fn=passthrough_collate, drop_last=True
@@ -172,8 +172,11 @@ def test_worker_batches_are_allocated_in_shared_memory(
 
 
 def test_worker_batch_buffers_start_in_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_base, "get_worker_info", object)  # non-None: as inside a worker
-    labels = _base._empty((4, 20000), "int64")
+    monkeypatch.setattr(_buffers, "get_worker_info", object)  # non-None: as inside a worker
+    buffers = _buffers.BatchBuffers()
+    labels = buffers.empty((4, 20000), torch.int64, returned=True)
     assert labels.shape == (4, 20000) and labels.dtype == torch.int64
     assert labels.untyped_storage().is_shared()
-    assert not _base._empty((4,), "int64").untyped_storage().is_shared()  # small: plain
+    assert not buffers.empty((4,), torch.int64, returned=True).is_shared()  # small: plain
+    # A batch that only a transform reads never leaves the worker: plain memory.
+    assert not buffers.empty((4, 20000), torch.int64, returned=False).is_shared()

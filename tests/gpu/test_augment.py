@@ -30,7 +30,7 @@ def test_flip_masks_alike_in_both_layouts() -> None:
     out, masks = flip(images, images[:, 0])
     assert torch.equal(masks, out[:, 0])
     bhwc = images.permute(0, 2, 3, 1).contiguous()
-    out_bhwc, masks_bhwc = DeviceRandomHorizontalFlip(layout="BHWC", seed=2)(bhwc, bhwc[..., :1])
+    out_bhwc, masks_bhwc = DeviceRandomHorizontalFlip(layout="HWC", seed=2)(bhwc, bhwc[..., :1])
     assert torch.equal(out_bhwc.permute(0, 3, 1, 2), out)
     assert torch.equal(masks_bhwc[..., 0], masks)
 
@@ -43,15 +43,15 @@ def test_resized_crop_identity_is_exact() -> None:
     torch.testing.assert_close(crop(as_float), as_float, atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("layout", ["BCHW", "BHWC"])
+@pytest.mark.parametrize("layout", ["CHW", "HWC"])
 def test_resized_crop_at_crop_size_is_a_slice(layout: str) -> None:
     images = _images(height=12, width=12)
     masks = images[:, 1] // 64
     options = {"scale": (0.25, 0.25), "ratio": (1.0, 1.0), "layout": layout, "seed": 7}
     boxes = DeviceRandomResizedCrop(6, **options).sample_boxes(6, 12, 12)  # type: ignore[arg-type]
-    given = images.permute(0, 2, 3, 1) if layout == "BHWC" else images
+    given = images.permute(0, 2, 3, 1) if layout == "HWC" else images
     out, out_masks = DeviceRandomResizedCrop(6, **options)(given, masks)  # type: ignore[arg-type]
-    out = out.permute(0, 3, 1, 2) if layout == "BHWC" else out
+    out = out.permute(0, 3, 1, 2) if layout == "HWC" else out
     assert out.shape == (6, 3, 6, 6)
     assert out_masks.dtype == torch.uint8
     for i, (x0, y0, w, h) in enumerate(boxes.tolist()):
@@ -100,7 +100,7 @@ def test_seed_restarts_the_sequence() -> None:
     ("build", "error", "match"),
     [
         (lambda: DeviceRandomHorizontalFlip(p=1.5), ValueError, r"p must be in \[0, 1\], got 1.5"),
-        (lambda: DeviceRandomHorizontalFlip(layout="HWC"), ValueError, "layout must be one of"),
+        (lambda: DeviceRandomHorizontalFlip(layout="NHWC"), ValueError, "layout must be one of"),
         (lambda: DeviceRandomHorizontalFlip(seed="1"), TypeError, "seed must be an int"),
         (lambda: DeviceRandomResizedCrop(0), ValueError, "size must be a positive int"),
         (lambda: DeviceRandomResizedCrop((2, 3, 4)), ValueError, "size must be a positive"),
@@ -115,7 +115,9 @@ def test_constructor_validation(build: object, error: type[Exception], match: st
 
 def test_forward_validation() -> None:
     flip, crop = DeviceRandomHorizontalFlip(), DeviceRandomResizedCrop(4)
-    with pytest.raises(ValueError, match=r"images must be a 4-D BCHW tensor, got \(3, 8, 10\)"):
+    with pytest.raises(
+        ValueError, match=r"images must be a 4-D tensor in layout CHW, got \(3, 8, 10\)"
+    ):
         flip(_images()[0])
     with pytest.raises(ValueError, match=r"masks of shape \(6, 8, 9\) do not match images"):
         crop(_images(), torch.zeros(6, 8, 9, dtype=torch.uint8))

@@ -37,7 +37,7 @@ def test_both_paths_pin_on_equal_terms(bench: Any) -> None:
         pinned.append((tensor.dtype, tensor.numel()))
         return tensor.clone()
 
-    normalize = Normalize(bench.MEAN, bench.STD, layout="BHWC")
+    normalize = Normalize(bench.MEAN, bench.STD, layout="HWC")
     paths = bench.copy_paths(images, torch.device("cpu"), normalize, normalize, pin)
     assert sorted(pinned, key=str) == sorted(
         [(torch.uint8, images.numel()), (torch.float32, images.numel())], key=str
@@ -64,7 +64,7 @@ def test_prefetcher_is_built_once_outside_the_timing(
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(bench, "DevicePrefetcher", Counting)
-    normalize = Normalize(bench.MEAN, bench.STD, layout="BHWC")
+    normalize = Normalize(bench.MEAN, bench.STD, layout="HWC")
     work = torch.randn(4, 4)
     batches = [torch.randint(0, 256, (1, 4, 4, 3), dtype=torch.uint8) for _ in range(2)]
     out = bench.overlap_part(

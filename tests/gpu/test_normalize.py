@@ -26,13 +26,13 @@ def bchw() -> torch.Tensor:
     )
 
 
-@pytest.mark.parametrize("layout", ["auto", "BCHW", "BHWC"])
+@pytest.mark.parametrize("layout", ["auto", "CHW", "HWC"])
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_matches_numpy_reference_in_every_layout(
     bchw: torch.Tensor, layout: str, channels_last: bool
 ) -> None:
     normalize = Normalize(MEAN, STD, layout=layout, channels_last=channels_last)
-    given = bchw.permute(0, 2, 3, 1).contiguous() if layout == "BHWC" else bchw
+    given = bchw.permute(0, 2, 3, 1).contiguous() if layout == "HWC" else bchw
     out = normalize(given)
     assert out.shape == (2, 3, 5, 7)
     assert out.dtype == torch.float32
@@ -170,8 +170,8 @@ def test_forward_validation(bchw: torch.Tensor) -> None:
         normalize(bchw.numpy())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"must be 4-D .* got shape \(3, 5, 7\)"):
         normalize(bchw[0])
-    with pytest.raises(ValueError, match=r"images have 4 channels in layout BCHW"):
-        Normalize(MEAN, STD, layout="BCHW")(torch.zeros(1, 4, 2, 2, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"images have 4 channels in layout CHW"):
+        Normalize(MEAN, STD, layout="CHW")(torch.zeros(1, 4, 2, 2, dtype=torch.uint8))
     with pytest.raises(ValueError, match=r"cannot tell the channel dim .*\(1, 3, 5, 3\)"):
         normalize(torch.zeros(1, 3, 5, 3, dtype=torch.uint8))
     with pytest.raises(ValueError, match=r"cannot tell the channel dim .*\(1, 4, 5, 4\)"):

@@ -144,18 +144,18 @@ def test_shard_dataset_refuses_masks_of_another_size(tmp_path: Path) -> None:
     assert images_only.__getitems__([0, 1])[1].shape == (2, HEIGHT, WIDTH // 2)
 
 
-@pytest.mark.parametrize("layout", ["BCHW", "BHWC"])
+@pytest.mark.parametrize("layout", ["CHW", "HWC"])
 def test_device_masks_follow_the_image(layout: str) -> None:
     images, rows, cols = _pattern(8)
     batch = torch.from_numpy(images)
-    batch = batch.permute(0, 3, 1, 2) if layout == "BCHW" else batch
+    batch = batch.permute(0, 3, 1, 2) if layout == "CHW" else batch
     moved = []
     for mask in (rows, cols):  # the same seeds: the same boxes and flips for both masks
         crop = DeviceRandomResizedCrop(24, layout=layout, seed=1)
         flip = DeviceRandomHorizontalFlip(layout=layout, seed=2)
         out, out_mask = flip(*crop(batch, torch.from_numpy(mask)))  # type: ignore[misc]
         moved.append(out_mask.numpy())
-    out_hwc = out.permute(0, 2, 3, 1) if layout == "BCHW" else out
+    out_hwc = out.permute(0, 2, 3, 1) if layout == "CHW" else out
     _assert_aligned(out_hwc.numpy(), moved[0], moved[1])
     assert _flipped(moved[1]).any() and not _flipped(moved[1]).all()
 
@@ -163,7 +163,7 @@ def test_device_masks_follow_the_image(layout: str) -> None:
 def test_cpu_and_device_crops_agree_for_one_seed() -> None:
     images, _, cols = _pattern(8)
     cpu, (cpu_cols,) = RandomResizedCrop(24, seed=9).apply_all(images, [cols], None, 1)
-    device = DeviceRandomResizedCrop(24, layout="BHWC", seed=9)
+    device = DeviceRandomResizedCrop(24, layout="HWC", seed=9)
     gpu, gpu_cols = device(torch.from_numpy(images), torch.from_numpy(cols))  # type: ignore[misc]
     assert np.abs(cpu.astype(int) - gpu.numpy().astype(int)).max() <= 1
     # Nearest picks the same source pixel except at exact ties: at most one level apart.
@@ -201,8 +201,8 @@ def test_cpu_and_device_flips_agree_for_one_seed() -> None:
     images, _, cols = _pattern(16)
     cpu = Compose([RandomResizedCrop(24, seed=3), RandomHorizontalFlip(seed=4)])
     cpu_images, (cpu_cols,) = cpu.apply_all(images, [cols], None, 1)
-    crop = DeviceRandomResizedCrop(24, layout="BHWC", seed=3)
-    flip = DeviceRandomHorizontalFlip(layout="BHWC", seed=4)
+    crop = DeviceRandomResizedCrop(24, layout="HWC", seed=3)
+    flip = DeviceRandomHorizontalFlip(layout="HWC", seed=4)
     gpu_images, gpu_cols = flip(*crop(torch.from_numpy(images), torch.from_numpy(cols)))  # type: ignore[misc]
     assert np.abs(cpu_images.astype(int) - gpu_images.numpy().astype(int)).max() <= 1
     np.testing.assert_array_equal(_flipped(cpu_cols), _flipped(gpu_cols.numpy()))

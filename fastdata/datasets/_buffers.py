@@ -1,0 +1,94 @@
+"""Where a dataset's batch tensors come from: reused in the training process, shared
+memory in DataLoader workers.
+
+A batch handed to a ``DataLoader`` may be held by the caller for as long as it likes, so
+a buffer is reused only once nothing outside this module refers to its memory any more:
+no returned batch, no view of one, no NumPy array made from one. That is counted on the
+tensor storage itself (every tensor or view of the memory holds one reference to it), so
+a caller who keeps a batch simply gets a fresh buffer next time. (A bare
+``untyped_storage()`` kept without any tensor is not counted.) A buffer that was moved to
+shared memory (sent to another process) is never reused.
+
+Inside a worker process nothing is reused: a batch leaves the worker as shared memory
+that the training process maps, and the worker cannot see when that mapping is dropped.
+Batches sent from a worker are allocated in shared memory directly, so sending them does
+not copy them once more; scratch batches that never leave the worker are plain memory.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils.data import get_worker_info
+
+_SHARED_MIN_BYTES = 1 << 16  # smaller batches: a plain allocation is cheaper
+# Free buffers kept per (shape, dtype) and thread: the batch a training loop still holds
+# while it asks for the next one, plus the one it has let go of.
+_SLOTS = 2
+_MAX_KEYS = 4  # batch sizes remembered per thread (full batches, the last partial one)
+# References to a free buffer's storage: the kept tensor and the handle asked for to count.
+_FREE_USE_COUNT = 2
+_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+Key = tuple[tuple[int, ...], torch.dtype]
+
+
+class BatchBuffers:
+    """Per-thread pools of batch tensors for one dataset.
+
+    Not pickled: each process (and thread) starts with empty pools.
+    """
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype, *, returned: bool) -> torch.Tensor:
+        """An uninitialised ``shape`` tensor of ``dtype``.
+
+        Args:
+            shape: The batch shape.
+            dtype: Its dtype.
+            returned: Whether the tensor is handed to the caller (inside a worker it is then
+                allocated in shared memory) or only read by a transform in this call.
+        """
+        if get_worker_info() is not None:
+            nbytes = math.prod(shape) * dtype.itemsize
+            if not returned or nbytes < _SHARED_MIN_BYTES:
+                return torch.empty(shape, dtype=dtype)
+            storage = torch.UntypedStorage._new_shared(nbytes)
+            return torch.empty(0, dtype=dtype).set_(storage).view(shape)
+        if _storage_use_count is None:  # torch without the count: no reuse
+            return torch.empty(shape, dtype=dtype)
+        return self._reused(tuple(shape), dtype, _storage_use_count)
+
+    def _reused(
+        self, shape: tuple[int, ...], dtype: torch.dtype, use_count: Callable[[int], int]
+    ) -> torch.Tensor:
+        pools: dict[Key, list[torch.Tensor]] = self._local.__dict__.setdefault("pools", {})
+        pool = pools.setdefault((shape, dtype), [])
+        for kept in [k for k in pool if k.is_shared()]:
+            pool.remove(kept)  # sent to another process: its readers are out of sight
+        for kept in pool:
+            # Free when no tensor but `kept` (and the handle asked for here) refers to it.
+            if use_count(kept.untyped_storage()._cdata) <= _FREE_USE_COUNT:
+                return kept.view(shape)  # an alias: the caller's references count
+        kept = torch.empty(shape, dtype=dtype)
+        if len(pool) < _SLOTS:
+            pool.append(kept)
+        if len(pools) > _MAX_KEYS:
+            del pools[next(iter(pools))]
+        return kept.view(shape)
+
+    def clear(self) -> None:
+        """Forget this thread's pools (their memory is freed once no batch refers to it)."""
+        self._local = threading.local()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._local = threading.local()

@@ -1,0 +1,152 @@
+"""What a dataset does with its transform, decided once when the dataset is built.
+
+A dataset reads what a transform declares (:class:`~fastdata.transforms.BatchTransform`'s
+``output_size``, ``in_place``, ``min_input_side``) here and nowhere else, checks the
+stored image size against it, and keeps the answers in a frozen :class:`TransformPlan`
+that every batch reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fastdata.shards import FieldSpec
+from fastdata.transforms import BatchTransform
+
+
+@dataclass(frozen=True)
+class TransformPlan:
+    """How a dataset applies its ``transform`` to its first field.
+
+    Attributes:
+        transform: The callable, or ``None``.
+        field: The field it applies to: the first, when it is an image (raw pixels, or
+            encoded and decoded); ``None`` when the transform applies to nothing.
+        batched: ``True`` for a :class:`~fastdata.transforms.BatchTransform` (called once
+            per batch on NumPy ``(B, H, W, C)`` uint8 with the dataset's threads, masks
+            moved alike); ``False`` for any other callable (per sample, on ``(C, H, W)``
+            uint8 tensors, torchvision style).
+        reads_input_only: The batch transform never writes its input, so it may be given
+            the stored rows themselves instead of a copy.
+        image_size: The stored ``(height, width)`` of ``field`` (``None``: encoded, or no
+            transform).
+        output_size: The ``(height, width)`` of the transformed batch for ``image_size``
+            (``None``: it varies per sample or is known only from the first output).
+        decode_min_side: Decode JPEGs reduced down to this shorter side (``None``: full
+            size).
+        mask_fields: Fields the batch transform moves along with the image: every 2-D
+            uint8 array field after the first.
+    """
+
+    transform: Callable[..., Any] | None
+    field: str | None
+    batched: bool
+    reads_input_only: bool
+    image_size: tuple[int, int] | None
+    output_size: tuple[int, int] | None
+    decode_min_side: int | None
+    mask_fields: tuple[str, ...]
+
+    @property
+    def per_sample(self) -> bool:
+        """Whether a per-sample (torchvision-style) callable transforms ``field``."""
+        return self.field is not None and not self.batched
+
+    def rows_in_place(self, name: str) -> bool:
+        """Whether field ``name`` may reach the transform as stored rows (no copy)."""
+        return self.batched and self.reads_input_only and name in self.moved_fields
+
+    @property
+    def moved_fields(self) -> tuple[str, ...]:
+        """The image field and the masks that move with it (empty: no transform)."""
+        return () if self.field is None else (self.field, *self.mask_fields)
+
+
+def plan_transform(
+    transform: Callable[..., Any] | None,
+    specs: Mapping[str, FieldSpec],
+    fields: Sequence[str],
+    *,
+    decode: bool,
+    decode_min_side: int | None,
+) -> TransformPlan:
+    """The plan for ``transform`` over ``fields`` stored as ``specs``.
+
+    Args:
+        transform: A :class:`~fastdata.transforms.BatchTransform`, any other callable
+            (applied per sample), or ``None``.
+        specs: The stored fields by name.
+        fields: The fields a dataset returns, the image first.
+        decode: Whether encoded image fields are decoded.
+        decode_min_side: The side asked for explicitly (``None``: the transform's
+            ``min_input_side`` unless masks come along).
+
+    Raises:
+        TypeError: ``transform`` is not callable.
+        ValueError: The stored images are too small for the transform, or a mask field's
+            height and width differ from the images'.
+    """
+    if transform is not None and not callable(transform):
+        raise TypeError(f"transform must be callable or None, got {type(transform).__name__}")
+    first = specs[fields[0]]
+    kind = first.field_kind
+    is_image = kind.fixed_size or (decode and kind.decodes_to_image)
+    if transform is None or not is_image:
+        return TransformPlan(transform, None, False, False, None, None, decode_min_side, ())
+    image_size = kind.image_size
+    if not isinstance(transform, BatchTransform):
+        return TransformPlan(
+            transform, fields[0], False, False, image_size, None, decode_min_side, ()
+        )
+    masks = _mask_fields(specs, fields, image_size)
+    # Reduced JPEG decoding would shrink images below their full-size masks.
+    auto_side = None if masks else transform.min_input_side
+    return TransformPlan(
+        transform,
+        fields[0],
+        True,
+        not transform.in_place,
+        image_size,
+        _output_size(transform, fields[0], image_size),
+        decode_min_side or auto_side,
+        masks,
+    )
+
+
+def _output_size(
+    transform: BatchTransform, name: str, size: tuple[int, int] | None
+) -> tuple[int, int] | None:
+    """What ``transform`` makes of the stored size, so that a crop larger than the images
+    fails when the dataset is built rather than at the first batch."""
+    if size is None:
+        return None
+    try:
+        return transform.output_size(size)
+    except ValueError as exc:
+        raise ValueError(
+            f"transform {transform!r} cannot take field {name!r} "
+            f"({size[0]}x{size[1]} images): {exc}"
+        ) from exc
+
+
+def _mask_fields(
+    specs: Mapping[str, FieldSpec], fields: Sequence[str], image_size: tuple[int, int] | None
+) -> tuple[str, ...]:
+    """Every 2-D uint8 array field after the first; their height and width must be the
+    image's when both are stored at a fixed size."""
+    masks = []
+    for name in fields[1:]:
+        spec = specs[name]
+        if not spec.field_kind.is_mask:
+            continue
+        if image_size is not None and tuple(spec.shape) != tuple(image_size):
+            raise ValueError(
+                f"field {name!r} holds {spec.shape[0]}x{spec.shape[1]} masks but field "
+                f"{fields[0]!r} holds {image_size[0]}x{image_size[1]} images: the batch "
+                "transform moves masks with their images, so their sizes must match (read "
+                f"{name!r} without the transform, or store masks of the image size)"
+            )
+        masks.append(name)
+    return tuple(masks)

@@ -1,0 +1,84 @@
+"""Batch buffers are reused in the training process only once nothing refers to them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from fastdata.datasets import ShardDataset, passthrough_collate
+from fastdata.transforms import CenterCrop, RandomHorizontalFlip
+from tests.datasets.conftest import Reference
+
+
+def _crop(image: torch.Tensor) -> torch.Tensor:
+    return image[:, 1:9, 1:9]
+
+
+TRANSFORMS: list[Callable[..., Any] | None] = [
+    None,
+    RandomHorizontalFlip(p=1.0),  # flips the gathered buffer in place
+    CenterCrop(8),  # reads the stored rows, writes a new batch
+    _crop,  # per sample, stacked into a buffer
+]
+
+
+@pytest.mark.parametrize("transform", TRANSFORMS)
+@pytest.mark.parametrize("hold", ["batch", "view", "numpy"])
+def test_a_batch_still_held_is_never_overwritten(
+    raw_shards: Reference, transform: Callable[..., Any] | None, hold: str
+) -> None:
+    dataset = ShardDataset(raw_shards.path, fields=("image", "label", "mask"), transform=transform)
+    dataset.num_threads = 2
+    held: list[Any] = []
+    copies = []
+    for start in range(0, 20, 4):
+        batch = dataset.__getitems__(list(range(start, start + 4)))
+        copies.append([value.clone() for value in batch])
+        if hold == "view":
+            batch = tuple(value[1:] for value in batch)
+        elif hold == "numpy":
+            batch = tuple(value.numpy() for value in batch)
+        held.append(batch)
+    for batch, copy in zip(held, copies, strict=True):
+        for value, expected in zip(batch, copy, strict=True):
+            given = torch.as_tensor(value)
+            torch.testing.assert_close(given, expected[1:] if hold == "view" else expected)
+
+
+def test_a_released_batch_buffer_is_reused(raw_shards: Reference) -> None:
+    dataset = ShardDataset(raw_shards.path, fields=("image", "label"))
+    first = dataset.__getitems__([0, 1, 2, 3])
+    address = first[0].data_ptr()
+    second = dataset.__getitems__([4, 5, 6, 7])  # `first` is still held: another buffer
+    assert second[0].data_ptr() != address
+    np.testing.assert_array_equal(first[0].permute(0, 2, 3, 1), raw_shards.images[0:4])
+    del first
+    third = dataset.__getitems__([8, 9, 10, 11])
+    assert third[0].data_ptr() == address  # released: filled again, not allocated
+    np.testing.assert_array_equal(third[0].permute(0, 2, 3, 1), raw_shards.images[8:12])
+    np.testing.assert_array_equal(second[0].permute(0, 2, 3, 1), raw_shards.images[4:8])
+
+
+def test_batches_kept_from_a_loader_stay_intact(raw_shards: Reference) -> None:
+    dataset = ShardDataset(raw_shards.path, fields=("image", "label", "mask"))
+    for workers in (0, 2):
+        loader = DataLoader(
+            dataset, batch_size=4, num_workers=workers, collate_fn=passthrough_collate
+        )
+        kept = list(loader)  # every batch held at once
+        images = torch.cat([batch[0] for batch in kept]).permute(0, 2, 3, 1)
+        np.testing.assert_array_equal(images.numpy(), raw_shards.images)
+        np.testing.assert_array_equal(torch.cat([b[2] for b in kept]).numpy(), raw_shards.masks)
+
+
+def test_a_batch_sent_to_another_process_is_never_reused(raw_shards: Reference) -> None:
+    dataset = ShardDataset(raw_shards.path, fields=("image",))
+    batch = dataset.__getitems__([0, 1])
+    batch.share_memory_()  # what sending it through a torch.multiprocessing queue does
+    del batch
+    assert not dataset.__getitems__([2, 3]).is_shared()  # a new buffer, not that one

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import ctypes
+import math
 import mmap
 import multiprocessing
 import os
@@ -86,7 +87,7 @@ def _slot_bytes(fields: list[tuple[FieldSpec, int]]) -> int:
 
 
 def _view(buffer: mmap.mmap, spec: FieldSpec, offset: int) -> np.ndarray:
-    count = int(np.prod(spec.shape, dtype=np.int64))
+    count = math.prod(spec.shape)  # per sample: no NumPy call overhead
     return np.frombuffer(buffer, spec.dtype, count, offset).reshape(spec.shape)
 
 

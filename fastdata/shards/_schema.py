@@ -15,6 +15,8 @@ from fastdata.errors import ShardFormatError
 FORMAT_NAME = "fastdata-shards"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "index.json"
+# Lossless compressions a shard's array fields may use (HDF5 filters that h5py always has).
+COMPRESSIONS = ("gzip", "lzf")
 
 FieldKind = Literal["array", "encoded"]
 

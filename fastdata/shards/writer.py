@@ -17,9 +17,15 @@ import h5py
 import numpy as np
 
 from fastdata.shards._checksum import file_sha256
-from fastdata.shards._schema import FORMAT_NAME, FORMAT_VERSION, FieldSpec, ShardInfo, fsync_dir
+from fastdata.shards._schema import (
+    COMPRESSIONS,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    FieldSpec,
+    ShardInfo,
+    fsync_dir,
+)
 
-COMPRESSIONS = ("gzip", "lzf")
 _COPY_BLOCK_BYTES = 64 << 20
 # copy_file_range errors that mean "not here" (cross-device before Linux 5.3, file systems
 # without support, seccomp filters): the copy goes through pread/pwrite instead.

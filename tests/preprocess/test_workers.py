@@ -1,15 +1,30 @@
-"""The local engine's workers stay for the next job of the process: reused where they fit,
-byte-identical output, closed after a failed job, gone after a while without a job."""
+"""The local engine's workers: a light start (no h5py, tqdm or Ray), kept for the next job
+of the process where they fit (byte-identical output), closed after a failed job, gone
+after a while without a job."""
 
 from __future__ import annotations
 
+import json
+import os
+import pickle
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from fastdata.errors import PreprocessError
-from fastdata.preprocess import PreprocessOptions, _pool, preprocess
+from fastdata.preprocess import (
+    PreprocessOptions,
+    ShardJob,
+    _pool,
+    build_fields,
+    list_source,
+    preprocess,
+)
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _idle_pids() -> list[int]:
@@ -96,3 +111,25 @@ def test_another_working_directory_gets_new_workers(
     _run(Path(sample_imagefolder.name), tmp_path / "relative", options)
     assert set(_idle_pids()).isdisjoint(workers)
     assert not [pid for pid in workers if _alive(pid)]
+
+
+def test_a_worker_imports_no_h5py_tqdm_or_ray(sample_imagefolder: Path, tmp_path: Path) -> None:
+    """What a spawned worker imports to load its job: not h5py (the writer, in the parent),
+    tqdm (the progress bar) or Ray; each costs every worker start a good part of its time."""
+    listing = list_source(sample_imagefolder)
+    options = PreprocessOptions(sizes=(16,))
+    job = ShardJob(str(tmp_path / "out"), options, build_fields(listing, options), listing.kind)
+    (tmp_path / "job.pickle").write_bytes(pickle.dumps(job))
+    code = (
+        "import json, pickle, sys\n"
+        "from fastdata.preprocess._pool import worker_main\n"
+        f"pickle.loads(open({str(tmp_path / 'job.pickle')!r}, 'rb').read())\n"
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    loaded = set(json.loads(done.stdout))
+    assert {"cv2", "numpy", "fastdata"} <= loaded
+    assert loaded.isdisjoint({"h5py", "tqdm", "ray", "torch"})

@@ -528,6 +528,9 @@ def lend_pool(workers: int, job: ShardJob) -> Iterator[WorkerPool]:
         except PreprocessError:  # gone meanwhile (idle too long), or cannot load the job
             pool.close()
             pool = None
+        except BaseException:
+            pool.close()
+            raise
     if pool is None:
         pool = WorkerPool(workers, job)
     try:

@@ -192,10 +192,13 @@ def _process(
     fields: list[tuple[FieldSpec, int]],
 ) -> SampleResult:
     result = process_sample(item, job)
-    slots, base = slot
-    if slots is None or isinstance(result, SampleFailure):
+    if isinstance(result, SampleFailure):
         return result
     sample, stats = result
+    stats = {name: _pack(value) for name, value in stats.items()}
+    slots, base = slot
+    if slots is None:
+        return sample, stats
     for spec, offset in fields:
         value = sample.get(spec.name)
         if (
@@ -206,6 +209,22 @@ def _process(
             np.copyto(_view(slots, spec, base + offset), value)
             sample[spec.name] = _SLOTTED
     return sample, stats
+
+
+def _pack(value: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A sample's pixel statistics with each float64 vector as a tuple of floats (exact):
+    a small array costs several times more to pickle and unpickle than the tuple, and
+    that is paid per sample, in the worker and again in the parent."""
+    return tuple(
+        tuple(v.tolist()) if isinstance(v, np.ndarray) and v.dtype == np.float64 and v.ndim == 1
+        else v
+        for v in value
+    )  # fmt: skip
+
+
+def _unpack(value: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The statistics :func:`_pack` sent, with their vectors as float64 arrays again."""
+    return tuple(np.array(v, dtype=np.float64) if isinstance(v, tuple) else v for v in value)
 
 
 def _picklable(exc: BaseException) -> BaseException:
@@ -478,9 +497,12 @@ class WorkerPool:
             idle.append(index)
 
     def _attach(self, result: SampleResult, slot: int) -> SampleResult:
-        if self._slots is None or isinstance(result, SampleFailure):
+        if isinstance(result, SampleFailure):
             return result
         sample, stats = result
+        stats = {name: _unpack(value) for name, value in stats.items()}
+        if self._slots is None:
+            return sample, stats
         base = slot * self._slot_bytes
         for spec, offset in self._fields:
             if isinstance(sample.get(spec.name), _Slotted):

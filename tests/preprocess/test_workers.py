@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from fastdata import load_manifest
 from fastdata.errors import PreprocessError
 from fastdata.preprocess import (
     PreprocessOptions,
@@ -66,6 +67,8 @@ def test_the_next_job_reuses_the_workers_and_writes_the_same_bytes(
     assert len(expected) == 4
     assert _shards(tmp_path / "first") == expected
     assert _shards(tmp_path / "again") == expected
+    # the statistics travel from the workers as tuples of floats: exactly the same sums
+    assert load_manifest(tmp_path / "first").stats == load_manifest(tmp_path / "alone").stats
     _run(sample_imagefolder, tmp_path / "other-alone", other, workers=1)
     assert _shards(tmp_path / "other") == _shards(tmp_path / "other-alone")
 

@@ -5,20 +5,51 @@ or a map-style dataset object), splits it into shard tasks (pure functions: item
 shard file out) and runs them on an engine: a :class:`LocalEngine` process pool by
 default, or :class:`RayEngine` on a Ray cluster. Another engine implements
 :class:`Engine`: it runs each :class:`ShardTask` with :func:`run_shard_task`.
+
+Every name loads on first access (PEP 562), so the worker processes, which import only
+the per-sample code, start without h5py, tqdm or Ray.
 """
 
-from fastdata.preprocess._engine import Engine, LocalEngine
-from fastdata.preprocess._options import (
-    DEFAULT_SHARD_BYTES,
-    STORAGE_MODES,
-    PreprocessOptions,
-)
-from fastdata.preprocess._python_source import load_python_source
-from fastdata.preprocess._ray import RayEngine
-from fastdata.preprocess._runner import PreprocessSummary, preprocess
-from fastdata.preprocess._sources import SOURCE_KINDS, SourceListing, list_source
-from fastdata.preprocess._task import ShardJob, ShardResult, ShardTask, run_shard_task
-from fastdata.preprocess._transforms import RESIZE_MODES
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fastdata.preprocess._engine import Engine, LocalEngine
+    from fastdata.preprocess._options import DEFAULT_SHARD_BYTES, STORAGE_MODES, PreprocessOptions
+    from fastdata.preprocess._python_source import load_python_source
+    from fastdata.preprocess._ray import RayEngine
+    from fastdata.preprocess._runner import PreprocessSummary, preprocess
+    from fastdata.preprocess._sources import SOURCE_KINDS, SourceListing, list_source
+    from fastdata.preprocess._task import ShardJob, ShardResult, ShardTask, run_shard_task
+    from fastdata.preprocess._transforms import RESIZE_MODES
+
+# public name -> the module (of this package) that defines it
+_LAZY_NAMES = {
+    **dict.fromkeys(("Engine", "LocalEngine"), "._engine"),
+    **dict.fromkeys(("DEFAULT_SHARD_BYTES", "STORAGE_MODES", "PreprocessOptions"), "._options"),
+    "load_python_source": "._python_source",
+    "RayEngine": "._ray",
+    **dict.fromkeys(("PreprocessSummary", "preprocess"), "._runner"),
+    **dict.fromkeys(("SOURCE_KINDS", "SourceListing", "list_source"), "._sources"),
+    **dict.fromkeys(("ShardJob", "ShardResult", "ShardTask", "run_shard_task"), "._task"),
+    "RESIZE_MODES": "._transforms",
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name on first access."""
+    if name in _LAZY_NAMES:
+        value = getattr(importlib.import_module(_LAZY_NAMES[name], __name__), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'fastdata.preprocess' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY_NAMES))
+
 
 __all__ = [
     "DEFAULT_SHARD_BYTES",

@@ -9,7 +9,7 @@ import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
-from fastdata.preprocess._pool import CHUNK_ITEMS, WorkerPool
+from fastdata.preprocess._pool import CHUNK_ITEMS, lend_pool
 from fastdata.preprocess._task import ShardJob, ShardResult, ShardTask, run_shard_task, write_shard
 
 
@@ -29,7 +29,9 @@ class Engine(Protocol):
 class LocalEngine:
     """A local process pool: every worker decodes samples of the current shard while the
     parent writes it, so a job is parallel even when it is one shard. The workers are
-    spawned for the job and exit with it, or as soon as this process dies.
+    spawned by the first job and kept, idle, for the next one in this process (starting
+    them costs as much as hundreds of images); they exit a minute after the last job, or
+    as soon as this process dies.
 
     Args:
         workers: Processes decoding samples; ``1`` runs everything in this process.
@@ -51,10 +53,7 @@ class LocalEngine:
                 yield result
             return
         # spawn: a fork of a process whose OpenCV thread pool has run deadlocks the children.
-        pool = WorkerPool(min(self.workers, max(1, -(-num_items // CHUNK_ITEMS))), job)
-        try:
+        with lend_pool(min(self.workers, max(1, -(-num_items // CHUNK_ITEMS))), job) as pool:
             results = pool.results([item for task in tasks for item in task.items], advance)
             for task in tasks:
                 yield write_shard(task, job, itertools.islice(results, len(task.items)))
-        finally:
-            pool.close()

@@ -1,5 +1,5 @@
-"""The local engine's worker processes: spawned once per job, fed chunks of items over
-pipes, handing pixels back through shared-memory slots.
+"""The local engine's worker processes: fed chunks of items over pipes, handing pixels back
+through shared-memory slots, and kept between jobs (:func:`lend_pool`).
 
 Why not ``ProcessPoolExecutor``: its queues hold named POSIX semaphores (``sem.mp-*`` in
 ``/dev/shm``) that a ``kill -9`` of the process group leaks, and it pickles every decoded
@@ -8,6 +8,11 @@ pixel fields of raw storage go into a ring of slots in one anonymous shared file
 ``memfd``: nothing to leak), which the parent's shard writer copies from once. Workers
 exit when the parent dies (``PR_SET_PDEATHSIG`` on Linux, a parent-pid watchdog
 elsewhere), so an OOM-killed job leaves no process behind.
+
+Starting a worker (a Python process importing NumPy, OpenCV and PIL) costs about as much
+as decoding a few hundred images, so the workers of a finished job stay, idle, for the
+next job of this process with the same worker count, working directory and ``sys.path``;
+they exit after :data:`IDLE_EXIT_S` without one.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import ctypes
+import math
 import mmap
 import multiprocessing
 import os
@@ -49,6 +55,7 @@ _MAX_SLOT_MEMORY_BYTES = 64 << 20
 _MIN_SLOT_FIELD_BYTES = 4096  # smaller arrays (labels) travel with the results
 _WATCHDOG_PERIOD_S = 0.5
 _JOIN_TIMEOUT_S = 5.0
+IDLE_EXIT_S = 60.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -80,7 +87,7 @@ def _slot_bytes(fields: list[tuple[FieldSpec, int]]) -> int:
 
 
 def _view(buffer: mmap.mmap, spec: FieldSpec, offset: int) -> np.ndarray:
-    count = int(np.prod(spec.shape, dtype=np.int64))
+    count = math.prod(spec.shape)  # per sample: no NumPy call overhead
     return np.frombuffer(buffer, spec.dtype, count, offset).reshape(spec.shape)
 
 
@@ -114,37 +121,68 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def worker_main(conn: Connection, job: ShardJob, parent_pid: int, slot_bytes: int) -> None:
-    """A worker's loop: ``(chunk id, [(item, slot)...])`` in, ``(chunk id, results)`` out."""
+    """A worker's loop over the parent's messages: ``("chunk", chunk id, [(item, slot)...])``
+    answered ``("done", chunk id, results)``; ``("job", pickled job, slot bytes, new
+    memory)`` (the next job; the slot memory's descriptor follows when new) answered
+    ``("ready", pid)``; ``("rest", seconds)`` between jobs: exit unless a job comes
+    within that time; ``None`` to exit."""
     _die_with_parent(parent_pid)
     cv2.setNumThreads(1)  # the workers are the parallelism; OpenCV's threads oversubscribe
-    slots = None
-    if slot_bytes:
-        fd = recv_handle(conn)
-        slots = mmap.mmap(fd, 0)
-        os.close(fd)
+    slots = _receive_slots(conn) if slot_bytes else None
     fields = slot_fields(job)
     conn.send(("ready", os.getpid()))
+    rest_s: float | None = None
     while True:
         try:
+            if rest_s is not None and not conn.poll(rest_s):
+                return  # no job came: give the memory back
             message = conn.recv()
         except (EOFError, OSError):
             return
         if message is None:
             return
-        chunk_id, entries = message
-        reply: tuple[str, int, Any]
-        try:
-            reply = (
-                "done",
-                chunk_id,
-                [_process(item, job, (slots, slot * slot_bytes), fields) for item, slot in entries],
-            )
-        except Exception as exc:  # any failure: re-raised in the parent
-            reply = ("error", chunk_id, _picklable(exc))
+        reply: tuple[str, int, Any] | tuple[str, int]
+        if message[0] == "rest":
+            rest_s = message[1]
+            continue
+        if message[0] == "job":
+            rest_s = None
+            _, pickled, slot_bytes, new_memory = message
+            if new_memory:
+                if slots is not None:
+                    slots.close()
+                slots = _receive_slots(conn) if slot_bytes else None
+            try:
+                job = pickle.loads(pickled)
+                fields = slot_fields(job)
+                reply = ("ready", os.getpid())
+            except Exception as exc:  # e.g. a module that this process cannot import
+                reply = ("error", -1, _picklable(exc))
+        else:
+            _, chunk_id, entries = message
+            try:
+                reply = (
+                    "done",
+                    chunk_id,
+                    [
+                        _process(item, job, (slots, slot * slot_bytes), fields)
+                        for item, slot in entries
+                    ],
+                )
+            except Exception as exc:  # any failure: re-raised in the parent
+                reply = ("error", chunk_id, _picklable(exc))
         try:
             conn.send(reply)
         except OSError:  # the parent stopped listening (job over or failed): just go
             return
+
+
+def _receive_slots(conn: Connection) -> mmap.mmap:
+    fd = recv_handle(conn)
+    try:
+        return mmap.mmap(fd, 0)
+    finally:
+        os.close(fd)
 
 
 def _process(
@@ -154,10 +192,12 @@ def _process(
     fields: list[tuple[FieldSpec, int]],
 ) -> SampleResult:
     result = process_sample(item, job)
-    slots, base = slot
-    if slots is None or isinstance(result, SampleFailure):
+    if isinstance(result, SampleFailure):
         return result
     sample, stats = result
+    slots, base = slot
+    if slots is None:
+        return sample, stats
     for spec, offset in fields:
         value = sample.get(spec.name)
         if (
@@ -263,32 +303,26 @@ def _is_main_test(test: ast.expr) -> bool:
 
 
 class WorkerPool:
-    """``workers`` spawned processes running :func:`process_sample` for one job.
+    """``workers`` spawned processes running :func:`process_sample`, one job at a time.
 
     :meth:`results` yields every item's result in order, keeping each worker a few
     chunks ahead. A slotted array in a yielded sample is a view of shared memory that
-    stays valid until the next result is requested.
+    stays valid until the next result is requested. :meth:`switch` hands the workers the
+    next job once every result of the last one has been taken.
     """
 
     def __init__(self, workers: int, job: ShardJob) -> None:
-        self._job = job
-        self._fields = slot_fields(job)
-        self._slot_bytes = _slot_bytes(self._fields)
-        per_worker = _CHUNKS_PER_WORKER
-        if self._slot_bytes:
-            affordable = _MAX_SLOT_MEMORY_BYTES // (self._slot_bytes * CHUNK_ITEMS * workers)
-            per_worker = max(_MIN_CHUNKS_PER_WORKER, min(per_worker, affordable))
-        self._chunks_per_worker = per_worker
-        self._num_slots = workers * per_worker * CHUNK_ITEMS
+        self._workers = workers
         self._slots: mmap.mmap | None = None
         self._conns: list[Connection] = []
         self._processes: list[Any] = []
+        self._in_flight = 0  # chunks sent and not yet answered
+        self._lay_out(job)
         context = multiprocessing.get_context("spawn")
         fd = -1
         try:
             if self._slot_bytes:
-                fd = _anonymous_file(self._slot_bytes * self._num_slots)
-                self._slots = mmap.mmap(fd, 0)
+                fd = self._new_slots()
             with _main_for_workers(job):
                 for _ in range(workers):
                     parent_end, child_end = context.Pipe(duplex=True)
@@ -312,6 +346,77 @@ class WorkerPool:
         finally:
             if fd >= 0:
                 os.close(fd)
+
+    def _lay_out(self, job: ShardJob) -> None:
+        """The slots of ``job``: which fields, their size, and how many chunks go ahead."""
+        self._job = job
+        self._fields = slot_fields(job)
+        self._slot_bytes = _slot_bytes(self._fields)
+        per_worker = _CHUNKS_PER_WORKER
+        if self._slot_bytes:
+            affordable = _MAX_SLOT_MEMORY_BYTES // (self._slot_bytes * CHUNK_ITEMS * self._workers)
+            per_worker = max(_MIN_CHUNKS_PER_WORKER, min(per_worker, affordable))
+        self._chunks_per_worker = per_worker
+        self._num_slots = self._workers * per_worker * CHUNK_ITEMS
+
+    def _new_slots(self) -> int:
+        """Map fresh slot memory for the layout; returns its descriptor, for the workers."""
+        self._free_slots()
+        fd = _anonymous_file(self._slot_bytes * self._num_slots)
+        try:
+            self._slots = mmap.mmap(fd, 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _free_slots(self) -> None:
+        if self._slots is not None:
+            with suppress(BufferError):  # a sample view still alive: unmapped when collected
+                self._slots.close()
+            self._slots = None
+
+    @property
+    def idle(self) -> bool:
+        """Every worker is alive and no chunk is in flight (the pool can take a job)."""
+        return self._in_flight == 0 and all(p.is_alive() for p in self._processes)
+
+    def switch(self, job: ShardJob, pickled: bytes) -> None:
+        """Hand the idle workers the next job, ``pickled`` being ``pickle.dumps(job)``.
+
+        Raises:
+            PreprocessError: A worker is gone or cannot load the job.
+        """
+        old_bytes = self._slot_bytes * self._num_slots
+        self._lay_out(job)
+        new_memory = self._slot_bytes * self._num_slots != old_bytes
+        fd = -1
+        if new_memory:
+            if self._slot_bytes:
+                fd = self._new_slots()
+            else:
+                self._free_slots()
+        try:
+            for conn, process in zip(self._conns, self._processes, strict=True):
+                try:
+                    conn.send(("job", pickled, self._slot_bytes, new_memory))
+                    if fd >= 0:
+                        send_handle(conn, fd, process.pid)
+                except OSError:
+                    raise _died(process, "between jobs") from None
+            for conn, process in zip(self._conns, self._processes, strict=True):
+                message = self._receive(conn, process, "between jobs")
+                if message[0] == "error":
+                    raise PreprocessError(f"a preprocess worker cannot load the job: {message[2]}")
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def rest(self) -> None:
+        """Tell the workers that the job is over: they exit after :data:`IDLE_EXIT_S`
+        unless another job comes."""
+        for conn in self._conns:
+            conn.send(("rest", IDLE_EXIT_S))
 
     def _receive(self, conn: Connection, process: Any, doing: str) -> Any:
         try:
@@ -344,9 +449,10 @@ class WorkerPool:
                         (item, (start + k) % self._num_slots) for k, item in enumerate(chunks[sent])
                     ]
                     try:
-                        self._conns[worker].send((sent, entries))
+                        self._conns[worker].send(("chunk", sent, entries))
                     except OSError:
                         raise _died(self._processes[worker], "while processing images") from None
+                    self._in_flight += 1
                     busy[worker] = busy.get(worker, 0) + 1
                     sent += 1
                 self._collect(done, idle, busy)
@@ -368,14 +474,17 @@ class WorkerPool:
             kind, chunk_id = message[0], message[1]
             if kind == "error":
                 raise message[2]
+            self._in_flight -= 1
             done[chunk_id] = message[2]
             busy[index] -= 1
             idle.append(index)
 
     def _attach(self, result: SampleResult, slot: int) -> SampleResult:
-        if self._slots is None or isinstance(result, SampleFailure):
+        if isinstance(result, SampleFailure):
             return result
         sample, stats = result
+        if self._slots is None:
+            return sample, stats
         base = slot * self._slot_bytes
         for spec, offset in self._fields:
             if isinstance(sample.get(spec.name), _Slotted):
@@ -395,10 +504,70 @@ class WorkerPool:
                 process.kill()
                 process.join()
         self._conns, self._processes = [], []
-        if self._slots is not None:
-            with suppress(BufferError):  # a sample view still alive: unmapped when collected
-                self._slots.close()
-            self._slots = None
+        self._free_slots()
+
+
+# The pool a finished job left for the next one: (owner pid, workers, cwd, sys.path), pool.
+_idle_pool: list[tuple[tuple[Any, ...], WorkerPool]] = []
+_idle_lock = threading.Lock()
+
+
+@contextmanager
+def lend_pool(workers: int, job: ShardJob) -> Iterator[WorkerPool]:
+    """A pool of ``workers`` processes set up for ``job``: the one an earlier job of this
+    process left idle when it fits, else a new one. It stays for the next job when this
+    one takes every result; an error or an early stop closes it.
+
+    A pool fits when this process started it, with the same worker count, working
+    directory (relative input paths) and ``sys.path`` (modules the job refers to). A job
+    that refers to ``__main__`` gets a pool of its own (see :func:`_main_for_workers`).
+    """
+    pickled = pickle.dumps(job)
+    own = b"__main__" in pickled
+    key = (os.getpid(), workers, os.getcwd(), tuple(sys.path))
+    pool = None if own else _take_idle_pool(key)
+    if pool is not None:
+        try:
+            pool.switch(job, pickled)
+        except PreprocessError:  # gone meanwhile (idle too long), or cannot load the job
+            pool.close()
+            pool = None
+        except BaseException:
+            pool.close()
+            raise
+    if pool is None:
+        pool = WorkerPool(workers, job)
+    try:
+        yield pool
+    except BaseException:
+        pool.close()
+        raise
+    if own or not pool.idle:
+        pool.close()
+        return
+    try:
+        pool.rest()
+    except OSError:
+        pool.close()
+        return
+    with _idle_lock:
+        _idle_pool.append((key, pool))
+        spare = _idle_pool.pop(0) if len(_idle_pool) > 1 else None
+    if spare is not None:
+        spare[1].close()
+
+
+def _take_idle_pool(key: tuple[Any, ...]) -> WorkerPool | None:
+    with _idle_lock:
+        if not _idle_pool:
+            return None
+        found, pool = _idle_pool.pop()
+    if found[0] != key[0]:  # a forked copy of another process's pool: not ours to stop
+        return None
+    if found == key and pool.idle:
+        return pool
+    pool.close()
+    return None
 
 
 def _died(process: Any, doing: str) -> PreprocessError:

@@ -26,7 +26,7 @@ from fastdata.preprocess._options import PreprocessOptions
 from fastdata.preprocess._sources import SourceItem, SourceListing, display_name
 from fastdata.preprocess._stats import PixelStats, merge_fields
 from fastdata.preprocess._transforms import decode_min_side, transform
-from fastdata.shards import FieldSpec, ShardInfo, ShardWriter
+from fastdata.shards import FieldSpec, ShardInfo
 
 logger = logging.getLogger(__name__)
 
@@ -294,6 +294,9 @@ def write_shard(task: ShardTask, job: ShardJob, results: Iterable[SampleResult])
         PreprocessError: ``on_error="raise"`` and an input failed, or the shard cannot be
             written (disk full, permissions). Nothing of the shard is left on disk then.
     """
+    # here, not at the top: the worker processes import this module and need no h5py
+    from fastdata.shards import ShardWriter  # noqa: PLC0415
+
     path = Path(job.out) / task.file
     on_error = OnError.parse(job.options.on_error)
     totals: dict[str, PixelStats] = {}

@@ -1,21 +1,60 @@
 """The on-disk format: HDF5 shards plus an ``index.json`` manifest (see docs/FORMAT.md).
 
-This is the only package that imports h5py.
+This is the only package that imports h5py. Every name loads on first access (PEP 562):
+preprocessing workers need the schema (:class:`FieldSpec`), not h5py and the reader
+and writer.
 """
 
-from fastdata.shards._checksum import VerifyProblem, shard_matches, verify_shards
-from fastdata.shards._field_kind import Column, FieldKind
-from fastdata.shards._kinds import register_field_kind
-from fastdata.shards._schema import (
-    MANIFEST_NAME,
-    FieldSpec,
-    Manifest,
-    ShardInfo,
-    load_manifest,
-    save_manifest,
-)
-from fastdata.shards.reader import ShardReader
-from fastdata.shards.writer import COMPRESSIONS, ShardWriter
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fastdata.shards._checksum import VerifyProblem, shard_matches, verify_shards
+    from fastdata.shards._field_kind import Column, FieldKind
+    from fastdata.shards._kinds import register_field_kind
+    from fastdata.shards._schema import (
+        COMPRESSIONS,
+        MANIFEST_NAME,
+        FieldSpec,
+        Manifest,
+        ShardInfo,
+        load_manifest,
+        save_manifest,
+    )
+    from fastdata.shards.reader import ShardReader
+    from fastdata.shards.writer import ShardWriter
+
+# public name -> the module that defines it
+_LAZY_NAMES = {
+    **dict.fromkeys(
+        ("VerifyProblem", "shard_matches", "verify_shards"), "fastdata.shards._checksum"
+    ),
+    **dict.fromkeys(("Column", "FieldKind"), "fastdata.shards._field_kind"),
+    "register_field_kind": "fastdata.shards._kinds",
+    **dict.fromkeys(
+        ("COMPRESSIONS", "MANIFEST_NAME", "FieldSpec", "Manifest", "ShardInfo",
+         "load_manifest", "save_manifest"),
+        "fastdata.shards._schema",
+    ),
+    "ShardReader": "fastdata.shards.reader",
+    "ShardWriter": "fastdata.shards.writer",
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name on first access."""
+    if name in _LAZY_NAMES:
+        value = getattr(importlib.import_module(_LAZY_NAMES[name]), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'fastdata.shards' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY_NAMES))
+
 
 __all__ = [
     "COMPRESSIONS",

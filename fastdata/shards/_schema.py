@@ -18,6 +18,8 @@ from fastdata.shards._kinds import kind_class
 FORMAT_NAME = "fastdata-shards"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "index.json"
+# Lossless compressions a shard's array fields may use (HDF5 filters that h5py always has).
+COMPRESSIONS = ("gzip", "lzf")
 
 
 @dataclass(frozen=True)

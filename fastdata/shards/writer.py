@@ -19,9 +19,8 @@ import numpy as np
 from fastdata._files import fsync_dir
 from fastdata.shards._checksum import file_sha256
 from fastdata.shards._field_kind import COPY_BLOCK_BYTES, Column, Region
-from fastdata.shards._schema import FORMAT_NAME, FORMAT_VERSION, FieldSpec, ShardInfo
+from fastdata.shards._schema import COMPRESSIONS, FORMAT_NAME, FORMAT_VERSION, FieldSpec, ShardInfo
 
-COMPRESSIONS = ("gzip", "lzf")
 # copy_file_range errors that mean "not here" (cross-device before Linux 5.3, file systems
 # without support, seccomp filters): the copy goes through pread/pwrite instead.
 _NO_KERNEL_COPY = frozenset({errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP})

@@ -1,0 +1,138 @@
+"""The local engine's workers: a light start (no h5py, tqdm or Ray), kept for the next job
+of the process where they fit (byte-identical output), closed after a failed job, gone
+after a while without a job."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fastdata import load_manifest
+from fastdata.errors import PreprocessError
+from fastdata.preprocess import (
+    PreprocessOptions,
+    ShardJob,
+    _pool,
+    build_fields,
+    list_source,
+    preprocess,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _idle_pids() -> list[int]:
+    with _pool._idle_lock:
+        return [p.pid for _, pool in _pool._idle_pool for p in pool._processes]
+
+
+def _shards(out: Path) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in sorted(out.glob("shard-*.h5"))}
+
+
+def _run(src: Path, out: Path, options: PreprocessOptions, workers: int = 2) -> None:
+    preprocess(src, out, options, workers=workers, show_progress=False)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_the_next_job_reuses_the_workers_and_writes_the_same_bytes(
+    sample_imagefolder: Path, tmp_path: Path
+) -> None:
+    options = PreprocessOptions(sizes=(16,), shard_bytes=7 * 16 * 16 * 3)  # 4 shards
+    _run(sample_imagefolder, tmp_path / "first", options)
+    workers = _idle_pids()
+    assert len(workers) == 2
+    # a job of another layout in between: other slot memory, encoded fields
+    other = PreprocessOptions(sizes=(24, 16), storage="jpeg")
+    _run(sample_imagefolder, tmp_path / "other", other)
+    assert _idle_pids() == workers
+    _run(sample_imagefolder, tmp_path / "again", options)
+    assert _idle_pids() == workers
+    _run(sample_imagefolder, tmp_path / "alone", options, workers=1)  # no pool at all
+    expected = _shards(tmp_path / "alone")
+    assert len(expected) == 4
+    assert _shards(tmp_path / "first") == expected
+    assert _shards(tmp_path / "again") == expected
+    # the statistics travel from the workers as tuples of floats: exactly the same sums
+    assert load_manifest(tmp_path / "first").stats == load_manifest(tmp_path / "alone").stats
+    _run(sample_imagefolder, tmp_path / "other-alone", other, workers=1)
+    assert _shards(tmp_path / "other") == _shards(tmp_path / "other-alone")
+
+
+def test_a_failed_job_closes_its_workers(sample_imagefolder: Path, tmp_path: Path) -> None:
+    options = PreprocessOptions(sizes=(16,))
+    _run(sample_imagefolder, tmp_path / "warm", options)
+    before = _idle_pids()
+    (sample_imagefolder / "class_000" / "broken.jpg").write_bytes(b"not a jpeg")
+    failing = PreprocessOptions(sizes=(16,), on_error="fail")
+    with pytest.raises(PreprocessError, match=r"broken\.jpg"):
+        _run(sample_imagefolder, tmp_path / "fails", failing)
+    assert _idle_pids() == []
+    assert not [pid for pid in before if _alive(pid)]
+    _run(sample_imagefolder, tmp_path / "after", options)
+    assert set(_idle_pids()).isdisjoint(before)
+
+
+def test_idle_workers_exit_and_the_next_job_starts_new_ones(
+    sample_imagefolder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_pool, "IDLE_EXIT_S", 0.2)
+    options = PreprocessOptions(sizes=(16,))
+    _run(sample_imagefolder, tmp_path / "first", options)
+    workers = _idle_pids()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
+        time.sleep(0.05)
+    assert not [pid for pid in workers if _alive(pid)]
+    _run(sample_imagefolder, tmp_path / "second", options)
+    assert set(_idle_pids()).isdisjoint(workers)
+    assert _shards(tmp_path / "second") == _shards(tmp_path / "first")
+
+
+def test_another_working_directory_gets_new_workers(
+    sample_imagefolder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers resolve relative paths in the directory they started in."""
+    options = PreprocessOptions(sizes=(16,))
+    _run(sample_imagefolder, tmp_path / "first", options)
+    workers = _idle_pids()
+    monkeypatch.chdir(sample_imagefolder.parent)
+    _run(Path(sample_imagefolder.name), tmp_path / "relative", options)
+    assert set(_idle_pids()).isdisjoint(workers)
+    assert not [pid for pid in workers if _alive(pid)]
+
+
+def test_a_worker_imports_no_h5py_tqdm_or_ray(sample_imagefolder: Path, tmp_path: Path) -> None:
+    """What a spawned worker imports to load its job: not h5py (the writer, in the parent),
+    tqdm (the progress bar) or Ray; each costs every worker start a good part of its time."""
+    listing = list_source(sample_imagefolder)
+    options = PreprocessOptions(sizes=(16,))
+    job = ShardJob(str(tmp_path / "out"), options, build_fields(listing, options), listing.kind)
+    (tmp_path / "job.pickle").write_bytes(pickle.dumps(job))
+    code = (
+        "import json, pickle, sys\n"
+        "from fastdata.preprocess._pool import worker_main\n"
+        f"pickle.loads(open({str(tmp_path / 'job.pickle')!r}, 'rb').read())\n"
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    loaded = set(json.loads(done.stdout))
+    assert {"cv2", "numpy", "fastdata"} <= loaded
+    assert loaded.isdisjoint({"h5py", "tqdm", "ray", "torch"})

@@ -7,7 +7,6 @@ from concurrent.futures import Executor
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-import h5py
 import numpy as np
 
 from fastdata._gather import gather_rows
@@ -22,6 +21,8 @@ from fastdata.shards._field_kind import (
 )
 
 if TYPE_CHECKING:
+    import h5py
+
     from fastdata.shards._schema import FieldSpec
 
 

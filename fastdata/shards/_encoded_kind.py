@@ -6,7 +6,6 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import h5py
 import numpy as np
 
 from fastdata._gather import gather_encoded
@@ -20,6 +19,8 @@ from fastdata.shards._field_kind import (
 )
 
 if TYPE_CHECKING:
+    import h5py
+
     from fastdata.shards._schema import FieldSpec
 
 
@@ -83,6 +84,8 @@ class EncodedKind(FieldKind):
         return [(column.path, column.offset, offset, total)]
 
     def open(self, h5: h5py.File, num_samples: int, mapper: Mapper) -> Any:
+        import h5py  # noqa: PLC0415 - workers load kinds without h5py (see _field_kind.py)
+
         name = self.spec.name
         group = h5.get(name)
         if not isinstance(group, h5py.Group):

@@ -17,17 +17,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import h5py
 import numpy as np
 
 if TYPE_CHECKING:
+    import h5py
+
     from fastdata.shards._schema import FieldSpec
+
+# h5py is imported where a file is written or opened, not here: preprocessing workers build
+# field specs (and so their kinds) but never touch a file, and start faster without it.
 
 # (source file, offset in it, offset in the shard, bytes): a copy the writer leaves to the
 # kernel once HDF5 has laid out the file.
 Region = tuple[Path, int, int, int]
 # Maps a checked contiguous dataset into memory where it can (the reader's policy).
-Mapper = Callable[[h5py.Dataset], Any]
+Mapper = Callable[["h5py.Dataset"], Any]
 
 COPY_BLOCK_BYTES = 64 << 20
 NUMERIC_KINDS = "biufc"  # bool, int, uint, float, complex: never object, string or void
@@ -223,6 +227,8 @@ def create_contiguous(
     parent: h5py.Group, name: str, shape: tuple[int, ...], dtype: str
 ) -> h5py.Dataset:
     """A contiguous dataset whose file space is allocated now and never pre-filled."""
+    import h5py  # noqa: PLC0415 - see the note at the top
+
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
     return parent.create_dataset(name, shape=shape, dtype=dtype, dcpl=dcpl, fill_time="never")
@@ -233,6 +239,8 @@ def checked_dataset(
 ) -> h5py.Dataset:
     """``parent[name]`` after checking it is a plain dataset of ``dtype`` and ``shape``:
     never a variable-length, string or compound type, external or virtual storage."""
+    import h5py  # noqa: PLC0415 - see the note at the top of this module
+
     ds = parent.get(name)
     where = f"{parent.name.rstrip('/')}/{name}"
     if not isinstance(ds, h5py.Dataset):

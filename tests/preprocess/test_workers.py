@@ -16,14 +16,8 @@ import pytest
 
 from fastdata import load_manifest
 from fastdata.errors import PreprocessError
-from fastdata.preprocess import (
-    PreprocessOptions,
-    ShardJob,
-    _pool,
-    build_fields,
-    list_source,
-    preprocess,
-)
+from fastdata.preprocess import PreprocessOptions, ShardJob, _pool, list_source, preprocess
+from fastdata.preprocess._task import build_fields
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,6 @@
-"""The local engine's worker processes: spawned once per job, fed chunks of items over
-pipes, handing pixels back through shared-memory slots.
+"""The local engine's worker processes: started once per job (spawned, or forked for a
+dataset that cannot be pickled: :mod:`._fork`), fed chunks of items over pipes, handing
+pixels back through shared-memory slots.
 
 Why not ``ProcessPoolExecutor``: its queues hold named POSIX semaphores (``sem.mp-*`` in
 ``/dev/shm``) that a ``kill -9`` of the process group leaks, and it pickles every decoded
@@ -36,6 +37,7 @@ import cv2
 import numpy as np
 
 from fastdata.errors import PreprocessError
+from fastdata.preprocess._fork import fork_safe_thread_pools, single_threaded_torch
 from fastdata.preprocess._sources import SourceItem
 from fastdata.preprocess._task import SampleFailure, SampleResult, ShardJob, process_sample
 from fastdata.shards import FieldSpec
@@ -113,10 +115,21 @@ def _die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="fastdata-parent-watchdog", daemon=True).start()
 
 
-def worker_main(conn: Connection, job: ShardJob, parent_pid: int, slot_bytes: int) -> None:
-    """A worker's loop: ``(chunk id, [(item, slot)...])`` in, ``(chunk id, results)`` out."""
+def worker_main(
+    conn: Connection,
+    job: ShardJob,
+    parent_pid: int,
+    slot_bytes: int,
+    inherited: Sequence[Connection] = (),
+) -> None:
+    """A worker's loop: ``(chunk id, [(item, slot)...])`` in, ``(chunk id, results)`` out.
+    A forked worker first closes its copies of the parent's ends of the pipes
+    (``inherited``), so that a pipe's end closed by the parent reads as closed."""
+    for other in inherited:
+        other.close()
     _die_with_parent(parent_pid)
     cv2.setNumThreads(1)  # the workers are the parallelism; OpenCV's threads oversubscribe
+    single_threaded_torch()
     slots = None
     if slot_bytes:
         fd = recv_handle(conn)
@@ -263,14 +276,15 @@ def _is_main_test(test: ast.expr) -> bool:
 
 
 class WorkerPool:
-    """``workers`` spawned processes running :func:`process_sample` for one job.
+    """``workers`` processes running :func:`process_sample` for one job, started by
+    ``start_method`` (``"spawn"``, or ``"fork"``: they inherit the job unpickled).
 
     :meth:`results` yields every item's result in order, keeping each worker a few
     chunks ahead. A slotted array in a yielded sample is a view of shared memory that
     stays valid until the next result is requested.
     """
 
-    def __init__(self, workers: int, job: ShardJob) -> None:
+    def __init__(self, workers: int, job: ShardJob, start_method: str = "spawn") -> None:
         self._job = job
         self._fields = slot_fields(job)
         self._slot_bytes = _slot_bytes(self._fields)
@@ -283,18 +297,20 @@ class WorkerPool:
         self._slots: mmap.mmap | None = None
         self._conns: list[Connection] = []
         self._processes: list[Any] = []
-        context = multiprocessing.get_context("spawn")
+        context = multiprocessing.get_context(start_method)
+        forked = start_method == "fork"
         fd = -1
         try:
             if self._slot_bytes:
                 fd = _anonymous_file(self._slot_bytes * self._num_slots)
                 self._slots = mmap.mmap(fd, 0)
-            with _main_for_workers(job):
+            with fork_safe_thread_pools() if forked else _main_for_workers(job):
                 for _ in range(workers):
                     parent_end, child_end = context.Pipe(duplex=True)
+                    inherited = [*self._conns, parent_end] if forked else []
                     process = context.Process(
                         target=worker_main,
-                        args=(child_end, job, os.getpid(), self._slot_bytes),
+                        args=(child_end, job, os.getpid(), self._slot_bytes, inherited),
                         name="fastdata-preprocess",
                         daemon=True,
                     )

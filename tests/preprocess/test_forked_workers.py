@@ -214,10 +214,10 @@ def test_forked_job_resumes_after_a_crash(
 
 
 @needs_fork
-def test_stdin_script_whose_parent_ran_opencv_and_torch_threads(tmp_path: Path) -> None:
-    """The forked workers of a process whose OpenCV and torch thread pools have run (which
-    hangs a child that resizes OpenCV's pool or runs torch on the inherited one), for a
-    class defined in ``python -`` and a call without a ``__main__`` guard."""
+def test_stdin_script_whose_parent_runs_opencv_and_torch_threads(tmp_path: Path) -> None:
+    """Workers forked just after this process ran OpenCV's and torch's thread pools (a
+    child that then resizes OpenCV's pool, or runs torch on the inherited pool, hangs),
+    for a class defined in ``python -`` and a call without a ``__main__`` guard."""
     script = textwrap.dedent(f"""
         import os
         import cv2
@@ -225,9 +225,8 @@ def test_stdin_script_whose_parent_ran_opencv_and_torch_threads(tmp_path: Path) 
         import torch
         from fastdata.preprocess import PreprocessOptions, preprocess
 
-        big = np.zeros((1000, 1200, 3), np.uint8)
-        cv2.resize(big, (333, 257), interpolation=cv2.INTER_AREA)  # OpenCV's pool ran
-        torch.ones(512, 512) @ torch.ones(512, 512)  # torch's pool ran
+        PARENT = os.getpid()
+        BIG = np.zeros((2000, 2000, 3), np.uint8)
 
         class Stdin:
             def __len__(self):
@@ -236,6 +235,10 @@ def test_stdin_script_whose_parent_ran_opencv_and_torch_threads(tmp_path: Path) 
             def __getitem__(self, index):
                 with open(os.path.join({str(tmp_path)!r}, str(os.getpid())), "w"):
                     pass
+                if os.getpid() == PARENT:  # listing: the pools run just before the fork
+                    for _ in range(5):
+                        cv2.resize(BIG, (700, 333), interpolation=cv2.INTER_AREA)
+                    torch.ones(512, 512) @ torch.ones(512, 512)
                 image = torch.full((3, 20, 24), index, dtype=torch.uint8)
                 return (image.float() @ torch.eye(24)).to(torch.uint8), index
 
@@ -250,7 +253,7 @@ def test_stdin_script_whose_parent_ran_opencv_and_torch_threads(tmp_path: Path) 
         capture_output=True,
         text=True,
         env=env,
-        timeout=120,
+        timeout=60,  # a hung worker hangs the job
         check=False,
     )
     assert done.returncode == 0, done.stderr

@@ -297,7 +297,7 @@ class WorkerPool:
         self._slots: mmap.mmap | None = None
         self._conns: list[Connection] = []
         self._processes: list[Any] = []
-        context = multiprocessing.get_context(start_method)
+        context: Any = multiprocessing.get_context(start_method)  # Process, Pipe of either kind
         forked = start_method == "fork"
         fd = -1
         try:

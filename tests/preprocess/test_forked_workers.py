@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +27,7 @@ import pytest
 from fastdata import PreprocessOptions, ShardReader, load_manifest
 from fastdata.cli import main
 from fastdata.errors import PreprocessError
-from fastdata.preprocess import LocalEngine, ShardResult, _engine, _fork, preprocess
+from fastdata.preprocess import LocalEngine, ShardResult, _engine, _fork, _pool, preprocess
 
 REPO = Path(__file__).resolve().parents[2]
 N = 40  # three chunks of items: both workers get some
@@ -183,6 +184,43 @@ def test_bad_items_in_forked_workers_follow_on_error(tmp_path: Path, images: Pat
     with pytest.raises(PreprocessError, match=r"dataset\[30\] raised KeyError: 'gone'"):
         _run(broken, tmp_path / "f", workers=2)
     assert not (tmp_path / "f" / "index.json").exists()
+
+
+class LargeNoise:
+    """Holds a lock (it cannot be pickled); 512x512 noise, whose JPEGs at quality 100 fill
+    a pipe: a worker blocks sending them once the parent stops reading."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        if index == 20:
+            raise KeyError("gone")
+        return np.random.default_rng(index).integers(0, 256, (512, 512, 3), np.uint8), 0
+
+
+@needs_fork
+def test_forked_workers_exit_by_themselves_when_the_job_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker blocked sending results must see the parent close its end of the pipe,
+    which it does not while it holds a copy of that end (inherited by the fork)."""
+    exit_codes: list[int | None] = []
+    original_close = _pool.WorkerPool.close
+
+    def close(self: Any) -> None:
+        processes = list(self._processes)
+        original_close(self)
+        exit_codes.extend(process.exitcode for process in processes)
+
+    monkeypatch.setattr(_pool.WorkerPool, "close", close)
+    options = PreprocessOptions(sizes=(512,), storage="jpeg", jpeg_quality=100)
+    with pytest.raises(PreprocessError, match=r"dataset\[20\] raised KeyError: 'gone'"):
+        _run(LargeNoise(), tmp_path / "o", workers=2, options=options)
+    assert exit_codes == [0, 0]  # not killed after the join timeout
 
 
 def _crash_after(shards: int) -> Any:

@@ -387,3 +387,46 @@ def test_cli_from_python_forks_then_resumes_after_kill_9(
     monkeypatch.delitem(sys.modules, "unpicklable_data")
     assert _shards(tmp_path / "o") == _shards(tmp_path / "clean")
     assert len(ShardReader(tmp_path / "o")) == 40
+
+
+@needs_fork
+def test_a_dataset_class_defined_in_a_notebook_is_read_by_forked_workers(tmp_path: Path) -> None:
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    record = tmp_path / "pids"
+    record.mkdir()
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [
+        nbformat.v4.new_code_cell(f"import sys\nsys.path.insert(0, {str(REPO)!r})"),
+        nbformat.v4.new_code_cell(
+            textwrap.dedent(f"""
+                import os
+                import numpy as np
+                from fastdata.preprocess import PreprocessOptions, preprocess
+
+                class Notebook:
+                    def __len__(self):
+                        return 40
+
+                    def __getitem__(self, index):
+                        open(os.path.join({str(record)!r}, str(os.getpid())), "w").close()
+                        return np.full((20, 24, 3), index, np.uint8), index % 2
+
+                summary = preprocess(Notebook(), {str(tmp_path / "o")!r},
+                                     PreprocessOptions(sizes=(8,)), workers=2)
+                print(summary.num_samples, os.getpid())
+            """)
+        ),
+    ]
+    client = nbclient.NotebookClient(
+        notebook, timeout=240, kernel_name="python3", resources={"metadata": {"path": tmp_path}}
+    )
+    client.execute()
+    outputs = notebook.cells[1].outputs
+    printed = [o.get("text", "").strip() for o in outputs if o.get("name") == "stdout"]
+    assert len(printed) == 1 and printed[0].startswith("40 "), outputs
+    assert not [o for o in outputs if "read in this process only" in str(o)], outputs
+    kernel = int(printed[0].split()[1])
+    assert len({int(p.name) for p in record.iterdir()} - {kernel}) == 2
+    assert len(ShardReader(tmp_path / "o")) == 40

@@ -384,6 +384,7 @@ def test_cli_from_python_forks_then_resumes_after_kill_9(
         )
         == 0
     )
+    sys.modules["unpicklable_data"].data.handle.close()  # the module this process imported
     monkeypatch.delitem(sys.modules, "unpicklable_data")
     assert _shards(tmp_path / "o") == _shards(tmp_path / "clean")
     assert len(ShardReader(tmp_path / "o")) == 40

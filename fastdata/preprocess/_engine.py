@@ -9,6 +9,8 @@ import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
+from fastdata.errors import PreprocessError
+from fastdata.preprocess._fork import fork_refusal
 from fastdata.preprocess._pool import CHUNK_ITEMS, lend_pool
 from fastdata.preprocess._task import ShardJob, ShardResult, ShardTask, run_shard_task, write_shard
 
@@ -31,16 +33,31 @@ class LocalEngine:
     parent writes it, so a job is parallel even when it is one shard. The workers are
     spawned by the first job and kept, idle, for the next one in this process (starting
     them costs as much as hundreds of images); they exit a minute after the last job, or
-    as soon as this process dies.
+    as soon as this process dies. Forked workers serve one job and exit with it.
 
     Args:
         workers: Processes decoding samples; ``1`` runs everything in this process.
+        start_method: ``"spawn"`` (fresh interpreters that unpickle the job), or
+            ``"fork"`` (copies of this process, which inherit the job without pickling;
+            Linux, CUDA not initialised). :func:`preprocess` forks by itself for a
+            dataset object that cannot be pickled; files need no fork.
+
+    Raises:
+        ValueError: ``workers`` is not a positive int, or ``start_method`` is neither.
+        PreprocessError: ``"fork"`` where this process cannot fork workers (the message
+            says why).
     """
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, *, start_method: str = "spawn") -> None:
         if not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be a positive int, got {workers!r}")
+        if start_method not in ("spawn", "fork"):
+            raise ValueError(f"start_method must be 'spawn' or 'fork', got {start_method!r}")
+        refusal = fork_refusal() if start_method == "fork" else ""
+        if refusal:
+            raise PreprocessError(f"LocalEngine cannot fork its worker processes: {refusal}")
         self.workers = workers
+        self.start_method = start_method
 
     def run(
         self, tasks: Sequence[ShardTask], job: ShardJob, advance: Callable[[int], None]
@@ -52,8 +69,8 @@ class LocalEngine:
                 advance(len(task.items))
                 yield result
             return
-        # spawn: a fork of a process whose OpenCV thread pool has run deadlocks the children.
-        with lend_pool(min(self.workers, max(1, -(-num_items // CHUNK_ITEMS))), job) as pool:
+        workers = min(self.workers, max(1, -(-num_items // CHUNK_ITEMS)))
+        with lend_pool(workers, job, self.start_method) as pool:
             results = pool.results([item for task in tasks for item in task.items], advance)
             for task in tasks:
                 yield write_shard(task, job, itertools.islice(results, len(task.items)))

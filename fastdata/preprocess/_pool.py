@@ -1,5 +1,6 @@
-"""The local engine's worker processes: fed chunks of items over pipes, handing pixels back
-through shared-memory slots, and kept between jobs (:func:`lend_pool`).
+"""The local engine's worker processes: spawned (or forked, for a dataset that cannot be
+pickled: :mod:`._fork`), fed chunks of items over pipes, handing pixels back through
+shared-memory slots, and kept between jobs when spawned (:func:`lend_pool`).
 
 Why not ``ProcessPoolExecutor``: its queues hold named POSIX semaphores (``sem.mp-*`` in
 ``/dev/shm``) that a ``kill -9`` of the process group leaks, and it pickles every decoded
@@ -42,6 +43,7 @@ import cv2
 import numpy as np
 
 from fastdata.errors import PreprocessError
+from fastdata.preprocess._fork import fork_safe_thread_pools, single_threaded_torch
 from fastdata.preprocess._sources import SourceItem
 from fastdata.preprocess._task import SampleFailure, SampleResult, ShardJob, process_sample
 from fastdata.shards import FieldSpec
@@ -120,14 +122,25 @@ def _die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="fastdata-parent-watchdog", daemon=True).start()
 
 
-def worker_main(conn: Connection, job: ShardJob, parent_pid: int, slot_bytes: int) -> None:
+def worker_main(
+    conn: Connection,
+    job: ShardJob,
+    parent_pid: int,
+    slot_bytes: int,
+    inherited: Sequence[Connection] = (),
+) -> None:
     """A worker's loop over the parent's messages: ``("chunk", chunk id, [(item, slot)...])``
     answered ``("done", chunk id, results)``; ``("job", pickled job, slot bytes, new
     memory)`` (the next job; the slot memory's descriptor follows when new) answered
     ``("ready", pid)``; ``("rest", seconds)`` between jobs: exit unless a job comes
-    within that time; ``None`` to exit."""
+    within that time; ``None`` to exit. A forked worker first closes its copies of the
+    parent's ends of the pipes (``inherited``), so that a pipe's end closed by the parent
+    reads as closed."""
+    for other in inherited:
+        other.close()
     _die_with_parent(parent_pid)
     cv2.setNumThreads(1)  # the workers are the parallelism; OpenCV's threads oversubscribe
+    single_threaded_torch()
     slots = _receive_slots(conn) if slot_bytes else None
     fields = slot_fields(job)
     conn.send(("ready", os.getpid()))
@@ -303,7 +316,8 @@ def _is_main_test(test: ast.expr) -> bool:
 
 
 class WorkerPool:
-    """``workers`` spawned processes running :func:`process_sample`, one job at a time.
+    """``workers`` processes running :func:`process_sample`, one job at a time, started by
+    ``start_method`` (``"spawn"``, or ``"fork"``: they inherit the job unpickled).
 
     :meth:`results` yields every item's result in order, keeping each worker a few
     chunks ahead. A slotted array in a yielded sample is a view of shared memory that
@@ -311,24 +325,26 @@ class WorkerPool:
     next job once every result of the last one has been taken.
     """
 
-    def __init__(self, workers: int, job: ShardJob) -> None:
+    def __init__(self, workers: int, job: ShardJob, start_method: str = "spawn") -> None:
         self._workers = workers
         self._slots: mmap.mmap | None = None
         self._conns: list[Connection] = []
         self._processes: list[Any] = []
         self._in_flight = 0  # chunks sent and not yet answered
         self._lay_out(job)
-        context = multiprocessing.get_context("spawn")
+        context: Any = multiprocessing.get_context(start_method)  # Process, Pipe of either kind
+        forked = start_method == "fork"
         fd = -1
         try:
             if self._slot_bytes:
                 fd = self._new_slots()
-            with _main_for_workers(job):
+            with fork_safe_thread_pools() if forked else _main_for_workers(job):
                 for _ in range(workers):
                     parent_end, child_end = context.Pipe(duplex=True)
+                    inherited = [*self._conns, parent_end] if forked else []
                     process = context.Process(
                         target=worker_main,
-                        args=(child_end, job, os.getpid(), self._slot_bytes),
+                        args=(child_end, job, os.getpid(), self._slot_bytes, inherited),
                         name="fastdata-preprocess",
                         daemon=True,
                     )
@@ -513,15 +529,24 @@ _idle_lock = threading.Lock()
 
 
 @contextmanager
-def lend_pool(workers: int, job: ShardJob) -> Iterator[WorkerPool]:
+def lend_pool(workers: int, job: ShardJob, start_method: str = "spawn") -> Iterator[WorkerPool]:
     """A pool of ``workers`` processes set up for ``job``: the one an earlier job of this
     process left idle when it fits, else a new one. It stays for the next job when this
     one takes every result; an error or an early stop closes it.
 
     A pool fits when this process started it, with the same worker count, working
     directory (relative input paths) and ``sys.path`` (modules the job refers to). A job
-    that refers to ``__main__`` gets a pool of its own (see :func:`_main_for_workers`).
+    that refers to ``__main__`` gets a pool of its own (see :func:`_main_for_workers`), and
+    so does a forked one (``start_method="fork"``): its workers hold this job's dataset,
+    which cannot be pickled and so cannot be handed to them for another job.
     """
+    if start_method == "fork":
+        pool = WorkerPool(workers, job, start_method)
+        try:
+            yield pool
+        finally:
+            pool.close()
+        return
     pickled = pickle.dumps(job)
     own = b"__main__" in pickled
     key = (os.getpid(), workers, os.getcwd(), tuple(sys.path))

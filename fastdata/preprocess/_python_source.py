@@ -8,10 +8,13 @@ Hugging Face ``ClassLabel`` label feature become the manifest's ``class_names``;
 ``path`` field of each sample holds its index.
 
 How workers get the dataset: it is pickled once in this process and unpickled once per
-worker process (Ray: once per task). A dataset that cannot be pickled (an open file, a
-lock, a lambda) or whose class worker processes cannot import (defined in a notebook or
-in ``python -``) is read in this process alone by the local engine, with a warning that
-says why; the Ray engine refuses it with that reason. ``workers=1`` never pickles.
+worker process (Ray: once per task). A dataset that cannot be pickled (an open file, an
+h5py handle, a lock, a lambda) or whose class worker processes cannot import (defined in
+a notebook or in ``python -``) goes to forked workers instead, which inherit it as it is
+here and each read the index ranges of their chunks (:mod:`._fork`). Where forking is not
+safe (macOS, Windows, CUDA initialised here) the local engine reads it in this process
+alone, with a warning naming both reasons; the Ray engine refuses it with the reason.
+``workers=1`` neither pickles nor forks.
 
 Resumability: the job fingerprint covers the dataset's type, length and class names and
 a SHA-256 of the pixels, labels and masks of items ``0``, ``len // 2`` and ``len - 1``
@@ -49,6 +52,7 @@ from fastdata.preprocess._dataset_items import (
     where,
 )
 from fastdata.preprocess._engine import Engine, LocalEngine
+from fastdata.preprocess._fork import fork_refusal
 from fastdata.preprocess._sources import SourceItem, SourceListing
 from fastdata.preprocess._task import SampleFailure, SampleResult, ShardJob, process_pixels
 
@@ -318,29 +322,41 @@ def list_dataset(dataset: Any, *, name: str | None = None) -> DatasetListing:
 
 def dataset_engine(loader: DatasetLoader, engine: Engine) -> Engine:
     """The engine that runs a dataset job: ``engine`` when its workers can get the
-    dataset (or it has none), else a :class:`LocalEngine` reading it in this process.
+    dataset (or it has none); for a local engine and a dataset that cannot be pickled,
+    a forking :class:`LocalEngine` where that is safe, else one reading it here.
 
     Raises:
         PreprocessError: ``engine`` is not local and the dataset cannot go to its workers.
     """
     if isinstance(engine, LocalEngine):
-        if engine.workers == 1:
-            return engine  # everything runs here: nothing to pickle
+        if engine.workers == 1 or engine.start_method == "fork":
+            return engine  # nothing to pickle: everything runs here, or workers inherit it
         reason = loader.prepare_for_workers()
-        if reason:
+        if not reason:
+            return engine
+        refusal = fork_refusal()
+        if refusal:
             logger.warning(
-                "the dataset is read in this process only, not by %d worker processes: %s",
+                "the dataset is read in this process only, not by %d worker processes: %s, "
+                "and %s; make it picklable (e.g. open files in __getitem__, not in "
+                "__init__) to read it in parallel",
                 engine.workers,
                 reason,
+                refusal,
             )
             return LocalEngine(1)
-        return engine
+        logger.info(
+            "%d worker processes fork from this one to inherit the dataset: %s",
+            engine.workers,
+            reason,
+        )
+        return LocalEngine(engine.workers, start_method="fork")
     reason = loader.prepare_for_workers()
     if reason:
         raise PreprocessError(
             f"{type(engine).__name__} sends the dataset to its workers, but {reason}; make it "
             "picklable (e.g. open files in __getitem__, not in __init__), or use the local "
-            "engine, which then reads it in this process"
+            "engine, whose workers inherit it where they can fork (Linux)"
         )
     return engine
 

@@ -256,21 +256,6 @@ def test_image_mask_pairs_and_grayscale(tmp_path: Path) -> None:
     np.testing.assert_array_equal(reader.read("mask", 2), reference(mask_of(2), SIDE, True))
 
 
-def test_unpicklable_dataset_is_read_in_this_process_with_a_warning(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    with caplog.at_level(logging.WARNING, logger="fastdata.preprocess"):
-        summary = _run(LockedDataset(), tmp_path / "locked", workers=2)
-    assert summary.num_samples == N
-    assert "read in this process only, not by 2 worker processes" in caplog.text
-    assert "cannot be pickled" in caplog.text and "lock" in caplog.text
-    _run(ArrayDataset(), tmp_path / "plain", workers=2)
-    locked_images, locked_labels = _stored(tmp_path / "locked")
-    plain_images, plain_labels = _stored(tmp_path / "plain")
-    np.testing.assert_array_equal(locked_images, plain_images)
-    assert locked_labels == plain_labels
-
-
 class UnpicklesNowhere(ArrayDataset):
     """Pickles, but cannot be rebuilt elsewhere (as a dataset needing files only here)."""
 
@@ -300,10 +285,16 @@ def test_a_remote_engine_refuses_an_unpicklable_dataset(tmp_path: Path) -> None:
     assert not (tmp_path / "o").exists()  # refused before anything was written
 
 
-def test_a_class_defined_on_stdin_is_read_in_the_parent(tmp_path: Path) -> None:
+def test_a_class_defined_on_stdin_is_read_in_the_parent_where_forking_is_unsafe(
+    tmp_path: Path,
+) -> None:
+    """Where workers may not fork (here: as if CUDA were initialised), the warning names
+    both reasons (tests/preprocess/test_forked_workers.py has the forked workers)."""
     script = textwrap.dedent(f"""
         import numpy as np
-        from fastdata.preprocess import PreprocessOptions, preprocess
+        from fastdata.preprocess import PreprocessOptions, _fork, preprocess
+
+        _fork.cuda_is_initialised = lambda: True
 
         class Stdin:
             def __len__(self):
@@ -329,6 +320,7 @@ def test_a_class_defined_on_stdin_is_read_in_the_parent(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "samples 6" in done.stdout
     assert "Stdin is defined in __main__ of an interactive session" in done.stderr
+    assert "and CUDA is initialised in this process" in done.stderr
 
 
 @pytest.mark.parametrize(

@@ -541,11 +541,11 @@ def lend_pool(workers: int, job: ShardJob, start_method: str = "spawn") -> Itera
     which cannot be pickled and so cannot be handed to them for another job.
     """
     if start_method == "fork":
-        pool = WorkerPool(workers, job, start_method)
+        forked = WorkerPool(workers, job, start_method)
         try:
-            yield pool
+            yield forked
         finally:
-            pool.close()
+            forked.close()
         return
     pickled = pickle.dumps(job)
     own = b"__main__" in pickled

@@ -84,7 +84,7 @@ class BatchBuffers:
         return kept.view(shape)
 
     def clear(self) -> None:
-        """Forget this thread's pools (their memory is freed once no batch refers to it)."""
+        """Forget every thread's pools (their memory is freed once no batch refers to it)."""
         self._local = threading.local()
 
     def __getstate__(self) -> dict[str, Any]:

@@ -9,12 +9,15 @@ and by FFCV's ``DatasetWriter`` (when installed) back to back, for each job:
   ``write_mode="jpg"``, ``max_resolution=256``, ``jpeg_quality=90``.
 
 Each job runs ``--rounds`` times per tool, back to back and alternating which tool goes
-first; each tool's fastest run counts. Both use ``--workers`` processes and read the same
-files (FFCV through a map-style dataset that opens each image with PIL, as torchvision's
-ImageFolder does). The ratio is FFCV's time over fastdata's. The decode+resize bound is
-the single-core rate of fastdata's own per-image work (decode, resize, statistics; one
-process, one OpenCV thread, measured right before and after the runs, averaged) times the
-number of workers; its ratio is the job's rate over that bound.
+first; each tool's fastest run counts. Every fastdata run starts its own worker processes,
+as one ``fastdata preprocess`` command does (the workers a job leaves idle for the next
+job of the same process are stopped first), and FFCV's writer starts its pool per run.
+Both use ``--workers`` processes and read the same files (FFCV through a map-style dataset
+that opens each image with PIL, as torchvision's ImageFolder does). The ratio is FFCV's
+time over fastdata's. The decode+resize bound is the single-core rate of fastdata's own
+per-image work (decode, resize, statistics; one process, one OpenCV thread, measured right
+before and after the runs, averaged) times the number of workers; its ratio is the job's
+rate over that bound.
 
     python benchmarks/bench_preprocess.py [--num-images 4000] [--workers N] [--rounds 3]
 
@@ -43,6 +46,7 @@ from PIL import Image
 
 from fastdata._system import usable_cpus
 from fastdata.preprocess import PreprocessOptions, ShardJob, list_source, preprocess
+from fastdata.preprocess._pool import close_idle_pools
 from fastdata.preprocess._sources import SourceItem
 from fastdata.preprocess._task import build_fields, process_sample
 
@@ -139,6 +143,7 @@ def measure(
         for tool in order:
             if tool == "fastdata":
                 shutil.rmtree(out, ignore_errors=True)  # both tools start without output
+                close_idle_pools()  # and without worker processes
                 summary = preprocess(src, out, options, workers=workers, show_progress=False)
                 fastdata_runs.append(summary.elapsed_s)
             elif with_ffcv:

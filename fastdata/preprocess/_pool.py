@@ -582,6 +582,17 @@ def lend_pool(workers: int, job: ShardJob, start_method: str = "spawn") -> Itera
         spare[1].close()
 
 
+def close_idle_pools() -> None:
+    """Stop the workers earlier jobs of this process left idle (they would exit by
+    themselves a minute after the last job); the next job starts new ones."""
+    with _idle_lock:
+        idle = list(_idle_pool)
+        _idle_pool.clear()
+    for (owner, *_), pool in idle:
+        if owner == os.getpid():  # a forked copy of another process's pool is not ours
+            pool.close()
+
+
 def _take_idle_pool(key: tuple[Any, ...]) -> WorkerPool | None:
     with _idle_lock:
         if not _idle_pool:

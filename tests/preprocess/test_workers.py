@@ -130,3 +130,16 @@ def test_a_worker_imports_no_h5py_tqdm_or_ray(sample_imagefolder: Path, tmp_path
     loaded = set(json.loads(done.stdout))
     assert {"cv2", "numpy", "fastdata"} <= loaded
     assert loaded.isdisjoint({"h5py", "tqdm", "ray", "torch"})
+
+
+def test_close_idle_pools_stops_the_kept_workers(sample_imagefolder: Path, tmp_path: Path) -> None:
+    options = PreprocessOptions(sizes=(16,))
+    _run(sample_imagefolder, tmp_path / "first", options)
+    kept = _idle_pids()
+    assert kept
+    _pool.close_idle_pools()
+    assert _idle_pids() == []
+    assert not [pid for pid in kept if _alive(pid)]
+    _run(sample_imagefolder, tmp_path / "second", options)  # starts new ones
+    assert _idle_pids() and not set(_idle_pids()) & set(kept)
+    assert _shards(tmp_path / "second") == _shards(tmp_path / "first")

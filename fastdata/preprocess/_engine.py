@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from fastdata.errors import PreprocessError
-from fastdata.preprocess._fork import fork_refusal
+from fastdata.preprocess._fork import fork_refusal, resolve_start_method
 from fastdata.preprocess._pool import CHUNK_ITEMS, lend_pool
 from fastdata.preprocess._task import ShardJob, ShardResult, ShardTask, run_shard_task, write_shard
 
@@ -31,28 +31,33 @@ class Engine(Protocol):
 class LocalEngine:
     """A local process pool: every worker decodes samples of the current shard while the
     parent writes it, so a job is parallel even when it is one shard. The workers are
-    spawned by the first job and kept, idle, for the next one in this process (starting
-    them costs as much as hundreds of images); they exit a minute after the last job, or
-    as soon as this process dies. Forked workers serve one job and exit with it.
+    started by the first job and kept, idle, for the next one in this process; they exit
+    a minute after the last job, or as soon as this process dies. Workers forked for a
+    dataset that cannot be pickled serve that job only.
 
     Args:
         workers: Processes decoding samples; ``1`` runs everything in this process.
-        start_method: ``"spawn"`` (fresh interpreters that unpickle the job), or
-            ``"fork"`` (copies of this process, which inherit the job without pickling;
-            Linux, CUDA not initialised). :func:`preprocess` forks by itself for a
-            dataset object that cannot be pickled; files need no fork.
+        start_method: ``"auto"`` (the default): ``"fork"`` where this process can fork
+            safely (Linux, CUDA not initialised), else ``"spawn"``. ``"fork"``: copies of
+            this process, which start in milliseconds and inherit the job without
+            pickling. ``"spawn"``: fresh interpreters that import the job (a script that
+            calls :func:`preprocess` must then do so under ``if __name__ ==
+            "__main__":``).
 
     Raises:
-        ValueError: ``workers`` is not a positive int, or ``start_method`` is neither.
+        ValueError: ``workers`` is not a positive int, or ``start_method`` is none of
+            ``"auto"``, ``"fork"`` and ``"spawn"``.
         PreprocessError: ``"fork"`` where this process cannot fork workers (the message
             says why).
     """
 
-    def __init__(self, workers: int, *, start_method: str = "spawn") -> None:
+    def __init__(self, workers: int, *, start_method: str = "auto") -> None:
         if not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be a positive int, got {workers!r}")
-        if start_method not in ("spawn", "fork"):
-            raise ValueError(f"start_method must be 'spawn' or 'fork', got {start_method!r}")
+        if start_method not in ("auto", "fork", "spawn"):
+            raise ValueError(
+                f"start_method must be 'auto', 'fork' or 'spawn', got {start_method!r}"
+            )
         refusal = fork_refusal() if start_method == "fork" else ""
         if refusal:
             raise PreprocessError(f"LocalEngine cannot fork its worker processes: {refusal}")
@@ -70,7 +75,9 @@ class LocalEngine:
                 yield result
             return
         workers = min(self.workers, max(1, -(-num_items // CHUNK_ITEMS)))
-        with lend_pool(workers, job, self.start_method) as pool:
+        # resolved per job: CUDA may have been initialised since the engine was made
+        start_method = resolve_start_method(self.start_method)
+        with lend_pool(workers, job, start_method) as pool:
             results = pool.results([item for task in tasks for item in task.items], advance)
             for task in tasks:
                 yield write_shard(task, job, itertools.islice(results, len(task.items)))

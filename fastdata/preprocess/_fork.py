@@ -1,8 +1,9 @@
-"""Forked worker processes: how a dataset that cannot be pickled is still read in parallel.
+"""Forked worker processes: the local engine's default where forking is safe.
 
-A forked child starts as a copy of this process, so it holds the dataset object as it is
-here (open files, h5py handles, lambdas, classes defined in a notebook) without pickling.
-torch's ``DataLoader`` forks its workers on Linux for the same reason. Forking a process
+A forked child starts as a copy of this process in milliseconds (a spawned one first imports
+OpenCV and NumPy), and it holds a dataset object as it is here (open files, h5py handles,
+lambdas, classes defined in a notebook) without pickling. torch's ``DataLoader`` forks its
+workers on Linux for the same reasons. Forking a process
 whose libraries run threads is what can go wrong: a child has only the forking thread,
 and a library that waits on its other threads hangs. The rules kept here:
 
@@ -45,6 +46,16 @@ def fork_refusal() -> str:
             "(preprocess before touching CUDA, or in a separate process)"
         )
     return ""
+
+
+def resolve_start_method(start_method: str) -> str:
+    """``"fork"`` or ``"spawn"`` for a :class:`~fastdata.preprocess.LocalEngine`'s
+    ``start_method``: ``"auto"`` forks where :func:`fork_refusal` allows it (a forked
+    worker starts in milliseconds; a spawned one imports OpenCV and NumPy first, as much
+    time as a hundred images take) and spawns elsewhere."""
+    if start_method != "auto":
+        return start_method
+    return "spawn" if fork_refusal() else "fork"
 
 
 @contextmanager

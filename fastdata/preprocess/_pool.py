@@ -523,34 +523,34 @@ class WorkerPool:
         self._free_slots()
 
 
-# The pool a finished job left for the next one: (owner pid, workers, cwd, sys.path), pool.
+# The pool a finished job left for the next one:
+# (owner pid, start method, workers, cwd, sys.path), pool.
 _idle_pool: list[tuple[tuple[Any, ...], WorkerPool]] = []
 _idle_lock = threading.Lock()
 
 
 @contextmanager
-def lend_pool(workers: int, job: ShardJob, start_method: str = "spawn") -> Iterator[WorkerPool]:
-    """A pool of ``workers`` processes set up for ``job``: the one an earlier job of this
-    process left idle when it fits, else a new one. It stays for the next job when this
-    one takes every result; an error or an early stop closes it.
+def lend_pool(workers: int, job: ShardJob, start_method: str) -> Iterator[WorkerPool]:
+    """A pool of ``workers`` processes started by ``start_method`` and set up for ``job``:
+    the one an earlier job of this process left idle when it fits, else a new one. It stays
+    for the next job when this one takes every result; an error or an early stop closes it.
 
-    A pool fits when this process started it, with the same worker count, working
-    directory (relative input paths) and ``sys.path`` (modules the job refers to). A job
-    that refers to ``__main__`` gets a pool of its own (see :func:`_main_for_workers`), and
-    so does a forked one (``start_method="fork"``): its workers hold this job's dataset,
-    which cannot be pickled and so cannot be handed to them for another job.
+    A pool fits when this process started it the same way, with the same worker count,
+    working directory (relative input paths) and ``sys.path``. A job that runs user code
+    (a dataset object: ``job.loader``) gets a pool of its own, closed after it: a kept
+    worker would run the version of that code it loaded first, not an edited one, and a
+    spawned worker cannot load ``__main__``'s (see :func:`_main_for_workers`).
     """
-    if start_method == "fork":
-        forked = WorkerPool(workers, job, start_method)
+    key = (os.getpid(), start_method, workers, os.getcwd(), tuple(sys.path))
+    if job.loader is not None:
+        own_pool = WorkerPool(workers, job, start_method)
         try:
-            yield forked
+            yield own_pool
         finally:
-            forked.close()
+            own_pool.close()
         return
     pickled = pickle.dumps(job)
-    own = b"__main__" in pickled
-    key = (os.getpid(), workers, os.getcwd(), tuple(sys.path))
-    pool = None if own else _take_idle_pool(key)
+    pool = _take_idle_pool(key)
     if pool is not None:
         try:
             pool.switch(job, pickled)
@@ -561,13 +561,13 @@ def lend_pool(workers: int, job: ShardJob, start_method: str = "spawn") -> Itera
             pool.close()
             raise
     if pool is None:
-        pool = WorkerPool(workers, job)
+        pool = WorkerPool(workers, job, start_method)
     try:
         yield pool
     except BaseException:
         pool.close()
         raise
-    if own or not pool.idle:
+    if not pool.idle:
         pool.close()
         return
     try:

@@ -7,13 +7,13 @@ the parts item 0 has. ``dataset.classes`` (torchvision's convention) or the name
 Hugging Face ``ClassLabel`` label feature become the manifest's ``class_names``; the
 ``path`` field of each sample holds its index.
 
-How workers get the dataset: it is pickled once in this process and unpickled once per
-worker process (Ray: once per task). A dataset that cannot be pickled (an open file, an
-h5py handle, a lock, a lambda) or whose class worker processes cannot import (defined in
-a notebook or in ``python -``) goes to forked workers instead, which inherit it as it is
-here and each read the index ranges of their chunks (:mod:`._fork`). Where forking is not
-safe (macOS, Windows, CUDA initialised here) the local engine reads it in this process
-alone, with a warning naming both reasons; the Ray engine refuses it with the reason.
+How workers get the dataset: the local engine's workers are forked from this process
+where that is safe (Linux, CUDA not initialised: :mod:`._fork`), and inherit it as it is
+here, picklable or not (an open file, an h5py handle, a lock, a lambda, a class defined in
+a notebook or in ``python -``), each reading the index ranges of its chunks. Elsewhere
+it is pickled once in this process and unpickled once per spawned worker (Ray: once per
+task); one that cannot be pickled is then read in this process alone by the local engine,
+with a warning naming both reasons, and refused by the Ray engine with the reason.
 ``workers=1`` neither pickles nor forks.
 
 Resumability: the job fingerprint covers the dataset's type, length and class names and
@@ -52,7 +52,7 @@ from fastdata.preprocess._dataset_items import (
     where,
 )
 from fastdata.preprocess._engine import Engine, LocalEngine
-from fastdata.preprocess._fork import fork_refusal
+from fastdata.preprocess._fork import fork_refusal, resolve_start_method
 from fastdata.preprocess._sources import SourceItem, SourceListing
 from fastdata.preprocess._task import SampleFailure, SampleResult, ShardJob, process_pixels
 
@@ -329,7 +329,7 @@ def dataset_engine(loader: DatasetLoader, engine: Engine) -> Engine:
         PreprocessError: ``engine`` is not local and the dataset cannot go to its workers.
     """
     if isinstance(engine, LocalEngine):
-        if engine.workers == 1 or engine.start_method == "fork":
+        if engine.workers == 1 or resolve_start_method(engine.start_method) == "fork":
             return engine  # nothing to pickle: everything runs here, or workers inherit it
         reason = loader.prepare_for_workers()
         if not reason:

@@ -96,8 +96,14 @@ def _shards(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.glob("shard-*.h5"))}
 
 
-def _run(dataset: Any, out: Path, workers: int, options: PreprocessOptions = OPTIONS) -> Any:
-    return preprocess(dataset, out, options, workers=workers, show_progress=False)
+def _run(
+    dataset: Any,
+    out: Path,
+    workers: int | None = None,
+    options: PreprocessOptions = OPTIONS,
+    engine: LocalEngine | None = None,
+) -> Any:
+    return preprocess(dataset, out, options, workers=workers, engine=engine, show_progress=False)
 
 
 @needs_fork
@@ -106,15 +112,23 @@ def test_forked_workers_read_it_and_write_the_bytes_of_pickled_and_single_runs(
 ) -> None:
     eager = H5Images(images, tmp_path / "forked", keep_open=True)
     with caplog.at_level(logging.INFO, logger="fastdata.preprocess"):
-        summary = _run(eager, tmp_path / "a", workers=2)
+        summary = _run(eager, tmp_path / "a", workers=2)  # forked: the default here
     assert "read in this process only" not in caplog.text
+    assert (summary.num_samples, summary.num_shards) == (N, 5)
+    assert len(_readers(tmp_path / "forked")) == 2
+    # a spawning engine is told why it forks for this one dataset
+    with caplog.at_level(logging.INFO, logger="fastdata.preprocess"):
+        spawning = LocalEngine(2, start_method="spawn")
+        _run(
+            H5Images(images, tmp_path / "forked2", keep_open=True), tmp_path / "a2", engine=spawning
+        )
     assert "2 worker processes fork from this one to inherit the dataset: it cannot be " in (
         caplog.text
     )
     assert "h5py objects cannot be pickled" in caplog.text
-    assert (summary.num_samples, summary.num_shards) == (N, 5)
-    assert len(_readers(tmp_path / "forked")) == 2
-    _run(H5Images(images, tmp_path / "pickled", keep_open=False), tmp_path / "b", workers=2)
+    assert _shards(tmp_path / "a2") == _shards(tmp_path / "a")
+    spawned = H5Images(images, tmp_path / "pickled", keep_open=False)
+    _run(spawned, tmp_path / "b", engine=LocalEngine(2, start_method="spawn"))
     assert len(_readers(tmp_path / "pickled")) == 2  # spawned workers that unpickled it
     _run(H5Images(images, tmp_path / "single", keep_open=True), tmp_path / "c", workers=1)
     assert _readers(tmp_path / "single") == set()
@@ -164,7 +178,9 @@ def test_where_forking_is_unsafe_this_process_reads_it_with_a_warning(
 def test_a_local_engine_refuses_to_fork_where_it_is_unsafe(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    with pytest.raises(ValueError, match="start_method must be 'spawn' or 'fork', got 'thread'"):
+    with pytest.raises(
+        ValueError, match="start_method must be 'auto', 'fork' or 'spawn', got 'thread'"
+    ):
         LocalEngine(2, start_method="thread")
     monkeypatch.setattr(_fork, "cuda_is_initialised", lambda: True)
     with pytest.raises(PreprocessError, match="cannot fork its worker processes: CUDA is init"):
@@ -227,7 +243,7 @@ def _crash_after(shards: int) -> Any:
     original_run = _engine.LocalEngine.run
 
     def run(self: Any, tasks: Any, job: Any, advance: Any) -> Iterator[ShardResult]:
-        assert self.start_method == "fork"
+        assert _fork.resolve_start_method(self.start_method) == "fork"
         for count, result in enumerate(original_run(self, tasks, job, advance), start=1):
             yield result
             if count == shards:

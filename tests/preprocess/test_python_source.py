@@ -264,12 +264,16 @@ class UnpicklesNowhere(ArrayDataset):
 
 
 def test_a_dataset_workers_cannot_unpickle_is_one_clear_error(tmp_path: Path) -> None:
+    spawning = _engine.LocalEngine(2, start_method="spawn")  # forked workers unpickle nothing
     with pytest.raises(
         PreprocessError,
         match=r"a worker process cannot unpickle the dataset \(RuntimeError: the data folder",
     ):
-        _run(UnpicklesNowhere(), tmp_path / "o", workers=2)
+        _run(UnpicklesNowhere(), tmp_path / "o", engine=spawning)
     assert not (tmp_path / "o" / "index.json").exists()
+    _run(UnpicklesNowhere(), tmp_path / "forked", engine=_engine.LocalEngine(2))
+    _run(UnpicklesNowhere(), tmp_path / "here", workers=1)
+    assert _shards(tmp_path / "forked") == _shards(tmp_path / "here")
 
 
 class _RemoteEngine:

@@ -133,6 +133,11 @@ class Decoder(ABC):
             return np.zeros((count, 1))
         return self._random.uniform(count, self.random_crop.draws_per_sample)
 
+    def derive_seed(self) -> int:
+        """A seed for another decoder's draws, taken from this one's (advances them): how
+        workers decoding for this decoder get crops that follow its seed."""
+        return int(self._random.uniform(1)[0, 0] * 2**62)
+
     def warn_fallback_once(self, message: str) -> None:
         """Warn, once per decoder, that work fell back to a slower path (``message`` says
         which); later fallbacks are silent."""

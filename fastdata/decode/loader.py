@@ -89,7 +89,7 @@ class _DecodeInWorkers:
         }
         # The main process's crop draws seed the workers' (mixed with each worker's seed,
         # which DataLoader draws afresh each epoch).
-        self.seed = int(decoder._random.uniform(1)[0, 0] * 2**62)
+        self.seed = decoder.derive_seed()
         self._decoder: CpuDecoder | None = None
         self._pid = -1
 

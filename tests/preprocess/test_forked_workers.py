@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cv2
 import h5py
 import numpy as np
 import pytest
@@ -447,3 +448,33 @@ def test_a_dataset_class_defined_in_a_notebook_is_read_by_forked_workers(tmp_pat
     kernel = int(printed[0].split()[1])
     assert len({int(p.name) for p in record.iterdir()} - {kernel}) == 2
     assert len(ShardReader(tmp_path / "o")) == 40
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="forks by default on Linux only")
+def test_file_jobs_fork_their_workers_where_safe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forked worker starts without importing anything; a spawned one runs
+    ``multiprocessing.spawn`` and imports OpenCV and NumPy first."""
+    src = tmp_path / "src" / "class_a"
+    src.mkdir(parents=True)
+    for k in range(2 * _pool.CHUNK_ITEMS + 1):  # enough for two workers
+        cv2.imwrite(str(src / f"{k}.png"), np.full((20, 24, 3), k % 256, np.uint8))
+    options = PreprocessOptions(sizes=(8,))
+
+    def worker_cmdlines() -> list[bytes]:
+        with _pool._idle_lock:
+            pids = [p.pid for _, pool in _pool._idle_pool for p in pool._processes]
+        return [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in pids]
+
+    _pool.close_idle_pools()
+    preprocess(tmp_path / "src", tmp_path / "forked", options, workers=2, show_progress=False)
+    forked = worker_cmdlines()
+    assert len(forked) == 2 and not any(b"spawn_main" in c for c in forked)
+    _pool.close_idle_pools()
+    monkeypatch.setattr(_fork, "fork_refusal", lambda: "a reason")
+    preprocess(tmp_path / "src", tmp_path / "spawned", options, workers=2, show_progress=False)
+    spawned = worker_cmdlines()
+    assert len(spawned) == 2 and all(b"spawn_main" in c for c in spawned)
+    _pool.close_idle_pools()
+    assert _shards(tmp_path / "forked") == _shards(tmp_path / "spawned")

@@ -231,6 +231,19 @@ def _picklable(exc: BaseException) -> BaseException:
     return exc
 
 
+# Starting workers changes process-wide state for a moment (``__main__``'s file and spec,
+# OpenCV's thread count) and restores it: one thread at a time, or a second thread would
+# save the first one's temporary values and restore those.
+_start_lock = threading.Lock()
+
+
+@contextmanager
+def _starting_workers(job: ShardJob, *, forked: bool) -> Iterator[None]:
+    """Held while this thread starts a pool's worker processes."""
+    with _start_lock, fork_safe_thread_pools() if forked else _main_for_workers(job):
+        yield
+
+
 @contextmanager
 def _main_for_workers(job: ShardJob) -> Iterator[None]:
     """Spawned children first import the parent's ``__main__`` (by file or module name),
@@ -338,7 +351,7 @@ class WorkerPool:
         try:
             if self._slot_bytes:
                 fd = self._new_slots()
-            with fork_safe_thread_pools() if forked else _main_for_workers(job):
+            with _starting_workers(job, forked=forked):
                 for _ in range(workers):
                     parent_end, child_end = context.Pipe(duplex=True)
                     inherited = [*self._conns, parent_end] if forked else []

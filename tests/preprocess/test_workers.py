@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,7 @@ from fastdata.errors import PreprocessError
 from fastdata.preprocess import (
     PreprocessOptions,
     ShardJob,
+    _engine,
     _pool,
     list_source,
     preprocess,
@@ -251,3 +253,33 @@ def test_jobs_from_two_threads_write_what_each_writes_alone(
         assert _shards(tmp_path / f"{name}-together") == _shards(tmp_path / f"{name}-alone")
         together = load_manifest(tmp_path / f"{name}-together")
         assert together.stats == load_manifest(tmp_path / f"{name}-alone").stats
+
+
+def test_a_job_survives_the_end_of_the_thread_that_ran_the_last_one(
+    sample_imagefolder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers die with the thread that started them (Linux's parent-death signal follows
+    the thread): a pool started by another thread must not serve this one's job."""
+    options = PreprocessOptions(sizes=(16,), shard_bytes=7 * 16 * 16 * 3)  # 4 shards
+    done, leave = threading.Event(), threading.Event()
+
+    def first_job() -> None:
+        _run(sample_imagefolder, tmp_path / "first", options)
+        done.set()
+        leave.wait(30)
+
+    other = threading.Thread(target=first_job)
+    other.start()
+    assert done.wait(60)
+    write_shard = _engine.write_shard
+
+    def write_after_the_other_thread_ends(*args: Any) -> Any:
+        if other.is_alive():
+            leave.set()
+            other.join()
+            time.sleep(0.3)  # the parent-death signal reaches its workers
+        return write_shard(*args)
+
+    monkeypatch.setattr(_engine, "write_shard", write_after_the_other_thread_ends)
+    _run(sample_imagefolder, tmp_path / "second", options)
+    assert _shards(tmp_path / "second") == _shards(tmp_path / "first")

@@ -181,7 +181,7 @@ def test_a_dataset_class_edited_between_jobs_is_run_as_edited(
     module.write_text(_EDITED_MODULE.format(value=10))
     monkeypatch.syspath_prepend(str(code))
     monkeypatch.delitem(sys.modules, "edited_dataset", raising=False)
-    import edited_dataset  # noqa: PLC0415
+    edited_dataset = importlib.import_module("edited_dataset")  # a module written above
 
     options = PreprocessOptions(sizes=(16,))
     _run(edited_dataset.Flat(), tmp_path / "before", options)  # type: ignore[arg-type]

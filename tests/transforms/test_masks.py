@@ -9,6 +9,7 @@ uncropped differs by tens.
 
 from __future__ import annotations
 
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -261,3 +262,36 @@ def test_every_mask_field_follows_the_image_through_datasets(
     image, row, _, col = dataset[7]
     one = image if layout == "HWC" else image.permute(1, 2, 0)
     _assert_aligned(one[None].numpy(), row[None].numpy(), col[None].numpy())
+
+
+@pytest.mark.parametrize("on_error", ["skip", "warn"])
+def test_masks_of_skipped_images_leave_the_batch_with_them(tmp_path: Path, on_error: str) -> None:
+    """An undecodable JPEG drops its sample; its masks (read as stored rows for a transform
+    that only reads) go with it, and the rest stay aligned."""
+    images, rows, cols = _pattern(6)
+    fields = [
+        FieldSpec("image", "encoded", "uint8", encoding="png"),
+        FieldSpec("rows", "array", "uint8", (HEIGHT, WIDTH), "HW"),
+        FieldSpec("label", "array", "int64"),
+        FieldSpec("cols", "array", "uint8", (HEIGHT, WIDTH), "HW"),
+    ]
+    root = tmp_path / "png"
+    root.mkdir()
+    with ShardWriter(root / "shard-00000.h5", fields) as writer:
+        for k in range(6):
+            png = bytes(cv2.imencode(".png", images[k][:, :, ::-1])[1])
+            image = png[: len(png) // 2] if k == 2 else png  # sample 2 is truncated
+            writer.append({"image": image, "rows": rows[k], "label": k, "cols": cols[k]})
+        info = writer.close()
+    save_manifest(root, Manifest(fields=fields, shards=[info]))
+    transform = Compose([CenterCrop((40, 50)), RandomHorizontalFlip(seed=1)])
+    dataset = ShardDataset(
+        root, fields=("image", "rows", "label", "cols"), transform=transform, on_error=on_error
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        batch, got_rows, labels, got_cols = dataset.__getitems__([5, 2, 0, 3])
+    assert labels.tolist() == [5, 0, 3]
+    hwc = batch.permute(0, 2, 3, 1)
+    assert (hwc[..., 2].amax(dim=(1, 2)) == labels).all()
+    _assert_aligned(hwc.numpy(), got_rows.numpy(), got_cols.numpy())

@@ -212,7 +212,11 @@ class BatchedDataset(Dataset):
             self.plan.per_sample or self.plan.reads_input_only
         )
         out = self._buffers.empty((len(indices), *spec.shape), dtype, returned=not scratch)
-        self.store.gather(name, indices, out.numpy(), executor, tasks)
+        target = out.numpy()
+        if target.dtype == np.dtype(spec.dtype):
+            self.store.gather(name, indices, target, executor, tasks)
+        else:  # integer labels stored narrower than int64: widened here
+            target[...] = self.store.gather(name, indices, None, executor, tasks)
         return out
 
     def _read_encoded(

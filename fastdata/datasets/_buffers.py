@@ -4,9 +4,11 @@ memory in DataLoader workers.
 A batch handed to a ``DataLoader`` may be held by the caller for as long as it likes, so
 a buffer is reused only once nothing outside this module refers to its memory any more:
 no returned batch, no view of one, no NumPy array made from one. That is counted on the
-tensor storage itself (every tensor or view of the memory holds one reference to it), so
-a caller who keeps a batch simply gets a fresh buffer next time. (A bare
-``untyped_storage()`` kept without any tensor is not counted.) A buffer that was moved to
+tensor storage itself (every tensor or view of the memory holds one reference to it), and
+on the storage's Python object (``tensor.untyped_storage()`` or ``tensor.storage()`` kept
+without any tensor), so a caller who keeps a batch simply gets a fresh buffer next time.
+A batch is handed out as a new tensor over the buffer's memory, not as a view of the tensor
+the pool keeps, so no ``._base`` leads a caller to that one. A buffer that was moved to
 shared memory (sent to another process) is never reused.
 
 Inside a worker process nothing is reused: a batch leaves the worker as shared memory
@@ -18,8 +20,8 @@ not copy them once more; scratch batches that never leave the worker are plain m
 from __future__ import annotations
 
 import math
+import sys
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,8 +32,6 @@ _SHARED_MIN_BYTES = 1 << 16  # smaller batches: a plain allocation is cheaper
 # while it asks for the next one, plus the one it has let go of.
 _SLOTS = 2
 _MAX_KEYS = 4  # batch sizes remembered per thread (full batches, the last partial one)
-# References to a free buffer's storage: the kept tensor and the handle asked for to count.
-_FREE_USE_COUNT = 2
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 Key = tuple[tuple[int, ...], torch.dtype]
@@ -63,25 +63,22 @@ class BatchBuffers:
             return torch.empty(0, dtype=dtype).set_(storage).view(shape)
         if _storage_use_count is None:  # torch without the count: no reuse
             return torch.empty(shape, dtype=dtype)
-        return self._reused(tuple(shape), dtype, _storage_use_count)
+        return self._reused(tuple(shape), dtype)
 
-    def _reused(
-        self, shape: tuple[int, ...], dtype: torch.dtype, use_count: Callable[[int], int]
-    ) -> torch.Tensor:
+    def _reused(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         pools: dict[Key, list[torch.Tensor]] = self._local.__dict__.setdefault("pools", {})
         pool = pools.setdefault((shape, dtype), [])
         for kept in [k for k in pool if k.is_shared()]:
             pool.remove(kept)  # sent to another process: its readers are out of sight
         for kept in pool:
-            # Free when no tensor but `kept` (and the handle asked for here) refers to it.
-            if use_count(kept.untyped_storage()._cdata) <= _FREE_USE_COUNT:
-                return kept.view(shape)  # an alias: the caller's references count
+            if _is_free(kept):
+                return kept.detach()  # an alias, not a view: the caller's references count
         kept = torch.empty(shape, dtype=dtype)
         if len(pool) < _SLOTS:
             pool.append(kept)
         if len(pools) > _MAX_KEYS:
             del pools[next(iter(pools))]
-        return kept.view(shape)
+        return kept.detach()
 
     def clear(self) -> None:
         """Forget every thread's pools (their memory is freed once no batch refers to it)."""
@@ -92,3 +89,22 @@ class BatchBuffers:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._local = threading.local()
+
+
+def _references(tensor: torch.Tensor) -> tuple[int, int]:
+    """References to ``tensor``'s memory: ``(tensors and views sharing its storage,
+    Python references to the storage object)``, each counting the one taken here."""
+    storage = tensor.untyped_storage()
+    return _storage_use_count(storage._cdata), sys.getrefcount(storage)  # type: ignore[misc]
+
+
+def _is_free(kept: torch.Tensor) -> bool:
+    """Whether nothing but ``kept`` refers to its memory (counts at most those of a fresh
+    tensor, measured once on this torch)."""
+    tensors, storage_objects = _references(kept)
+    return tensors <= _FREE_REFERENCES[0] and storage_objects <= _FREE_REFERENCES[1]
+
+
+_FREE_REFERENCES = (
+    _references(torch.empty(1, dtype=torch.uint8)) if _storage_use_count is not None else (0, 0)
+)

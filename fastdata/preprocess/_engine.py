@@ -31,7 +31,7 @@ class Engine(Protocol):
 class LocalEngine:
     """A local process pool: every worker decodes samples of the current shard while the
     parent writes it, so a job is parallel even when it is one shard. The workers are
-    started by the first job and kept, idle, for the next one in this process; they exit
+    started by the first job and kept, idle, for the next one in this thread; they exit
     a minute after the last job, or as soon as this process dies. Workers forked for a
     dataset that cannot be pickled serve that job only.
 

@@ -12,7 +12,7 @@ elsewhere), so an OOM-killed job leaves no process behind.
 
 Starting a worker (a Python process importing NumPy, OpenCV and PIL) costs about as much
 as decoding a few hundred images, so the workers of a finished job stay, idle, for the
-next job of this process with the same worker count, working directory and ``sys.path``;
+next job of this thread with the same worker count, working directory and ``sys.path``;
 they exit after :data:`IDLE_EXIT_S` without one.
 """
 
@@ -231,6 +231,19 @@ def _picklable(exc: BaseException) -> BaseException:
     return exc
 
 
+# Starting workers changes process-wide state for a moment (``__main__``'s file and spec,
+# OpenCV's thread count) and restores it: one thread at a time, or a second thread would
+# save the first one's temporary values and restore those.
+_start_lock = threading.Lock()
+
+
+@contextmanager
+def _starting_workers(job: ShardJob, *, forked: bool) -> Iterator[None]:
+    """Held while this thread starts a pool's worker processes."""
+    with _start_lock, fork_safe_thread_pools() if forked else _main_for_workers(job):
+        yield
+
+
 @contextmanager
 def _main_for_workers(job: ShardJob) -> Iterator[None]:
     """Spawned children first import the parent's ``__main__`` (by file or module name),
@@ -338,7 +351,7 @@ class WorkerPool:
         try:
             if self._slot_bytes:
                 fd = self._new_slots()
-            with fork_safe_thread_pools() if forked else _main_for_workers(job):
+            with _starting_workers(job, forked=forked):
                 for _ in range(workers):
                     parent_end, child_end = context.Pipe(duplex=True)
                     inherited = [*self._conns, parent_end] if forked else []
@@ -524,7 +537,7 @@ class WorkerPool:
 
 
 # The pool a finished job left for the next one:
-# (owner pid, start method, workers, cwd, sys.path), pool.
+# (owner pid, owner thread, start method, workers, cwd, sys.path), pool.
 _idle_pool: list[tuple[tuple[Any, ...], WorkerPool]] = []
 _idle_lock = threading.Lock()
 
@@ -532,16 +545,18 @@ _idle_lock = threading.Lock()
 @contextmanager
 def lend_pool(workers: int, job: ShardJob, start_method: str) -> Iterator[WorkerPool]:
     """A pool of ``workers`` processes started by ``start_method`` and set up for ``job``:
-    the one an earlier job of this process left idle when it fits, else a new one. It stays
+    the one an earlier job of this thread left idle when it fits, else a new one. It stays
     for the next job when this one takes every result; an error or an early stop closes it.
 
-    A pool fits when this process started it the same way, with the same worker count,
-    working directory (relative input paths) and ``sys.path``. A job that runs user code
-    (a dataset object: ``job.loader``) gets a pool of its own, closed after it: a kept
-    worker would run the version of that code it loaded first, not an edited one, and a
-    spawned worker cannot load ``__main__``'s (see :func:`_main_for_workers`).
+    A pool fits when this thread of this process started it the same way (its workers end
+    with that thread: Linux's parent-death signal follows the thread that started them),
+    with the same worker count, working directory (relative input paths) and ``sys.path``.
+    A job that runs user code (a dataset object: ``job.loader``) gets a pool of its own,
+    closed after it: a kept worker would run the version of that code it loaded first, not
+    an edited one, and a spawned worker cannot load ``__main__``'s (see
+    :func:`_main_for_workers`).
     """
-    key = (os.getpid(), start_method, workers, os.getcwd(), tuple(sys.path))
+    key = (os.getpid(), threading.get_ident(), start_method, workers, os.getcwd(), tuple(sys.path))
     if job.loader is not None:
         own_pool = WorkerPool(workers, job, start_method)
         try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -82,3 +84,94 @@ def test_a_batch_sent_to_another_process_is_never_reused(raw_shards: Reference) 
     batch.share_memory_()  # what sending it through a torch.multiprocessing queue does
     del batch
     assert not dataset.__getitems__([2, 3]).is_shared()  # a new buffer, not that one
+
+
+Reach = Callable[[], torch.Tensor]
+
+
+def _storage_only(batch: torch.Tensor) -> Reach:
+    storage = batch.untyped_storage()  # no tensor kept: only the storage object
+    dtype, offset, shape, stride = batch.dtype, batch.storage_offset(), batch.shape, batch.stride()
+    return lambda: torch.empty(0, dtype=dtype).set_(storage, offset, shape, stride)
+
+
+def _typed_storage_only(batch: torch.Tensor) -> Reach:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # TypedStorage is deprecated
+        storage = batch.storage()
+    dtype, offset, shape, stride = batch.dtype, batch.storage_offset(), batch.shape, batch.stride()
+    return lambda: torch.empty(0, dtype=dtype).set_(storage, offset, shape, stride)
+
+
+def _base_only(batch: torch.Tensor) -> Reach:
+    base = batch._base if batch._base is not None else batch  # the root of a view
+    return lambda: base
+
+
+def _tensor(tensor: torch.Tensor) -> Reach:
+    return lambda: tensor
+
+
+def _dlpack(batch: torch.Tensor) -> Reach:
+    capsule = torch.utils.dlpack.to_dlpack(batch)
+    return lambda: torch.from_dlpack(capsule)
+
+
+def _memoryview(batch: torch.Tensor) -> Reach:
+    view = memoryview(batch.numpy())
+    return lambda: torch.from_numpy(np.asarray(view))
+
+
+def _np_asarray(batch: torch.Tensor) -> Reach:
+    array = np.asarray(batch)
+    return lambda: torch.from_numpy(array)
+
+
+# Ways a caller may keep a batch's memory without keeping the batch.
+HOLDS: dict[str, Callable[[torch.Tensor], Reach]] = {
+    "untyped_storage": _storage_only,
+    "typed_storage": _typed_storage_only,
+    "view_base": _base_only,
+    "detach": lambda batch: _tensor(batch.detach()),
+    "data": lambda batch: _tensor(batch.data),
+    "as_strided": lambda batch: _tensor(batch.as_strided(batch.shape, batch.stride())),
+    "dlpack": _dlpack,
+    "memoryview": _memoryview,
+    "np_asarray": _np_asarray,
+}
+
+
+@pytest.mark.parametrize("hold", sorted(HOLDS))
+def test_memory_reached_any_way_is_never_reused(raw_shards: Reference, hold: str) -> None:
+    dataset = ShardDataset(raw_shards.path, fields=("image",), layout="HWC")
+    batch = dataset.__getitems__([0, 1, 2, 3])
+    reach = HOLDS[hold](batch.as_subclass(torch.Tensor))
+    del batch
+    for start in (4, 8, 12):  # every later batch of the same shape
+        dataset.__getitems__(list(range(start, start + 4)))
+    np.testing.assert_array_equal(reach().numpy(), raw_shards.images[0:4])
+
+
+def test_threads_never_share_a_buffer_still_held(raw_shards: Reference) -> None:
+    dataset = ShardDataset(raw_shards.path, fields=("image", "mask"), num_threads=1)
+    errors: list[str] = []
+
+    def read(first: int) -> None:
+        held = []
+        for round_ in range(30):
+            start = (first + round_) % (len(dataset) - 4)
+            held.append((start, dataset.__getitems__(list(range(start, start + 4)))))
+            if len(held) > 3:
+                held.pop(0)
+            for begin, (images, masks) in held:
+                if not np.array_equal(
+                    images.permute(0, 2, 3, 1).numpy(), raw_shards.images[begin : begin + 4]
+                ) or not np.array_equal(masks.numpy(), raw_shards.masks[begin : begin + 4]):
+                    errors.append(f"batch from {begin} changed")
+
+    threads = [threading.Thread(target=read, args=(k,)) for k in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors

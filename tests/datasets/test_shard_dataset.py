@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from fastdata.datasets import ShardDataset, _buffers, passthrough_collate
+from fastdata.datasets import RAMDataset, ShardDataset, _buffers, passthrough_collate
 from fastdata.errors import DecodeError, OnError
 from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
 from fastdata.transforms import CenterCrop
@@ -180,3 +181,31 @@ def test_worker_batch_buffers_start_in_shared_memory(monkeypatch: pytest.MonkeyP
     assert not buffers.empty((4,), torch.int64, returned=True).is_shared()  # small: plain
     # A batch that only a transform reads never leaves the worker: plain memory.
     assert not buffers.empty((4, 20000), torch.int64, returned=False).is_shared()
+
+
+@pytest.mark.parametrize("dtype", ["int32", "uint8", "int16"])
+def test_integer_labels_of_any_width_come_back_as_int64(tmp_path: Path, dtype: str) -> None:
+    """Labels stored narrower than int64 (shards written by hand, arrays given to
+    from_arrays) are read as int64, as the docstrings promise."""
+    images = np.arange(6 * 4 * 4 * 3, dtype=np.uint8).reshape(6, 4, 4, 3)
+    labels = np.array([3, 0, 2, 1, 2, 0], dtype=dtype)
+    fields = [
+        FieldSpec("image", "array", "uint8", (4, 4, 3), "HWC"),
+        FieldSpec("label", "array", dtype),
+    ]
+    root = tmp_path / "narrow"
+    root.mkdir()
+    with ShardWriter(root / "shard-00000.h5", fields) as writer:
+        for image, label in zip(images, labels, strict=True):
+            writer.append({"image": image, "label": label})
+        info = writer.close()
+    save_manifest(root, Manifest(fields=fields, shards=[info]))
+    for dataset in (
+        ShardDataset(root),
+        RAMDataset.from_shards(root, show_progress=False),
+        RAMDataset.from_arrays(images, labels),
+    ):
+        batch, got = dataset.__getitems__([5, 0, 3])
+        assert got.dtype == torch.int64 and got.tolist() == [0, 3, 1]
+        assert dataset[2][1].dtype == torch.int64 and int(dataset[2][1]) == 2
+        np.testing.assert_array_equal(batch.permute(0, 2, 3, 1).numpy(), images[[5, 0, 3]])

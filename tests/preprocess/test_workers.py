@@ -4,19 +4,30 @@ after a while without a job."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import os
 import pickle
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from fastdata import load_manifest
+from fastdata import ShardReader, load_manifest
 from fastdata.errors import PreprocessError
-from fastdata.preprocess import PreprocessOptions, ShardJob, _pool, list_source, preprocess
+from fastdata.preprocess import (
+    PreprocessOptions,
+    ShardJob,
+    _engine,
+    _pool,
+    list_source,
+    preprocess,
+)
 from fastdata.preprocess._task import build_fields
 
 REPO = Path(__file__).resolve().parents[2]
@@ -142,4 +153,133 @@ def test_close_idle_pools_stops_the_kept_workers(sample_imagefolder: Path, tmp_p
     assert not [pid for pid in kept if _alive(pid)]
     _run(sample_imagefolder, tmp_path / "second", options)  # starts new ones
     assert _idle_pids() and not set(_idle_pids()) & set(kept)
+
+
+_EDITED_MODULE = """
+import numpy as np
+
+
+class Flat:
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        if not 0 <= index < 8:
+            raise IndexError(index)
+        return np.full((16, 16, 3), {value}, np.uint8), 0
+"""
+
+
+def test_a_dataset_class_edited_between_jobs_is_run_as_edited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers kept from an earlier job hold the modules they imported then: a dataset job
+    must not run a class the user has edited (and reloaded) since with the old code."""
+    code = tmp_path / "code"
+    code.mkdir()
+    module = code / "edited_dataset.py"
+    module.write_text(_EDITED_MODULE.format(value=10))
+    monkeypatch.syspath_prepend(str(code))
+    monkeypatch.delitem(sys.modules, "edited_dataset", raising=False)
+    edited_dataset = importlib.import_module("edited_dataset")  # a module written above
+
+    options = PreprocessOptions(sizes=(16,))
+    _run(edited_dataset.Flat(), tmp_path / "before", options)  # type: ignore[arg-type]
+    module.write_text(_EDITED_MODULE.format(value=200))
+    importlib.reload(edited_dataset)
+    _run(edited_dataset.Flat(), tmp_path / "after", options)  # type: ignore[arg-type]
+    reader = ShardReader(tmp_path / "after")
+    images = [reader.read("image", i) for i in range(len(reader))]
+    reader.close()
+    assert len(images) == 8
+    assert all(int(image.min()) == int(image.max()) == 200 for image in images)
+
+
+def test_jobs_started_from_two_threads_leave_main_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Starting spawned workers hides ``__main__``'s file and spec for a moment; two
+    threads doing so at once must not leave them changed for later spawns."""
+    main = sys.modules["__main__"]
+    # as under `python -m package.script`, whose workers import __main__ by module name
+    monkeypatch.setattr(main, "__spec__", importlib.util.spec_from_loader("script", None))
+    before = {name: main.__dict__.get(name, "<absent>") for name in ("__file__", "__spec__")}
+    first_in, second_in = threading.Event(), threading.Event()
+
+    def first() -> None:
+        with _pool._starting_workers(object(), forked=False):  # type: ignore[arg-type]
+            first_in.set()
+            second_in.wait(0.5)  # the second thread starts workers meanwhile, or waits
+
+    def second() -> None:
+        first_in.wait(5)
+        with _pool._starting_workers(object(), forked=False):  # type: ignore[arg-type]
+            second_in.set()
+            starter.join()  # still starting when the first thread is done
+
+    starter = threading.Thread(target=first)
+    other = threading.Thread(target=second)
+    starter.start()
+    other.start()
+    starter.join()
+    other.join()
+    after = {name: main.__dict__.get(name, "<absent>") for name in ("__file__", "__spec__")}
+    assert after == before
+
+
+def test_jobs_from_two_threads_write_what_each_writes_alone(
+    sample_imagefolder: Path, tmp_path: Path
+) -> None:
+    jobs = {
+        "raw": PreprocessOptions(sizes=(16,), shard_bytes=7 * 16 * 16 * 3),
+        "jpeg": PreprocessOptions(sizes=(24,), storage="jpeg", grayscale=True),
+    }
+    errors: list[BaseException] = []
+
+    def run(name: str) -> None:
+        try:
+            _run(sample_imagefolder, tmp_path / f"{name}-together", jobs[name])
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in jobs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    for name, options in jobs.items():
+        _run(sample_imagefolder, tmp_path / f"{name}-alone", options, workers=1)
+        assert _shards(tmp_path / f"{name}-together") == _shards(tmp_path / f"{name}-alone")
+        together = load_manifest(tmp_path / f"{name}-together")
+        assert together.stats == load_manifest(tmp_path / f"{name}-alone").stats
+
+
+def test_a_job_survives_the_end_of_the_thread_that_ran_the_last_one(
+    sample_imagefolder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers die with the thread that started them (Linux's parent-death signal follows
+    the thread): a pool started by another thread must not serve this one's job."""
+    options = PreprocessOptions(sizes=(16,), shard_bytes=7 * 16 * 16 * 3)  # 4 shards
+    done, leave = threading.Event(), threading.Event()
+
+    def first_job() -> None:
+        _run(sample_imagefolder, tmp_path / "first", options)
+        done.set()
+        leave.wait(30)
+
+    other = threading.Thread(target=first_job)
+    other.start()
+    assert done.wait(60)
+    write_shard = _engine.write_shard
+
+    def write_after_the_other_thread_ends(*args: Any) -> Any:
+        if other.is_alive():
+            leave.set()
+            other.join()
+            time.sleep(0.3)  # the parent-death signal reaches its workers
+        return write_shard(*args)
+
+    monkeypatch.setattr(_engine, "write_shard", write_after_the_other_thread_ends)
+    _run(sample_imagefolder, tmp_path / "second", options)
     assert _shards(tmp_path / "second") == _shards(tmp_path / "first")

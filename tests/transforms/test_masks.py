@@ -9,8 +9,10 @@ uncropped differs by tens.
 
 from __future__ import annotations
 
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -207,3 +209,89 @@ def test_cpu_and_device_flips_agree_for_one_seed() -> None:
     assert np.abs(cpu_images.astype(int) - gpu_images.numpy().astype(int)).max() <= 1
     np.testing.assert_array_equal(_flipped(cpu_cols), _flipped(gpu_cols.numpy()))
     assert 0 < _flipped(cpu_cols).sum() < 16
+
+
+def _two_mask_shards(root: Path, count: int) -> tuple[Path, np.ndarray]:
+    images, rows, cols = _pattern(count)
+    fields = [
+        FieldSpec("image", "array", "uint8", (HEIGHT, WIDTH, 3), "HWC"),
+        FieldSpec("rows", "array", "uint8", (HEIGHT, WIDTH), "HW"),
+        FieldSpec("label", "array", "int64"),
+        FieldSpec("cols", "array", "uint8", (HEIGHT, WIDTH), "HW"),
+    ]
+    root.mkdir()
+    infos = []
+    for number, start in enumerate(range(0, count, 5)):  # several shards
+        with ShardWriter(root / f"shard-{number:05d}.h5", fields) as writer:
+            for k in range(start, min(start + 5, count)):
+                writer.append({"image": images[k], "rows": rows[k], "label": k, "cols": cols[k]})
+            infos.append(writer.close())
+    save_manifest(root, Manifest(fields=fields, shards=infos))
+    return root, images
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Compose([RandomResizedCrop(24, seed=1), RandomHorizontalFlip(seed=2)]),  # reads
+        lambda: Compose([RandomHorizontalFlip(seed=5), CenterCrop((40, 50))]),  # writes
+        lambda: Compose([Resize(20), RandomHorizontalFlip(p=1.0)]),
+        lambda: CenterCrop(30),
+        lambda: RandomHorizontalFlip(seed=3),
+    ],
+)
+@pytest.mark.parametrize("kind", ["shards", "ram"])
+@pytest.mark.parametrize("layout", ["CHW", "HWC"])
+def test_every_mask_field_follows_the_image_through_datasets(
+    tmp_path: Path, make: Any, kind: str, layout: str
+) -> None:
+    root, _ = _two_mask_shards(tmp_path / "seg", 12)
+    fields = ("image", "rows", "label", "cols")
+    dataset: Any
+    if kind == "shards":
+        dataset = ShardDataset(root, fields=fields, transform=make(), layout=layout)
+    else:
+        dataset = RAMDataset.from_shards(root, fields=fields, transform=make(), layout=layout)
+    dataset.num_threads = 2
+    indices = [11, 0, 5, 6, 3, 9, 1]  # across shards, out of order
+    batch, rows, labels, cols = dataset.__getitems__(indices)
+    assert labels.tolist() == indices
+    hwc = batch if layout == "HWC" else batch.permute(0, 2, 3, 1)
+    assert (hwc[..., 2].amax(dim=(1, 2)) == labels).all()  # each image its own sample
+    _assert_aligned(hwc.numpy(), rows.numpy(), cols.numpy())
+    image, row, _, col = dataset[7]
+    one = image if layout == "HWC" else image.permute(1, 2, 0)
+    _assert_aligned(one[None].numpy(), row[None].numpy(), col[None].numpy())
+
+
+@pytest.mark.parametrize("on_error", ["skip", "warn"])
+def test_masks_of_skipped_images_leave_the_batch_with_them(tmp_path: Path, on_error: str) -> None:
+    """An undecodable JPEG drops its sample; its masks (read as stored rows for a transform
+    that only reads) go with it, and the rest stay aligned."""
+    images, rows, cols = _pattern(6)
+    fields = [
+        FieldSpec("image", "encoded", "uint8", encoding="png"),
+        FieldSpec("rows", "array", "uint8", (HEIGHT, WIDTH), "HW"),
+        FieldSpec("label", "array", "int64"),
+        FieldSpec("cols", "array", "uint8", (HEIGHT, WIDTH), "HW"),
+    ]
+    root = tmp_path / "png"
+    root.mkdir()
+    with ShardWriter(root / "shard-00000.h5", fields) as writer:
+        for k in range(6):
+            png = bytes(cv2.imencode(".png", images[k][:, :, ::-1])[1])
+            image = png[: len(png) // 2] if k == 2 else png  # sample 2 is truncated
+            writer.append({"image": image, "rows": rows[k], "label": k, "cols": cols[k]})
+        info = writer.close()
+    save_manifest(root, Manifest(fields=fields, shards=[info]))
+    transform = Compose([CenterCrop((40, 50)), RandomHorizontalFlip(seed=1)])
+    dataset = ShardDataset(
+        root, fields=("image", "rows", "label", "cols"), transform=transform, on_error=on_error
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        batch, got_rows, labels, got_cols = dataset.__getitems__([5, 2, 0, 3])
+    assert labels.tolist() == [5, 0, 3]
+    hwc = batch.permute(0, 2, 3, 1)
+    assert (hwc[..., 2].amax(dim=(1, 2)) == labels).all()
+    _assert_aligned(hwc.numpy(), got_rows.numpy(), got_cols.numpy())

@@ -8,6 +8,7 @@ that every batch reads.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -97,6 +98,16 @@ def plan_transform(
         return TransformPlan(transform, None, False, False, None, None, decode_min_side, ())
     image_size = kind.image_size
     if not isinstance(transform, BatchTransform):
+        left_behind = _mask_fields(specs, fields, None)
+        if left_behind:
+            warnings.warn(
+                f"transform {transform!r} is applied per sample to field {fields[0]!r} only: "
+                f"mask fields {left_behind} are not moved with it, so a crop, flip or resize "
+                "leaves them misaligned. The batch transforms of fastdata.transforms move "
+                "masks with the image",
+                UserWarning,
+                stacklevel=4,
+            )
         return TransformPlan(
             transform, fields[0], False, False, image_size, None, decode_min_side, ()
         )

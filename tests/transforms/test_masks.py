@@ -295,3 +295,18 @@ def test_masks_of_skipped_images_leave_the_batch_with_them(tmp_path: Path, on_er
     hwc = batch.permute(0, 2, 3, 1)
     assert (hwc[..., 2].amax(dim=(1, 2)) == labels).all()
     _assert_aligned(hwc.numpy(), got_rows.numpy(), got_cols.numpy())
+
+
+def test_a_per_sample_transform_warns_that_masks_stay_where_they_are(tmp_path: Path) -> None:
+    images, _, cols = _pattern(4)
+    root = _shards(tmp_path / "seg", images, cols, (HEIGHT, WIDTH))
+
+    def crop(image: torch.Tensor) -> torch.Tensor:  # torchvision style: one (C, H, W) image
+        return image[:, :32, :32]
+
+    with pytest.warns(UserWarning, match=r"mask fields \('mask',\) are not moved with it"):
+        ShardDataset(root, fields=("image", "mask"), transform=crop)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ShardDataset(root, fields=("image",), transform=crop)  # no mask: nothing to say
+        ShardDataset(root, fields=("image", "mask"), transform=RandomResizedCrop(32))

@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -235,6 +236,12 @@ def _picklable(exc: BaseException) -> BaseException:
 # OpenCV's thread count) and restores it: one thread at a time, or a second thread would
 # save the first one's temporary values and restore those.
 _start_lock = threading.Lock()
+_live_pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+
+
+def _other_pools_ends(pool: WorkerPool) -> list[Connection]:
+    """This process's ends of the pipes of every other live pool."""
+    return [conn for other in list(_live_pools) if other is not pool for conn in other._conns]
 
 
 @contextmanager
@@ -344,6 +351,7 @@ class WorkerPool:
         self._conns: list[Connection] = []
         self._processes: list[Any] = []
         self._in_flight = 0  # chunks sent and not yet answered
+        _live_pools.add(self)
         self._lay_out(job)
         context: Any = multiprocessing.get_context(start_method)  # Process, Pipe of either kind
         forked = start_method == "fork"
@@ -354,7 +362,11 @@ class WorkerPool:
             with _starting_workers(job, forked=forked):
                 for _ in range(workers):
                     parent_end, child_end = context.Pipe(duplex=True)
-                    inherited = [*self._conns, parent_end] if forked else []
+                    # a forked child holds copies of every pipe end this process has open:
+                    # it closes them, or a pool's end closed here would not read as closed
+                    inherited = (
+                        [*self._conns, parent_end, *_other_pools_ends(self)] if forked else []
+                    )
                     process = context.Process(
                         target=worker_main,
                         args=(child_end, job, os.getpid(), self._slot_bytes, inherited),

@@ -28,7 +28,17 @@ import pytest
 from fastdata import PreprocessOptions, ShardReader, load_manifest
 from fastdata.cli import main
 from fastdata.errors import PreprocessError
-from fastdata.preprocess import LocalEngine, ShardResult, _engine, _fork, _pool, preprocess
+from fastdata.preprocess import (
+    LocalEngine,
+    ShardJob,
+    ShardResult,
+    _engine,
+    _fork,
+    _pool,
+    list_source,
+    preprocess,
+)
+from fastdata.preprocess._task import build_fields
 
 REPO = Path(__file__).resolve().parents[2]
 N = 40  # three chunks of items: both workers get some
@@ -478,3 +488,29 @@ def test_file_jobs_fork_their_workers_where_safe(
     assert len(spawned) == 2 and all(b"spawn_main" in c for c in spawned)
     _pool.close_idle_pools()
     assert _shards(tmp_path / "forked") == _shards(tmp_path / "spawned")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_forked_workers_hold_no_pipe_end_of_another_pool(tmp_path: Path) -> None:
+    """A worker holding another pool's end of a pipe keeps it open after that pool closes
+    it: that pool's workers would never see it closed."""
+    src = tmp_path / "src" / "class_a"
+    src.mkdir(parents=True)
+    cv2.imwrite(str(src / "0.png"), np.zeros((8, 8, 3), np.uint8))
+    listing = list_source(tmp_path / "src")
+    options = PreprocessOptions(sizes=(8,))
+    job = ShardJob(str(tmp_path / "out"), options, build_fields(listing, options), listing.kind)
+
+    def sockets(pid: int) -> set[str]:
+        fds = Path(f"/proc/{pid}/fd")
+        return {os.readlink(fd) for fd in fds.iterdir() if os.readlink(fd).startswith("socket:")}
+
+    first = _pool.WorkerPool(2, job, "fork")
+    second = _pool.WorkerPool(2, job, "fork")
+    try:
+        first_ends = {f"socket:[{os.fstat(conn.fileno()).st_ino}]" for conn in first._conns}
+        for process in second._processes:
+            assert not sockets(process.pid) & first_ends
+    finally:
+        second.close()
+        first.close()

@@ -277,13 +277,33 @@ class BatchedDataset(Dataset):
         def numpy(batch: Any) -> Any:
             return batch.numpy() if isinstance(batch, torch.Tensor) else batch
 
-        if not plan.mask_fields:
+        out = self._transform_out(len(images))
+        if not plan.mask_fields and out is None:
             values[name] = transform.apply(numpy(images), executor, tasks)
             return
         masks = [numpy(values[mask]) for mask in plan.mask_fields]
         check_masks(numpy(images), masks, plan.mask_fields)
-        values[name], moved = transform.apply_all(numpy(images), masks, executor, tasks)
+        if out is None:
+            values[name], moved = transform.apply_all(numpy(images), masks, executor, tasks)
+        else:
+            result, moved = transform.apply_all(
+                numpy(images), masks, executor, tasks, out=out.numpy()
+            )
+            # Written into `out`: return that tensor (shared memory in a worker), not a
+            # wrapper of its NumPy view.
+            values[name] = out if _is_array_of(result, out) else result
         values.update(zip(plan.mask_fields, moved, strict=True))
+
+    def _transform_out(self, count: int) -> torch.Tensor | None:
+        """The batch of ``count`` images the transform writes into, allocated like any
+        returned batch (reused in the training process, shared memory in a worker), or
+        ``None`` when the transform allocates its own (output size unknown in advance)."""
+        plan = self.plan
+        if not plan.writes_out or plan.field is None or plan.output_size is None or not count:
+            return None
+        channels = tuple(self.store.specs[plan.field].shape[2:])
+        shape = (count, *plan.output_size, *channels)
+        return self._buffers.empty(shape, torch.uint8, returned=True)
 
     def _stack_transformed(self, outputs: list[Any]) -> torch.Tensor:
         """Stack per-sample transform outputs into one batch in ``layout``.
@@ -366,3 +386,13 @@ class BatchedDataset(Dataset):
         state = self.__dict__.copy()
         state["_executor"] = None
         return state
+
+
+def _is_array_of(array: Any, tensor: torch.Tensor) -> bool:
+    """Whether NumPy ``array`` is exactly ``tensor``'s memory, shape and strides."""
+    return (
+        isinstance(array, np.ndarray)
+        and array.ctypes.data == tensor.data_ptr()
+        and array.shape == tuple(tensor.shape)
+        and array.strides == tuple(s * tensor.element_size() for s in tensor.stride())
+    )

@@ -295,11 +295,15 @@ class BatchedDataset(Dataset):
         values.update(zip(plan.mask_fields, moved, strict=True))
 
     def _transform_out(self, count: int) -> torch.Tensor | None:
-        """The batch of ``count`` images the transform writes into, allocated like any
-        returned batch (reused in the training process, shared memory in a worker), or
-        ``None`` when the transform allocates its own (output size unknown in advance)."""
+        """The shared-memory batch of ``count`` images the transform writes into inside a
+        DataLoader worker, so that sending it to the training process copies nothing;
+        ``None`` where the transform allocates its own: in the training process (its
+        allocator already recycles that memory, in huge pages, which a reused batch buffer
+        does not beat) and when the output size is unknown in advance."""
         plan = self.plan
         if not plan.writes_out or plan.field is None or plan.output_size is None or not count:
+            return None
+        if get_worker_info() is None:
             return None
         channels = tuple(self.store.specs[plan.field].shape[2:])
         shape = (count, *plan.output_size, *channels)

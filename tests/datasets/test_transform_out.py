@@ -1,4 +1,5 @@
-"""Batch transforms of a fixed output size write into the batch the dataset returns."""
+"""In DataLoader workers, batch transforms of a fixed output size write into the shared
+memory the batch is returned in."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from fastdata.datasets import RAMDataset, ShardDataset, _buffers, passthrough_collate
+from fastdata.datasets import RAMDataset, ShardDataset, _base, _buffers, passthrough_collate
 from fastdata.transforms import (
     BatchTransform,
     CenterCrop,
@@ -51,39 +52,43 @@ def _batches(dataset: Any, threads: int) -> list[tuple[torch.Tensor, ...]]:
     return [dataset.__getitems__(list(range(s, s + 5))) for s in range(0, 20, 5)]
 
 
-def _pooled(dataset: Any, tensor: torch.Tensor) -> bool:
-    pools = dataset._buffers._local.__dict__.get("pools", {})
-    return any(kept.data_ptr() == tensor.data_ptr() for pool in pools.values() for kept in pool)
+@pytest.fixture
+def in_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run ``__getitems__`` as inside a DataLoader worker (any batch in shared memory)."""
+    monkeypatch.setattr(_buffers, "_SHARED_MIN_BYTES", 0)
+    monkeypatch.setattr(_buffers, "get_worker_info", object)  # non-None
+    monkeypatch.setattr(_base, "get_worker_info", object)
 
 
 @pytest.mark.parametrize("name", FACTORIES)
 @pytest.mark.parametrize("kind", ["shard", "ram"])
 @pytest.mark.parametrize("masks", [False, True])
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.usefixtures("in_worker")
 def test_outputs_written_into_the_returned_batch_are_unchanged(
     raw_shards: Reference, name: str, kind: str, masks: bool, threads: int
 ) -> None:
     dataset = _dataset(kind, raw_shards, FACTORIES[name](), masks)
     assert dataset.plan.writes_out
     expected = _batches(_allocating(_dataset(kind, raw_shards, FACTORIES[name](), masks)), threads)
-    got = _batches(dataset, threads)
-    assert _pooled(dataset, got[0][0])  # written into a batch buffer, not allocated
-    for batch, reference in zip(got, expected, strict=True):
+    for batch, reference in zip(_batches(dataset, threads), expected, strict=True):
+        assert batch[0].untyped_storage().is_shared()  # no copy when sent to the main process
         for value, want in zip(batch, reference, strict=True):
             assert value.dtype == want.dtype and value.shape == want.shape
             assert torch.equal(value, want)
 
 
 @pytest.mark.parametrize("name", ["rrc+flip", "center"])
-def test_worker_batches_are_written_into_shared_memory(
-    raw_shards: Reference, name: str, monkeypatch: pytest.MonkeyPatch
+def test_the_training_process_keeps_the_transforms_own_output(
+    raw_shards: Reference, name: str
 ) -> None:
     dataset = _dataset("shard", raw_shards, FACTORIES[name](), masks=True)
-    expected = _batches(_allocating(_dataset("shard", raw_shards, FACTORIES[name](), True)), 1)
-    monkeypatch.setattr(_buffers, "_SHARED_MIN_BYTES", 0)
-    monkeypatch.setattr(_buffers, "get_worker_info", object)  # non-None: as inside a worker
-    for batch, reference in zip(_batches(dataset, 1), expected, strict=True):
-        assert batch[0].untyped_storage().is_shared()  # no copy when sent to the main process
+    expected = _batches(_allocating(_dataset("shard", raw_shards, FACTORIES[name](), True)), 2)
+    got = _batches(dataset, 2)
+    pools = dataset._buffers._local.__dict__.get("pools", {})
+    pooled = {kept.data_ptr() for pool in pools.values() for kept in pool}
+    assert got[0][0].data_ptr() not in pooled  # NumPy's allocation (huge pages), kept
+    for batch, reference in zip(got, expected, strict=True):
         for value, want in zip(batch, reference, strict=True):
             assert torch.equal(value, want)
 

@@ -40,8 +40,8 @@ class TransformPlan:
         mask_fields: Fields the batch transform moves along with the image: every 2-D
             uint8 array field after the first.
         writes_out: The batch transform writes its images into a given ``out`` batch of
-            ``output_size`` (the dataset then gives it the memory the batch is returned
-            in).
+            ``output_size`` (in a DataLoader worker the dataset gives it the shared memory
+            the batch is returned in).
     """
 
     transform: Callable[..., Any] | None

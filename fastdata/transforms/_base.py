@@ -44,7 +44,7 @@ class BatchTransform:
     decoders may decode at a reduced scale down to this side). A transform with
     ``writes_out = True`` writes its image output into the ``out`` array that
     :meth:`apply_all` is given, so a dataset can hand it the memory the batch is returned
-    in (reused, or shared with the training process) instead of copying it there; others
+    in (a DataLoader worker's shared memory) instead of copying it there; others
     are never given one.
 
     Random parameters come from ``torch``'s default generator, which ``DataLoader`` seeds

@@ -277,13 +277,37 @@ class BatchedDataset(Dataset):
         def numpy(batch: Any) -> Any:
             return batch.numpy() if isinstance(batch, torch.Tensor) else batch
 
-        if not plan.mask_fields:
+        out = self._transform_out(len(images))
+        if not plan.mask_fields and out is None:
             values[name] = transform.apply(numpy(images), executor, tasks)
             return
         masks = [numpy(values[mask]) for mask in plan.mask_fields]
         check_masks(numpy(images), masks, plan.mask_fields)
-        values[name], moved = transform.apply_all(numpy(images), masks, executor, tasks)
+        if out is None:
+            values[name], moved = transform.apply_all(numpy(images), masks, executor, tasks)
+        else:
+            result, moved = transform.apply_all(
+                numpy(images), masks, executor, tasks, out=out.numpy()
+            )
+            # Written into `out`: return that tensor (shared memory in a worker), not a
+            # wrapper of its NumPy view.
+            values[name] = out if _is_array_of(result, out) else result
         values.update(zip(plan.mask_fields, moved, strict=True))
+
+    def _transform_out(self, count: int) -> torch.Tensor | None:
+        """The shared-memory batch of ``count`` images the transform writes into inside a
+        DataLoader worker, so that sending it to the training process copies nothing;
+        ``None`` where the transform allocates its own: in the training process (its
+        allocator already recycles that memory, in huge pages, which a reused batch buffer
+        does not beat) and when the output size is unknown in advance."""
+        plan = self.plan
+        if not plan.writes_out or plan.field is None or plan.output_size is None or not count:
+            return None
+        if get_worker_info() is None:
+            return None
+        channels = tuple(self.store.specs[plan.field].shape[2:])
+        shape = (count, *plan.output_size, *channels)
+        return self._buffers.empty(shape, torch.uint8, returned=True)
 
     def _stack_transformed(self, outputs: list[Any]) -> torch.Tensor:
         """Stack per-sample transform outputs into one batch in ``layout``.
@@ -366,3 +390,13 @@ class BatchedDataset(Dataset):
         state = self.__dict__.copy()
         state["_executor"] = None
         return state
+
+
+def _is_array_of(array: Any, tensor: torch.Tensor) -> bool:
+    """Whether NumPy ``array`` is exactly ``tensor``'s memory, shape and strides."""
+    return (
+        isinstance(array, np.ndarray)
+        and array.ctypes.data == tensor.data_ptr()
+        and array.shape == tuple(tensor.shape)
+        and array.strides == tuple(s * tensor.element_size() for s in tensor.stride())
+    )

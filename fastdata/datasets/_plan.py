@@ -39,6 +39,9 @@ class TransformPlan:
             size).
         mask_fields: Fields the batch transform moves along with the image: every 2-D
             uint8 array field after the first.
+        writes_out: The batch transform writes its images into a given ``out`` batch of
+            ``output_size`` (in a DataLoader worker the dataset gives it the shared memory
+            the batch is returned in).
     """
 
     transform: Callable[..., Any] | None
@@ -49,6 +52,7 @@ class TransformPlan:
     output_size: tuple[int, int] | None
     decode_min_side: int | None
     mask_fields: tuple[str, ...]
+    writes_out: bool = False
 
     @property
     def per_sample(self) -> bool:
@@ -114,15 +118,17 @@ def plan_transform(
     masks = _mask_fields(specs, fields, image_size)
     # Reduced JPEG decoding would shrink images below their full-size masks.
     auto_side = None if masks else transform.min_input_side
+    output_size = _output_size(transform, fields[0], image_size)
     return TransformPlan(
         transform,
         fields[0],
         True,
         not transform.in_place,
         image_size,
-        _output_size(transform, fields[0], image_size),
+        output_size,
         decode_min_side or auto_side,
         masks,
+        transform.writes_out and output_size is not None,
     )
 
 

@@ -41,7 +41,11 @@ class BatchTransform:
     ``(height, width)`` for an input size, raising when the input is too small),
     ``in_place`` (``False``: it only reads its input and writes a new batch, so datasets
     may pass stored rows without a copy), ``keeps_size`` and ``min_input_side`` (JPEG
-    decoders may decode at a reduced scale down to this side).
+    decoders may decode at a reduced scale down to this side). A transform with
+    ``writes_out = True`` writes its image output into the ``out`` array that
+    :meth:`apply_all` is given, so a dataset can hand it the memory the batch is returned
+    in (a DataLoader worker's shared memory) instead of copying it there; others
+    are never given one.
 
     Random parameters come from ``torch``'s default generator, which ``DataLoader`` seeds
     per worker from the main process's seed (so ``torch.manual_seed(s)`` makes a run
@@ -55,6 +59,7 @@ class BatchTransform:
     min_input_side: int | None = None  # decoders may decode JPEGs reduced down to this
     in_place = True  # False: never writes to its input (datasets may pass stored rows)
     keeps_size = True  # False: outputs have another height and width than their inputs
+    writes_out = False  # True: apply_all writes the images into its `out` array
 
     def __init__(self, seed: int | None = None) -> None:
         self._draws = UniformDraws(seed)
@@ -93,7 +98,12 @@ class BatchTransform:
         return self.apply_all(images, [], executor, tasks)[0]
 
     def apply_all(
-        self, images: Images, masks: Sequence[Images], executor: Executor | None, tasks: int
+        self,
+        images: Images,
+        masks: Sequence[Images],
+        executor: Executor | None,
+        tasks: int,
+        out: np.ndarray | None = None,
     ) -> tuple[Images, list[Images]]:
         """Transform NumPy images and move ``masks`` alike.
 
@@ -103,6 +113,9 @@ class BatchTransform:
                 arrays matching the images' heights and widths.
             executor: Optional thread pool for the per-sample OpenCV work.
             tasks: Number of slices to split the batch into on ``executor``.
+            out: Where to write the output images, a C-contiguous uint8 array of the
+                output's shape; only given to transforms with ``writes_out = True`` (this
+                default ignores it). The masks are still allocated.
 
         Returns:
             The transformed images and masks. This default applies :meth:`apply` to the
@@ -172,6 +185,23 @@ class BatchTransform:
         return out, torch.from_numpy(stack_images(moved[0])) if tensor_masks else moved[0]
 
 
+def check_out(out: np.ndarray, shape: tuple[int, ...]) -> None:
+    """Check that ``out`` can take a ``shape`` uint8 batch written row by row.
+
+    Args:
+        out: The destination given to :meth:`BatchTransform.apply_all`.
+        shape: The output's shape.
+
+    Raises:
+        ValueError: ``out`` has another shape or dtype, or is not C-contiguous.
+    """
+    if out.shape != shape or out.dtype != np.uint8 or not out.flags.c_contiguous:
+        raise ValueError(
+            f"out must be a C-contiguous {shape} uint8 array, got {out.shape} {out.dtype}"
+            + ("" if out.flags.c_contiguous else " (not C-contiguous)")
+        )
+
+
 def _contiguous(images: Images) -> Images:
     """``images`` with every sample C-contiguous (copied only where one is not)."""
     if isinstance(images, np.ndarray):
@@ -227,6 +257,16 @@ class Compose(BatchTransform):
             if transform.min_input_side is not None or not transform.keeps_size:
                 self.min_input_side = transform.min_input_side
                 break
+        # `out` goes to the last step that writes one when every later step keeps the size
+        # (a flip after a crop flips `out` in place).
+        self._out_step: int | None = None
+        for index in reversed(range(len(self.transforms))):
+            if self.transforms[index].writes_out:
+                self._out_step = index
+                break
+            if not self.transforms[index].keeps_size:
+                break
+        self.writes_out = self._out_step is not None
 
     def output_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
         for transform in self.transforms:
@@ -239,11 +279,19 @@ class Compose(BatchTransform):
         return images
 
     def apply_all(
-        self, images: Images, masks: Sequence[Images], executor: Executor | None, tasks: int
+        self,
+        images: Images,
+        masks: Sequence[Images],
+        executor: Executor | None,
+        tasks: int,
+        out: np.ndarray | None = None,
     ) -> tuple[Images, list[Images]]:
         moved = list(masks)
-        for transform in self.transforms:
-            images, moved = transform.apply_all(images, moved, executor, tasks)
+        for index, transform in enumerate(self.transforms):
+            if out is not None and index == self._out_step:
+                images, moved = transform.apply_all(images, moved, executor, tasks, out=out)
+            else:
+                images, moved = transform.apply_all(images, moved, executor, tasks)
         return images, moved
 
     def __repr__(self) -> str:

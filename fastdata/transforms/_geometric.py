@@ -11,7 +11,7 @@ import numpy as np
 
 from fastdata import ops
 from fastdata._threads import parallel_for
-from fastdata.transforms._base import Images, OpTransform
+from fastdata.transforms._base import Images, OpTransform, check_out
 
 
 def _sizes(images: Images) -> tuple[np.ndarray, np.ndarray]:
@@ -28,12 +28,18 @@ def _sizes(images: Images) -> tuple[np.ndarray, np.ndarray]:
     )
 
 
-def _output(images: Images, height: int, width: int) -> np.ndarray:
-    """An empty ``(B, height, width[, C])`` uint8 batch matching the input's channels."""
+def _output(images: Images, height: int, width: int, out: np.ndarray | None = None) -> np.ndarray:
+    """A ``(B, height, width[, C])`` uint8 batch matching the input's channels: ``out``
+    when given (checked), otherwise a new one."""
     if isinstance(images, np.ndarray):
-        return np.empty((len(images), height, width, *images.shape[3:]), np.uint8)
-    first = images[0] if len(images) else np.empty((1, 1, 3), np.uint8)
-    return np.empty((len(images), height, width, *first.shape[2:]), np.uint8)
+        shape = (len(images), height, width, *images.shape[3:])
+    else:
+        first = images[0] if len(images) else np.empty((1, 1, 3), np.uint8)
+        shape = (len(images), height, width, *first.shape[2:])
+    if out is None:
+        return np.empty(shape, np.uint8)
+    check_out(out, shape)
+    return out
 
 
 # Masks are resampled nearest-neighbour at pixel centres (OpenCV's INTER_NEAREST samples
@@ -60,6 +66,7 @@ class RandomResizedCrop(OpTransform):
 
     op_type = ops.RandomResizedCrop
     op: ops.RandomResizedCrop
+    writes_out = True
 
     def __init__(
         self,
@@ -94,12 +101,17 @@ class RandomResizedCrop(OpTransform):
         return self.op.boxes(heights, widths, draws)
 
     def apply_all(
-        self, images: Images, masks: Sequence[Images], executor: Executor | None, tasks: int
+        self,
+        images: Images,
+        masks: Sequence[Images],
+        executor: Executor | None,
+        tasks: int,
+        out: np.ndarray | None = None,
     ) -> tuple[Images, list[Images]]:
         heights, widths = _sizes(images)
         boxes = self.boxes(heights, widths).tolist()
         out_h, out_w = self.size
-        out = _output(images, out_h, out_w)
+        out = _output(images, out_h, out_w, out)
         mask_outs = [_output(mask, out_h, out_w) for mask in masks]
 
         def body(start: int, stop: int) -> None:
@@ -130,6 +142,7 @@ class CenterCrop(OpTransform):
 
     op_type = ops.CenterCrop
     op: ops.CenterCrop
+    writes_out = True
 
     def __init__(self, size: int | Sequence[int]) -> None:
         super().__init__(ops.CenterCrop(size))
@@ -140,12 +153,17 @@ class CenterCrop(OpTransform):
         return self.op.size
 
     def apply_all(
-        self, images: Images, masks: Sequence[Images], executor: Executor | None, tasks: int
+        self,
+        images: Images,
+        masks: Sequence[Images],
+        executor: Executor | None,
+        tasks: int,
+        out: np.ndarray | None = None,
     ) -> tuple[Images, list[Images]]:
         heights, widths = _sizes(images)
         out_h, out_w = self.size
         boxes = self.op.boxes(heights, widths).tolist()
-        out = _output(images, out_h, out_w)
+        out = _output(images, out_h, out_w, out)
         mask_outs = [_output(mask, out_h, out_w) for mask in masks]
 
         def body(start: int, stop: int) -> None:
@@ -177,6 +195,7 @@ class Resize(OpTransform):
 
     op_type = ops.Resize
     op: ops.Resize
+    writes_out = True
 
     def __init__(self, size: int | Sequence[int], interpolation: int = cv2.INTER_AREA) -> None:
         super().__init__(ops.Resize(size))
@@ -193,20 +212,29 @@ class Resize(OpTransform):
         return self.op.shorter
 
     def apply_all(
-        self, images: Images, masks: Sequence[Images], executor: Executor | None, tasks: int
+        self,
+        images: Images,
+        masks: Sequence[Images],
+        executor: Executor | None,
+        tasks: int,
+        out: np.ndarray | None = None,
     ) -> tuple[Images, list[Images]]:
         heights, widths = _sizes(images)
         targets = self.op.targets(heights, widths)
         same = len(set(targets)) <= 1
 
-        def empty(batch: Images) -> Images:
+        def empty(batch: Images, given: np.ndarray | None = None) -> Images:
             if same and targets:
-                return _output(batch, *targets[0])
+                return _output(batch, *targets[0], given)
+            if given is not None and not same:
+                raise ValueError(
+                    f"out cannot hold outputs of different sizes: {sorted(set(targets))[:3]}"
+                )
             return [None] * len(batch)  # type: ignore[list-item]
 
-        out = empty(images)
+        outputs = empty(images, out)
         mask_outs = [empty(mask) for mask in masks]
-        pairs = [(images, out, self.interpolation)]
+        pairs = [(images, outputs, self.interpolation)]
         pairs += [
             (mask, mask_out, MASK_INTERPOLATION)
             for mask, mask_out in zip(masks, mask_outs, strict=True)
@@ -224,7 +252,7 @@ class Resize(OpTransform):
                         dest[k] = cv2.resize(source[k], (out_w, out_h), interpolation=interpolation)
 
         parallel_for(executor, len(images), body, tasks=tasks)
-        return out, mask_outs
+        return outputs, mask_outs
 
 
 class RandomHorizontalFlip(OpTransform):
@@ -248,7 +276,12 @@ class RandomHorizontalFlip(OpTransform):
         return self.op.p
 
     def apply_all(
-        self, images: Images, masks: Sequence[Images], executor: Executor | None, tasks: int
+        self,
+        images: Images,
+        masks: Sequence[Images],
+        executor: Executor | None,
+        tasks: int,
+        out: np.ndarray | None = None,  # never given: flips in place (writes_out is False)
     ) -> tuple[Images, list[Images]]:
         draws = self.uniform(len(images), self.op.draws_per_sample)
         flips = np.flatnonzero(self.op.flips(draws)).tolist()

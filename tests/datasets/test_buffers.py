@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastdata.datasets import ShardDataset, passthrough_collate
-from fastdata.transforms import CenterCrop, RandomHorizontalFlip
+from fastdata.transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop
 from tests.datasets.conftest import Reference
 
 
@@ -24,7 +24,9 @@ def _crop(image: torch.Tensor) -> torch.Tensor:
 TRANSFORMS: list[Callable[..., Any] | None] = [
     None,
     RandomHorizontalFlip(p=1.0),  # flips the gathered buffer in place
-    CenterCrop(8),  # reads the stored rows, writes a new batch
+    CenterCrop(8),  # reads the stored rows, writes into a batch buffer
+    RandomResizedCrop(8, seed=0),  # the same, resampled
+    Compose([RandomResizedCrop(8, seed=0), RandomHorizontalFlip(p=1.0)]),  # flips it in place
     _crop,  # per sample, stacked into a buffer
 ]
 

@@ -422,12 +422,13 @@ class WorkerPool:
         """Every worker is alive and no chunk is in flight (the pool can take a job)."""
         return self._in_flight == 0 and all(p.is_alive() for p in self._processes)
 
-    def switch(self, job: ShardJob, pickled: bytes) -> None:
-        """Hand the idle workers the next job, ``pickled`` being ``pickle.dumps(job)``.
+    def switch(self, job: ShardJob) -> None:
+        """Hand the idle workers the next job (pickled once for all of them).
 
         Raises:
             PreprocessError: A worker is gone or cannot load the job.
         """
+        pickled = pickle.dumps(job)
         old_bytes = self._slot_bytes * self._num_slots
         self._lay_out(job)
         new_memory = self._slot_bytes * self._num_slots != old_bytes
@@ -576,11 +577,10 @@ def lend_pool(workers: int, job: ShardJob, start_method: str) -> Iterator[Worker
         finally:
             own_pool.close()
         return
-    pickled = pickle.dumps(job)
     pool = _take_idle_pool(key)
     if pool is not None:
         try:
-            pool.switch(job, pickled)
+            pool.switch(job)
         except PreprocessError:  # gone meanwhile (idle too long), or cannot load the job
             pool.close()
             pool = None

@@ -234,8 +234,8 @@ class DecodingLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loop is in the epoch: the input loader's state, less the batches read
-        ahead and not yet yielded (see :meth:`ResumableDataLoader.state_dict
-        <fastdata.datasets.ResumableDataLoader.state_dict>`).
+        ahead and not yet yielded (see
+        :meth:`~fastdata.datasets.ResumableDataLoader.state_dict`).
 
         Raises:
             TypeError: The input is not a ``ResumableDataLoader``.

@@ -236,3 +236,38 @@ def test_num_batches_must_be_an_int() -> None:
     with pytest.raises(TypeError, match=r"state\['sampler'\] must be a mapping or None"):
         loader.load_state_dict({**state, "sampler": [1, 2]})
     assert torch.utils.data.get_worker_info() is None
+
+
+def _train(loader: ResumableDataLoader, log: list[tuple[int, int]], saves: list[Any]) -> None:
+    """The README's loop, with a checkpoint when each epoch starts (as callbacks take it)
+    and every 3 steps; ``log`` gets ``(epoch, sample)`` per sample consumed."""
+    sampler = loader._shard_sampler()
+    assert sampler is not None
+    for epoch in range(sampler.epoch, 3):
+        sampler.set_epoch(epoch)
+        saves.append((pickle.dumps(loader.state_dict()), len(log)))
+        for step, batch in enumerate(loader):
+            log += [(epoch, i) for i in batch.tolist()]
+            if step % 3 == 0:
+                saves.append((pickle.dumps(loader.state_dict()), len(log)))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_readme_loop_resumes_exactly_from_every_checkpoint(num_workers: int) -> None:
+    settings = Settings(
+        num_workers=num_workers,
+        persistent_workers=bool(num_workers),
+        prefetch_factor=2 if num_workers else None,
+    )
+    reference: list[tuple[int, int]] = []
+    saves: list[Any] = []
+    first = settings.loader(4)
+    first._shard_sampler().set_epoch(0)  # type: ignore[union-attr]
+    _train(first, reference, saves)
+    assert len(reference) == 3 * 27 and len(saves) == 3 * (1 + 3)
+    for saved, done in saves:
+        resumed = settings.loader(4)
+        resumed.load_state_dict(pickle.loads(saved))
+        rest: list[tuple[int, int]] = []
+        _train(resumed, rest, [])
+        assert rest == reference[done:]

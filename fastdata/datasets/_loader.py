@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from fastdata.datasets._collate import passthrough_collate
-from fastdata.datasets._positions import Ranges, consumed_ranges, remaining_positions
+from fastdata.datasets._positions import Ranges, consumed_ranges
 from fastdata.datasets.distributed import ShardAwareDistributedSampler
 
 logger = logging.getLogger(__name__)
@@ -66,7 +66,8 @@ class ResumableDataLoader(DataLoader):
     def _index_sampler(self) -> Any:
         # What the iterator draws batches of indices from: recorded, to know which
         # positions of the sampler's order each batch holds.
-        return _RecordedBatches(super()._index_sampler, self)
+        inner = super()._index_sampler
+        return _RecordedBatches(inner, self) if self._shard_sampler() is not None else inner
 
     def _get_iterator(self) -> Any:
         if self.num_workers > 0 and not getattr(self, "in_order", True):
@@ -171,15 +172,17 @@ class _Pass:
 
     def drew(self, batch: Any) -> None:
         """The batch sampler made ``batch`` (indices, or one index without batching)."""
+        if self.sampler is None:
+            return
         indices = np.asarray(batch).reshape(-1)
         begin = self.ends[-1] if self.ends else 0
         self.ends.append(begin + len(indices))
-        if self.sampler is None or self.problem is not None:
+        if self.problem is not None:
             return
-        if self.stream is None:
-            positions = remaining_positions(self.num_positions, self.done)
-            self.stream = self.sampler.rank_indices()[positions]
-        expected = self.stream[begin : begin + len(indices)]
+        if self.stream is None:  # what the sampler yields in this iteration, once it began
+            self.stream = self.sampler._stream
+        stream = self.stream if self.stream is not None else np.empty(0, np.int64)
+        expected = stream[begin : begin + len(indices)]
         if not np.array_equal(np.sort(indices), np.sort(expected)):
             self.problem = (
                 f"batch {len(self.ends) - 1} does not hold the sampler's next "

@@ -198,6 +198,7 @@ class ShardAwareDistributedSampler(DistributedSampler):
         self._resume: Ranges | None = None  # consumed positions the next iteration skips
         self._skipped: Ranges = []  # positions the current iteration skipped (a resume)
         self._yielded = 0  # samples the current iteration handed out
+        self._stream: np.ndarray | None = None  # the indices the current iteration yields
         self._prefetching_workers = 0  # workers of the plain DataLoader iterating this epoch
         self._consumer: Callable[[], Ranges | None] | None = None  # a loader's exact count
         self._consumer_owner: weakref.ref[object] | None = None
@@ -222,6 +223,7 @@ class ShardAwareDistributedSampler(DistributedSampler):
         indices = self.rank_indices()
         if done:
             indices = indices[remaining_positions(self.num_samples, done)]
+        self._stream = indices
         return self._generate(indices)
 
     def _inspect_callers(self) -> int:
@@ -446,6 +448,7 @@ class ShardAwareDistributedSampler(DistributedSampler):
         state = self.__dict__.copy()
         # a closure over a loader, and a weak reference: not picklable, not needed
         state["_consumer"] = state["_consumer_owner"] = None
+        state["_stream"] = None  # the main process's record of what it yields
         return state
 
 

@@ -278,17 +278,20 @@ class DecodingLoader:
         # Fields wait here while their images are decoded (a backend may start decoding
         # the next batch before it hands out this one).
         waiting: deque[tuple[list[Any], int]] = deque()
-        if isinstance(source, ResumableDataLoader):  # read ahead: not consumed yet
-            source.hold_back(waiting.__len__)
+        read_ahead = [0]  # batches read and not decoded yet: not consumed
+        if isinstance(source, ResumableDataLoader):
+            source.hold_back(lambda: read_ahead[0])
 
         def encoded_batches() -> Iterator[Sequence[Any]]:
             for position, batch in enumerate(batches):
                 encoded, fields = _split(batch, position)
                 waiting.append((fields, len(encoded)))
+                read_ahead[0] += 1
                 yield encoded
 
         for decoded in self.decoder.decode_stream(encoded_batches()):
             fields, total = waiting.popleft()
+            read_ahead[0] -= 1
             taken = [_select(field, decoded.kept, total, i + 1) for i, field in enumerate(fields)]
             yield from self._finish(decoded.images, taken, total, full)
 

@@ -276,3 +276,23 @@ def test_the_readme_loop_resumes_exactly_from_every_checkpoint(num_workers: int)
         rest: list[tuple[int, int]] = []
         _train(resumed, rest, [])
         assert rest == reference[done:]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_without_batching_each_sample_is_a_batch(num_workers: int) -> None:
+    def loader() -> ResumableDataLoader:
+        sampler = ShardAwareDistributedSampler(SIZES, 2, 0, seed=5)
+        return ResumableDataLoader(
+            Items(), batch_size=None, sampler=sampler, num_workers=num_workers
+        )
+
+    first = loader()
+    iterator = iter(first)
+    head = [int(next(iterator)) for _ in range(5)]
+    state = first.state_dict()
+    assert (state["sampler"]["num_consumed"], state["num_batches"]) == (5, 5)
+    del iterator
+    resumed = loader()
+    resumed.load_state_dict(state)
+    order = ShardAwareDistributedSampler(SIZES, 2, 0, seed=5).rank_indices().tolist()
+    assert head + [int(i) for i in resumed] == order

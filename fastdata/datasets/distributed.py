@@ -35,6 +35,7 @@ import numpy as np
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
+from fastdata.datasets._positions import Ranges, consumed_ranges, remaining_positions
 from fastdata.shards import Manifest, load_manifest
 
 # What a saved position means depends on every setting that shapes the order: a state
@@ -51,7 +52,8 @@ _SETTINGS = (
     "window_shards",
     "shard_layout",
 )
-_STATE_KEYS = (*_SETTINGS, "epoch", "num_consumed")
+_STATE_KEYS = (*_SETTINGS, "epoch", "num_consumed")  # and "consumed_after" (optional)
+_MAX_EPOCH = 2**63 - 1
 _MAX_CALLER_FRAMES = 12  # how far up __iter__ looks for a wrapper or a DataLoader iterator
 PARTITIONS = ("epoch", "fixed")
 
@@ -193,10 +195,13 @@ class ShardAwareDistributedSampler(DistributedSampler):
             self.num_samples = math.ceil(total / num_replicas)
         self.total_size = self.num_samples * num_replicas
         self.shard_layout = _layout_digest(self.shard_sizes)
-        self._resume_from: int | None = None  # samples the next iteration skips (resume)
-        self._yielded = 0  # samples of this epoch handed out, skipped ones included
+        self._resume: Ranges | None = None  # consumed positions the next iteration skips
+        self._skipped: Ranges = []  # positions the current iteration skipped (a resume)
+        self._yielded = 0  # samples the current iteration handed out
+        self._stream: np.ndarray | None = None  # the indices the current iteration yields
         self._prefetching_workers = 0  # workers of the plain DataLoader iterating this epoch
-        self._consumer: Callable[[], int | None] | None = None  # a loader's exact count
+        self._consumer: Callable[[], Ranges | None] | None = None  # a loader's exact count
+        self._consumer_owner: weakref.ref[object] | None = None
 
     # -- torch Sampler ------------------------------------------------------------------
     def __len__(self) -> int:
@@ -211,10 +216,15 @@ class ShardAwareDistributedSampler(DistributedSampler):
                 ``DistributedSamplerWrapper``, Accelerate's ``prepare(dataloader)``).
         """
         self._prefetching_workers = self._inspect_callers()
-        start = self._resume_from or 0
-        self._resume_from = None
-        self._yielded = start
-        return self._generate(self.rank_indices()[start:])
+        done = self._resume or []
+        self._resume = None
+        self._skipped = done
+        self._yielded = 0
+        indices = self.rank_indices()
+        if done:
+            indices = indices[remaining_positions(self.num_samples, done)]
+        self._stream = indices
+        return self._generate(indices)
 
     def _inspect_callers(self) -> int:
         """Refuse a second sharding wrapper; return the worker count of a plain DataLoader
@@ -244,10 +254,11 @@ class ShardAwareDistributedSampler(DistributedSampler):
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next iteration yields (call on every rank)."""
         if epoch != self.epoch:
-            self._resume_from = None
+            self._resume = None
+            self._skipped = []
             self._yielded = 0
             self._prefetching_workers = 0
-            self._consumer = None
+            self._consumer = self._consumer_owner = None
         self.epoch = epoch
 
     # -- the order ----------------------------------------------------------------------
@@ -311,21 +322,30 @@ class ShardAwareDistributedSampler(DistributedSampler):
         """Where this rank is in the epoch, for :meth:`load_state_dict`.
 
         Args:
-            num_consumed: Samples of this epoch the training loop has consumed on this rank.
-                Defaults to the exact count of the :class:`ResumableDataLoader` iterating
-                this sampler, else the number the sampler has handed out: exact with
-                ``num_workers=0`` and under torchdata's ``StatefulDataLoader`` (which
-                saves this state when the batch is yielded).
+            num_consumed: Samples of this epoch the training loop has consumed on this rank
+                (the first ones of the epoch's order). Defaults to what the
+                :class:`ResumableDataLoader` iterating this sampler handed to the loop, else
+                the number the sampler has handed out: exact with ``num_workers=0`` and
+                under torchdata's ``StatefulDataLoader`` (which saves this state when the
+                batch is yielded).
+
+        Returns:
+            The settings that shape the order, ``epoch``, ``num_consumed`` (the consumed
+            samples at the head of the epoch's order) and ``consumed_after``: ``[start,
+            stop)`` ranges of positions past that head also consumed (a loader with
+            ``in_order=False`` hands batches out of order); ``[]`` otherwise.
 
         Raises:
+            TypeError: ``num_consumed`` is not an int.
             ValueError: ``num_consumed`` is out of range, or is left out while a plain
                 ``DataLoader`` with workers (which prefetch ahead of the loop) iterates this
                 epoch: the handed-out count would skip the prefetched samples on resume.
         """
-        consumed = num_consumed
-        if consumed is None and self._consumer is not None:
-            consumed = self._consumer()
-        if consumed is None:
+        if num_consumed is not None:
+            head = _checked_int("num_consumed", num_consumed, 0, self.num_samples)
+            return self._state([(0, head)] if head else [])
+        done = self._consumer() if self._consumer is not None else None
+        if done is None:
             if self._prefetching_workers and self._yielded:
                 raise ValueError(
                     f"state_dict() cannot tell what the loop consumed: a DataLoader with "
@@ -334,9 +354,20 @@ class ShardAwareDistributedSampler(DistributedSampler):
                     "(dataset.loader(...)) or torchdata's StatefulDataLoader and save "
                     "loader.state_dict(), or pass num_consumed=batches_done * batch_size"
                 )
-            consumed = self._yielded
-        if not 0 <= consumed <= self.num_samples:
-            raise ValueError(f"num_consumed must be in [0, {self.num_samples}], got {consumed}")
+            done = self._handed_out()
+        return self._state(done)
+
+    def _handed_out(self) -> Ranges:
+        """Positions of the epoch consumed as far as this sampler knows: a loaded state not
+        yet iterated, else what was skipped plus what the current iteration handed out."""
+        if self._resume is not None:
+            return list(self._resume)
+        return consumed_ranges(self.num_samples, self._skipped, [(0, self._yielded)])
+
+    def _state(self, done: Ranges) -> dict[str, Any]:
+        """The state whose consumed positions are ``done`` (sorted disjoint ranges)."""
+        head = done[0][1] if done and done[0][0] == 0 else 0
+        after = done[1:] if head else done
         return {
             "seed": self.seed,
             "epoch": self.epoch,
@@ -347,7 +378,8 @@ class ShardAwareDistributedSampler(DistributedSampler):
             "drop_last": self.drop_last,
             "window_shards": self.window_shards,
             "shard_layout": self.shard_layout,
-            "num_consumed": int(consumed),
+            "num_consumed": head,
+            "consumed_after": [[start, stop] for start, stop in after],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -357,9 +389,12 @@ class ShardAwareDistributedSampler(DistributedSampler):
         the same count).
 
         Raises:
-            ValueError: ``state`` lacks keys, or was saved with another seed, world size,
-                partition, shuffle, drop_last, window_shards or shard layout (its order
-                would differ: the resume would repeat some samples and skip others).
+            TypeError: ``state`` is not a mapping, or a value has the wrong type (counts and
+                the epoch must be ints, not floats, strings or bools).
+            ValueError: ``state`` lacks keys, a count is out of range, or it was saved with
+                another seed, world size, partition, shuffle, drop_last, window_shards or
+                shard layout (its order would differ: the resume would repeat some samples
+                and skip others).
         """
         if not isinstance(state, Mapping):
             raise TypeError(
@@ -373,6 +408,7 @@ class ShardAwareDistributedSampler(DistributedSampler):
             )
         for key in _SETTINGS:
             mine = getattr(self, key)
+            _check_type(key, state[key], mine)
             if state[key] != mine:
                 raise ValueError(
                     f"state was saved with {key}={state[key]!r}, this sampler has "
@@ -380,32 +416,79 @@ class ShardAwareDistributedSampler(DistributedSampler):
                     "layout), world size and sampler settings (seed, shuffle, drop_last, "
                     "window_shards, partition)"
                 )
-        consumed = int(state["num_consumed"])
-        if not 0 <= consumed <= self.num_samples:
-            raise ValueError(f"num_consumed must be in [0, {self.num_samples}], got {consumed}")
-        self.epoch = int(state["epoch"])
-        self._resume_from = consumed
-        self._yielded = consumed
+        epoch = _checked_int("epoch", state["epoch"], 0, _MAX_EPOCH)
+        head = _checked_int("num_consumed", state["num_consumed"], 0, self.num_samples)
+        after = _checked_ranges(state.get("consumed_after", []), head, self.num_samples)
+        self.epoch = epoch
+        self._resume = ([(0, head)] if head else []) + after
+        self._skipped = []
+        self._yielded = 0
         self._prefetching_workers = 0
-        self._consumer = None
+        self._consumer = self._consumer_owner = None
 
-    def _pending_offset(self) -> int:
-        """Samples of the epoch the next iteration skips (set by :meth:`load_state_dict`)."""
-        return self._resume_from or 0
+    def _pending_resume(self) -> Ranges:
+        """Positions of the epoch the next iteration skips (set by :meth:`load_state_dict`)."""
+        return list(self._resume or [])
 
-    def _attach(self, consumer: object, count: Callable[[], int | None]) -> None:
-        """Let ``consumer`` (a loader) answer :meth:`state_dict` with its exact count."""
+    def _attach(self, consumer: object, count: Callable[[], Ranges]) -> None:
+        """Let ``consumer`` (a loader) answer :meth:`state_dict` with the positions its
+        loop consumed, until the epoch changes or a state is loaded."""
         ref = weakref.ref(consumer)
 
-        def consumed() -> int | None:
+        def consumed() -> Ranges | None:
             return count() if ref() is not None else None
 
-        self._consumer = consumed
+        self._consumer, self._consumer_owner = consumed, ref
+
+    def _attached_to(self, consumer: object) -> bool:
+        """Whether ``consumer`` iterates the current epoch (its count is the state)."""
+        return self._consumer_owner is not None and self._consumer_owner() is consumer
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_consumer"] = None  # a closure over a loader: not picklable, not needed
+        # a closure over a loader, and a weak reference: not picklable, not needed
+        state["_consumer"] = state["_consumer_owner"] = None
+        state["_stream"] = None  # the main process's record of what it yields
         return state
+
+
+def _checked_int(key: str, value: object, low: int, high: int) -> int:
+    """``value`` if it is an int (not a bool) in ``[low, high]``."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{key} must be an int, got {value!r} ({type(value).__name__})")
+    if not low <= value <= high:
+        raise ValueError(f"{key} must be in [{low}, {high}], got {value}")
+    return int(value)
+
+
+def _check_type(key: str, saved: object, mine: object) -> None:
+    """A saved setting has the type of this sampler's (a bool is not an int, 1.0 not 1)."""
+    if isinstance(mine, bool):
+        ok = isinstance(saved, bool | np.bool_)
+    elif isinstance(mine, int):
+        ok = isinstance(saved, int | np.integer) and not isinstance(saved, bool)
+    else:
+        ok = isinstance(saved, type(mine))
+    if not ok:
+        name = type(mine).__name__
+        article = "an" if name[0] in "aeiou" else "a"
+        raise TypeError(f"{key} must be {article} {name}, got {saved!r} ({type(saved).__name__})")
+
+
+def _checked_ranges(value: object, head: int, num_samples: int) -> Ranges:
+    """``consumed_after``: sorted, disjoint ``[start, stop)`` ranges in ``(head, num_samples]``."""
+    if not isinstance(value, list | tuple):
+        raise TypeError(f"consumed_after must be a list of [start, stop], got {value!r}")
+    ranges: Ranges = []
+    floor = head + 1  # past the head, and not touching the previous range
+    for item in value:
+        if not isinstance(item, list | tuple) or len(item) != 2:
+            raise TypeError(f"consumed_after must be a list of [start, stop], got {item!r}")
+        start = _checked_int("consumed_after start", item[0], floor, num_samples - 1)
+        stop = _checked_int("consumed_after stop", item[1], start + 1, num_samples)
+        ranges.append((start, stop))
+        floor = stop + 1
+    return ranges
 
 
 def _layout_digest(sizes: Sequence[int]) -> str:

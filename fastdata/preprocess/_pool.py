@@ -140,6 +140,7 @@ def worker_main(
     for other in inherited:
         other.close()
     _die_with_parent(parent_pid)
+    _ignore_interrupts()
     cv2.setNumThreads(1)  # the workers are the parallelism; OpenCV's threads oversubscribe
     single_threaded_torch()
     slots = _receive_slots(conn) if slot_bytes else None
@@ -189,6 +190,33 @@ def worker_main(
             conn.send(reply)
         except OSError:  # the parent stopped listening (job over or failed): just go
             return
+
+
+def _ignore_interrupts() -> None:
+    """Leave Ctrl-C to the parent: a terminal sends SIGINT to the whole process group, and
+    a worker that raised ``KeyboardInterrupt`` too would print a traceback of its own; the
+    parent stops the workers either way. The workers start with SIGINT blocked
+    (:func:`_interrupts_blocked`), so none arrives before this point; one that is pending
+    is discarded."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # POSIX
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+@contextmanager
+def _interrupts_blocked() -> Iterator[None]:
+    """SIGINT blocked in this thread while it starts workers, which inherit the mask: a
+    spawned worker spends a second importing before :func:`_ignore_interrupts` runs. A
+    Ctrl-C meanwhile reaches this process once the mask is restored (or another thread of
+    it at once), so the parent misses none."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no signal masks
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _receive_slots(conn: Connection) -> mmap.mmap:
@@ -373,7 +401,8 @@ class WorkerPool:
                         name="fastdata-preprocess",
                         daemon=True,
                     )
-                    process.start()
+                    with _interrupts_blocked():
+                        process.start()
                     child_end.close()
                     self._conns.append(parent_end)
                     self._processes.append(process)

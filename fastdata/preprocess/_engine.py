@@ -42,7 +42,8 @@ class LocalEngine:
             this process, which start in milliseconds and inherit the job without
             pickling. ``"spawn"``: fresh interpreters that import the job (a script that
             calls :func:`preprocess` must then do so under ``if __name__ ==
-            "__main__":``).
+            "__main__":``); a dataset object that cannot be pickled is then refused,
+            naming why (``"auto"`` forks for it where that is safe).
 
     Raises:
         ValueError: ``workers`` is not a positive int, or ``start_method`` is none of

@@ -13,7 +13,8 @@ here, picklable or not (an open file, an h5py handle, a lock, a lambda, a class 
 a notebook or in ``python -``), each reading the index ranges of its chunks. Elsewhere
 it is pickled once in this process and unpickled once per spawned worker (Ray: once per
 task); one that cannot be pickled is then read in this process alone by the local engine,
-with a warning naming both reasons, and refused by the Ray engine with the reason.
+with a warning naming both reasons, and refused, with the reason, by the Ray engine and by
+a local engine told to spawn (``LocalEngine(n, start_method="spawn")``).
 ``workers=1`` neither pickles nor forks.
 
 Resumability: the job fingerprint covers the dataset's type, length and class names and
@@ -239,8 +240,14 @@ class DatasetListing(SourceListing):
 def _class_names(dataset: Any) -> list[str]:
     """``dataset.classes`` (torchvision's convention), else the names of a Hugging Face
     ``ClassLabel`` feature under a label key (``dataset.features["label"].names``)."""
-    candidates = [getattr(dataset, "classes", None)]
-    features = getattr(dataset, "features", None)
+    try:
+        candidates = [getattr(dataset, "classes", None)]
+        features = getattr(dataset, "features", None)
+    except Exception as exc:  # a property of the dataset's own code failed
+        raise PreprocessError(
+            f"reading the dataset's class names (.classes, .features) raised "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
     if isinstance(features, Mapping):
         candidates += [getattr(features.get(key), "names", None) for key in LABEL_KEYS]
     for names in candidates:
@@ -272,7 +279,12 @@ def list_dataset(dataset: Any, *, name: str | None = None) -> DatasetListing:
             f"src must be a path or a map-style dataset (with __len__ and __getitem__), got "
             f"a {kind.__module__}.{kind.__qualname__}; wrap an iterable in a list, or index it"
         )
-    size = len(dataset)
+    try:
+        size = len(dataset)
+    except Exception as exc:  # the dataset's own code: any failure, reported in one line
+        raise PreprocessError(
+            f"len() of the dataset ({kind.__qualname__}) raised {type(exc).__name__}: {exc}"
+        ) from exc
     if size == 0:
         raise PreprocessError(f"the dataset has no items: {kind.__qualname__} of length 0")
     probes = sorted({0, size // 2, size - 1})
@@ -322,11 +334,13 @@ def list_dataset(dataset: Any, *, name: str | None = None) -> DatasetListing:
 
 def dataset_engine(loader: DatasetLoader, engine: Engine) -> Engine:
     """The engine that runs a dataset job: ``engine`` when its workers can get the
-    dataset (or it has none); for a local engine and a dataset that cannot be pickled,
-    a forking :class:`LocalEngine` where that is safe, else one reading it here.
+    dataset (or it has none); for a local engine of ``start_method="auto"`` and a dataset
+    that cannot be pickled, a forking :class:`LocalEngine` where that is safe, else one
+    reading it here.
 
     Raises:
-        PreprocessError: ``engine`` is not local and the dataset cannot go to its workers.
+        PreprocessError: The dataset cannot be pickled and ``engine`` is not local, or is
+            a local engine told to spawn its workers (``start_method="spawn"``).
     """
     if isinstance(engine, LocalEngine):
         if engine.workers == 1 or resolve_start_method(engine.start_method) == "fork":
@@ -334,6 +348,13 @@ def dataset_engine(loader: DatasetLoader, engine: Engine) -> Engine:
         reason = loader.prepare_for_workers()
         if not reason:
             return engine
+        if engine.start_method == "spawn":  # asked for: honoured, or refused with why
+            raise PreprocessError(
+                f"LocalEngine(start_method='spawn') sends the dataset to its worker "
+                f"processes, but {reason}; make it picklable (e.g. open files in "
+                "__getitem__, not in __init__), or use start_method='auto' (workers fork "
+                "and inherit it where that is safe) or workers=1"
+            )
         refusal = fork_refusal()
         if refusal:
             logger.warning(
@@ -388,6 +409,11 @@ def load_python_source(spec: str) -> Any:
         sys.path.insert(0, folder)
     try:
         module = importlib.import_module(module_name)
+    except SystemExit as exc:  # a script's exit on import, e.g. argparse without arguments
+        raise PreprocessError(
+            f"--from-python: importing {module_name!r} called sys.exit({exc.code!r}); a "
+            'module that runs a script at import needs `if __name__ == "__main__":`'
+        ) from exc
     except Exception as exc:
         raise PreprocessError(
             f"--from-python: cannot import {module_name!r} ({type(exc).__name__}: {exc}); "
@@ -403,7 +429,7 @@ def load_python_source(spec: str) -> Any:
     if callable(value) and not (hasattr(kind, "__len__") and hasattr(kind, "__getitem__")):
         try:
             value = value()
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise PreprocessError(
                 f"--from-python: {spec}() raised {type(exc).__name__}: {exc}"
             ) from exc

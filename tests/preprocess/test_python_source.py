@@ -481,9 +481,27 @@ def test_cli_from_python_file(
     monkeypatch.delitem(sys.modules, "my_data_module")
 
 
+class LenRaises:
+    """A dataset whose ``len()`` fails (e.g. its index file is missing)."""
+
+    def __len__(self) -> int:
+        raise RuntimeError("index file missing")
+
+    def __getitem__(self, index: int) -> Any:
+        raise AssertionError("never read")
+
+
+class ClassesRaise(ArrayDataset):
+    @property
+    def classes(self) -> list[str]:
+        raise KeyError("no labels.txt")
+
+
 @pytest.mark.parametrize(
     ("argv", "code", "message"),
     [
+        ([f"{__name__}:LenRaises"], 1, r"len\(\) of the dataset \(LenRaises\) raised Runtime"),
+        ([f"{__name__}:ClassesRaise"], 1, r"class names \(.classes, .features\) raised KeyError"),
         (["no_colon"], 1, "--from-python takes module:attribute"),
         (["no_such_module_xyz:data"], 1, "cannot import 'no_such_module_xyz' \\(ModuleNotFound"),
         ([f"{__name__}:nothing"], 1, "has no attribute 'nothing'"),
@@ -499,6 +517,24 @@ def test_cli_from_python_errors(
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
     assert re.search(message, err), err
+
+
+@pytest.mark.parametrize("exit_call", ["sys.exit(3)", "sys.exit('usage: data.py DIR')"])
+def test_cli_from_python_module_that_exits_on_import(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    exit_call: str,
+) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "exits_on_import.py").write_text(f"import sys\n{exit_call}\n")
+    spec = f"{tmp_path / 'exits_on_import.py'}:dataset"
+    argv = ["preprocess", "--from-python", spec, str(tmp_path / "o"), "--size", "4", "-q"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"importing 'exits_on_import' called {exit_call}" in err
+    monkeypatch.delitem(sys.modules, "exits_on_import", raising=False)
 
 
 def test_readme_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

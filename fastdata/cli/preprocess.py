@@ -23,6 +23,7 @@ from fastdata.preprocess import (
     load_python_source,
     preprocess,
 )
+from fastdata.preprocess._options import output_size_problem
 from fastdata.shards import COMPRESSIONS, load_manifest
 
 
@@ -145,6 +146,9 @@ def validate(args: argparse.Namespace) -> str | None:
     """The option combinations ``preprocess`` refuses: a message naming them, or ``None``."""
     if args.address is not None and args.engine != "ray":
         return "--address needs --engine ray"
+    size_problem = output_size_problem(tuple(args.size), args.max_pixels or None, "--max-pixels")
+    if size_problem:
+        return f"--size {max(args.size)}: {size_problem}"
     if args.from_python:
         path_options = {
             "--kind": args.kind != "auto",
@@ -226,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
         jpeg_quality=args.jpeg_quality,
         shard_bytes=int(args.shard_mb * 2**20),
         on_error=args.on_error,
-        max_pixels=args.max_pixels or None,
+        max_pixels=args.max_pixels,
     )
     summary = preprocess(
         src,

@@ -18,6 +18,7 @@ from typing import Any
 
 from fastdata._progress import progress_bar
 from fastdata._system import usable_cpus
+from fastdata.errors import PreprocessError
 from fastdata.preprocess._engine import Engine, LocalEngine
 from fastdata.preprocess._options import PreprocessOptions
 from fastdata.preprocess._outdir import (
@@ -139,9 +140,10 @@ def preprocess(
         ValueError, TypeError: Bad arguments, or a dataset item of an unsupported form
             (the message names its index and what it holds).
         PreprocessError: Missing/empty/inconsistent source, ``out`` not writable or
-            holding another job, a write failing (disk full), or an unreadable input with
-            ``on_error="raise"``. Shards finished before the error stay for a resume; no
-            partial file is left and ``index.json`` is not written.
+            holding another job, a write failing (disk full), an unreadable input with
+            ``on_error="raise"``, or every input unreadable (nothing to store). Shards
+            finished before the error stay for a resume; no partial file is left and
+            ``index.json`` is not written.
     """
     started = time.perf_counter()
     options = PreprocessOptions() if options is None else options
@@ -245,6 +247,7 @@ def _run_job(
             phase.landed(result.info.file)
     finally:
         bar.close()
+    _check_something_stored(tasks, done)
     manifest = Manifest(
         fields=list(fields),
         shards=[done[t.index].info for t in tasks],
@@ -258,6 +261,24 @@ def _run_job(
     shutil.rmtree(root / JOB_DIR, ignore_errors=True)
     reused = len(tasks) - len(pending)
     return _summary(root, manifest, reused, sum(len(t.items) for t in pending), started)
+
+
+def _check_something_stored(tasks: list[ShardTask], done: dict[int, ShardResult]) -> None:
+    """Refuse to call a job done when every input failed: its set would hold nothing.
+
+    Raises:
+        PreprocessError: Naming the count and the first input's reason; ``index.json`` is
+            not written, so the folder is no shard set (a rerun after fixing the inputs
+            redoes the shards whose inputs changed).
+    """
+    if not tasks or any(done[task.index].info.num_samples for task in tasks):
+        return
+    failures = [entry for task in tasks for entry in done[task.index].skipped]
+    first = f": {failures[0]['path']}: {failures[0]['reason']}" if failures else ""
+    raise PreprocessError(
+        f"every input failed ({len(failures)} of {len(failures)}), so nothing was stored and "
+        f"index.json was not written; the first{first}"
+    )
 
 
 class _Phase:

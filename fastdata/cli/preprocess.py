@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fastdata._codec import DEFAULT_MAX_PIXELS
+from fastdata._codec import DEFAULT_MAX_PIXELS, output_size_problem
 from fastdata._system import format_bytes
 from fastdata.cli import EXIT_OK
 from fastdata.cli._args import QUIET_HELP, HelpFormatter, int_between, positive_float, positive_int
@@ -23,7 +23,6 @@ from fastdata.preprocess import (
     load_python_source,
     preprocess,
 )
-from fastdata.preprocess._options import output_size_problem
 from fastdata.shards import COMPRESSIONS, load_manifest
 
 

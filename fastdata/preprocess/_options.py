@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from fastdata._codec import DEFAULT_MAX_PIXELS, resolve_max_pixels
+from fastdata._codec import DEFAULT_MAX_PIXELS, output_size_problem, resolve_max_pixels
 from fastdata.errors import OnError
 from fastdata.preprocess._transforms import RESIZE_MODES
 from fastdata.shards import COMPRESSIONS
@@ -15,28 +15,6 @@ STORAGE_MODES = ("raw", "jpeg")
 # shards for shard-aware sampling and per-shard resume, at the read speed of 1 GiB shards
 # (benchmarks/bench_shard_size.py); MosaicML streaming's writers default to 64 MiB too.
 DEFAULT_SHARD_BYTES = 64 << 20
-# The largest output side: JPEG's (its header holds 16-bit sides), and far above any
-# training resolution; a raw image of that side is 12.9 GB.
-MAX_SIDE = 65_535
-
-
-def output_size_problem(
-    sizes: tuple[int, ...], max_pixels: int | None, limit_name: str = "max_pixels"
-) -> str:
-    """Why no input could be stored at these output sides, or ``""``: a side over
-    :data:`MAX_SIDE`, or an output of more pixels than ``max_pixels`` (the limit every
-    input is held to, so an output over it is refused before any work, not per input).
-    ``limit_name`` is how the message names the limit (``--max-pixels`` on the CLI)."""
-    largest = max(sizes)
-    if largest > MAX_SIDE:
-        return f"an output side of {largest:,} pixels is over the largest, {MAX_SIDE:,}"
-    if max_pixels is not None and largest * largest > max_pixels:
-        return (
-            f"an output of {largest}x{largest} = {largest * largest:,} pixels is over the "
-            f"pixel limit that every image is held to, {limit_name} {max_pixels:,}: use a "
-            "smaller size, or raise the limit (0: none)"
-        )
-    return ""
 
 
 @dataclass(frozen=True)

@@ -180,9 +180,9 @@ class DatasetLoader:
         """
         index = item.index if isinstance(item, DatasetItem) else int(item.name)
         try:
-            loaded = load_item(self.dataset, index)
+            loaded = load_item(self.dataset, index, job.options.max_pixels)
         except DecodeError as exc:
-            return SampleFailure(item.path, str(exc))
+            return SampleFailure(item.path, exc.message if exc.source == item.path else str(exc))
         except OSError as exc:
             return SampleFailure(item.path, f"cannot read ({type(exc).__name__}: {exc})")
         if (loaded.label is not None) != self.has_labels or (
@@ -257,12 +257,16 @@ def _class_names(dataset: Any) -> list[str]:
     return []
 
 
-def list_dataset(dataset: Any, *, name: str | None = None) -> DatasetListing:
+def list_dataset(
+    dataset: Any, *, name: str | None = None, max_pixels: int | None = None
+) -> DatasetListing:
     """Validate a map-style dataset and list its items (reads items 0, the middle and last).
 
     Args:
         dataset: An object with ``__len__`` and ``__getitem__`` (see the module docstring).
         name: How the manifest names the source; default ``module.Class`` of the dataset.
+        max_pixels: The job's pixel limit: item 0 over it is an error (it decides the
+            schema), the others are left to the job's ``on_error``.
 
     Raises:
         DatasetTypeError: ``dataset`` is not a map-style dataset (e.g. an iterable-style
@@ -289,16 +293,16 @@ def list_dataset(dataset: Any, *, name: str | None = None) -> DatasetListing:
         raise PreprocessError(f"the dataset has no items: {kind.__qualname__} of length 0")
     probes = sorted({0, size // 2, size - 1})
     try:
-        first = load_item(dataset, 0)  # item 0 decides the schema
+        first = load_item(dataset, 0, max_pixels)  # item 0 decides the schema
     except (OSError, DecodeError) as exc:
         raise PreprocessError(f"dataset[0] cannot be read: {exc}") from exc
     loaded: dict[int, LoadedSample | None] = {0: first}
     for index in probes[1:]:
         try:
-            loaded[index] = load_item(dataset, index)
+            loaded[index] = load_item(dataset, index, max_pixels)
         except (OSError, DecodeError):
             loaded[index] = None  # on_error decides when the job reaches it
-    if sample_digest(load_item(dataset, 0)) != sample_digest(first):
+    if sample_digest(load_item(dataset, 0, max_pixels)) != sample_digest(first):
         raise DatasetValueError(
             "dataset[0] differs between two reads: the dataset applies random transforms "
             "(augmentation); preprocess stores one fixed sample per item: build the dataset "

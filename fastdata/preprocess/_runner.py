@@ -178,7 +178,7 @@ def preprocess(
                 "kind and masks (and mask_suffix, path_column, label_column) describe a path "
                 f"source; a dataset object's items carry their own labels and masks (got {given})"
             )
-        listing = list_dataset(src)
+        listing = list_dataset(src, max_pixels=options.max_pixels)
         loader = listing.loader
         engine = dataset_engine(loader, engine)
     fields = build_fields(listing, options)

@@ -5,14 +5,17 @@ The datasets live at module level so that spawned worker processes can unpickle 
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
+import struct
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -413,6 +416,60 @@ def test_unreadable_inputs_follow_on_error(tmp_path: Path) -> None:
     fail = PreprocessOptions(sizes=(SIDE,), on_error="fail")
     with pytest.raises(PreprocessError, match=r"dataset\[3\]: cannot read \(OSError: Truncated"):
         _run(FileDataset(paths), tmp_path / "f", fail, workers=2)
+
+
+def _png_header_only(height: int, width: int) -> bytes:
+    """A PNG of a few dozen bytes whose header claims ``height x width`` (its data would
+    not decode)."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        crc = zlib.crc32(kind + body) & 0xFFFFFFFF
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0"))
+
+
+class SizedItems:
+    """Items of 24x20 pixels (480) and over 1,000 pixels, as ndarrays, tensors and PIL
+    images; item 4 is a PIL image opened lazily from a header claiming 4000x4000."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        small = np.full((20, 24, 3), 10 * index, np.uint8)
+        big = np.full((30, 40, 3), 10 * index, np.uint8)
+        forms: list[Any] = [
+            small,
+            big,
+            torch.from_numpy(small).permute(2, 0, 1),
+            torch.from_numpy(big).permute(2, 0, 1),
+            Image.open(io.BytesIO(_png_header_only(4000, 4000))),
+            Image.fromarray(small),
+        ]
+        return forms[index], index
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_max_pixels_applies_to_dataset_items(tmp_path: Path, workers: int) -> None:
+    limited = PreprocessOptions(sizes=(8,), max_pixels=1000)
+    summary = _run(SizedItems(), tmp_path / "o", limited, workers=workers)
+    assert (summary.num_samples, summary.num_skipped) == (3, 3)
+    assert _stored(tmp_path / "o")[1] == [0, 2, 5]
+    reasons = {entry["path"]: entry["reason"] for entry in load_manifest(tmp_path / "o").skipped}
+    over = "pixels, over the limit of 1,000 (max_pixels; raise it to accept such images)"
+    assert reasons == {
+        "dataset[1]": f"the image is 40x30 = 1,200 {over}",
+        "dataset[3]": f"the image is 40x30 = 1,200 {over}",
+        # refused from the size PIL read in the header, before decoding its (bad) data
+        "dataset[4]": f"the image is 4000x4000 = 16,000,000 {over}",
+    }
+    raising = PreprocessOptions(sizes=(8,), max_pixels=1000, on_error="raise")
+    with pytest.raises(PreprocessError, match=r"dataset\[1\]: the image is 40x30 = 1,200 pix"):
+        _run(SizedItems(), tmp_path / "raise", raising)
+    with pytest.raises(PreprocessError, match=r"dataset\[0\] cannot be read: the image is 24x20"):
+        _run(SizedItems(), tmp_path / "first", PreprocessOptions(sizes=(8,), max_pixels=400))
 
 
 def test_identical_runs_give_identical_bytes(tmp_path: Path) -> None:

@@ -79,6 +79,7 @@ class LocalEngine:
         # resolved per job: CUDA may have been initialised since the engine was made
         start_method = resolve_start_method(self.start_method)
         with lend_pool(workers, job, start_method) as pool:
-            results = pool.results([item for task in tasks for item in task.items], advance)
+            items = itertools.chain.from_iterable(task.items for task in tasks)  # lazily
+            results = pool.results(items, num_items, advance)
             for task in tasks:
                 yield write_shard(task, job, itertools.islice(results, len(task.items)))

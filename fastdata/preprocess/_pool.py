@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import ctypes
+import itertools
 import math
 import mmap
 import multiprocessing
@@ -33,7 +34,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import recv_handle, send_handle
@@ -496,29 +497,32 @@ class WorkerPool:
             raise _died(process, doing) from None
 
     def results(
-        self, items: Sequence[SourceItem], advance: Callable[[int], None]
+        self, items: Iterable[SourceItem], num_items: int, advance: Callable[[int], None]
     ) -> Iterator[SampleResult]:
-        chunks = [items[i : i + CHUNK_ITEMS] for i in range(0, len(items), CHUNK_ITEMS)]
+        """The result of each of the ``num_items`` ``items``, in order; ``items`` is read
+        a chunk at a time, as chunks go out (a dataset's items are made then)."""
+        source = iter(items)
+        num_chunks = -(-num_items // CHUNK_ITEMS)
         idle: deque[int] = deque(
             w for _ in range(self._chunks_per_worker) for w in range(len(self._conns))
         )
         busy: dict[int, int] = {}  # connection index -> chunks in flight
         done: dict[int, list[SampleResult]] = {}
         sent = 0
-        for chunk_id in range(len(chunks)):
+        for chunk_id in range(num_chunks):
             while chunk_id not in done:
                 # item i uses slot i mod num_slots; it is free once item i - num_slots is
                 # consumed, i.e. the chunk may go out once its last item is in reach
                 while (
                     idle
-                    and sent < len(chunks)
+                    and sent < num_chunks
                     and ((sent + 1) * CHUNK_ITEMS <= chunk_id * CHUNK_ITEMS + self._num_slots)
                 ):
                     worker = idle.popleft()
                     start = sent * CHUNK_ITEMS
-                    entries = [
-                        (item, (start + k) % self._num_slots) for k, item in enumerate(chunks[sent])
-                    ]
+                    chunk = itertools.islice(source, CHUNK_ITEMS)
+                    slots = ((start + k) % self._num_slots for k in itertools.count())
+                    entries = list(zip(chunk, slots, strict=False))
                     try:
                         self._conns[worker].send(("chunk", sent, entries))
                     except OSError:

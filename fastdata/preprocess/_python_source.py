@@ -38,7 +38,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import cv2
 
@@ -67,6 +67,43 @@ class DatasetItem(SourceItem):
     """Item ``index`` of a dataset source (``path`` reads ``dataset[index]`` in messages)."""
 
     index: int = 0
+
+
+class DatasetItems(Sequence[SourceItem]):
+    """The items of a dataset source, made when asked for: a range of indices, not a list
+    (a listing of 100 million items would take gigabytes before the first is read). A
+    slice is another :class:`DatasetItems`, so shard tasks hold ranges too.
+
+    Args:
+        indices: The dataset indices, in order.
+    """
+
+    def __init__(self, indices: range) -> None:
+        self.indices = indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @overload
+    def __getitem__(self, position: int) -> SourceItem: ...
+
+    @overload
+    def __getitem__(self, position: slice) -> DatasetItems: ...
+
+    def __getitem__(self, position: int | slice) -> SourceItem | DatasetItems:
+        if isinstance(position, slice):
+            return DatasetItems(self.indices[position])
+        index = self.indices[position]
+        return DatasetItem(where(index), str(index), index=index)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DatasetItems) and self.indices == other.indices
+
+    def __hash__(self) -> int:
+        return hash(self.indices)
+
+    def __repr__(self) -> str:
+        return f"DatasetItems({self.indices})"
 
 
 def _main_is_importable() -> bool:
@@ -330,9 +367,13 @@ def list_dataset(
     for index in probes:
         sample = loaded[index]
         digest.update(f"{index}:".encode() + (b"-" if sample is None else sample_digest(sample)))
-    items: list[SourceItem] = [DatasetItem(where(i), str(i), index=i) for i in range(size)]
     return DatasetListing(
-        PYTHON_KIND, label, items, class_names, loader=loader, digest=digest.hexdigest()
+        PYTHON_KIND,
+        label,
+        DatasetItems(range(size)),
+        class_names,
+        loader=loader,
+        digest=digest.hexdigest(),
     )
 
 

@@ -46,6 +46,9 @@ from fastdata.shards import (
 )
 
 _PATH_BYTES_ESTIMATE = 64
+# Shards one job writes at most: a million 64 MiB shards is 64 TiB (index.json lists them
+# all); a dataset object claiming more items than that holds is refused in one line.
+MAX_SHARDS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,11 @@ class PreprocessSummary:
 def plan_tasks(
     listing: SourceListing, fields: tuple[FieldSpec, ...], options: PreprocessOptions
 ) -> list[ShardTask]:
-    """Split the items into consecutive shards of about ``options.shard_bytes``."""
+    """Split the items into consecutive shards of about ``options.shard_bytes``.
+
+    Raises:
+        PreprocessError: More than :data:`MAX_SHARDS` shards.
+    """
     per_sample = _PATH_BYTES_ESTIMATE
     for spec in fields:
         if spec.field_kind.fixed_size:
@@ -90,10 +97,18 @@ def plan_tasks(
             per_sample += max(options.sizes) ** 2 * (1 if options.grayscale else 3) // 3
     per_shard = max(1, options.shard_bytes // per_sample)
     items = listing.items
-    return [
-        ShardTask(i, tuple(items[i * per_shard : (i + 1) * per_shard]))
-        for i in range(math.ceil(len(items) / per_shard))
-    ]
+    num_shards = math.ceil(len(items) / per_shard)
+    if num_shards > MAX_SHARDS:
+        raise PreprocessError(
+            f"{len(items):,} inputs of about {per_sample:,} bytes each make {num_shards:,} "
+            f"shards of shard_bytes={options.shard_bytes:,}, more than the {MAX_SHARDS:,} one "
+            "job writes: raise shard_bytes (--shard-mb), or split the source"
+        )
+    tasks = []
+    for i in range(num_shards):
+        part = items[i * per_shard : (i + 1) * per_shard]  # a dataset's: a range, not a list
+        tasks.append(ShardTask(i, tuple(part) if isinstance(part, list) else part))
+    return tasks
 
 
 def preprocess(

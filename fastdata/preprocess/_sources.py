@@ -32,7 +32,7 @@ import hashlib
 import logging
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,7 +85,8 @@ class SourceListing:
     Attributes:
         kind: The resolved source kind (never ``"auto"``).
         root: The source path as given (folder or list file), absolute.
-        items: The samples, in the order they are stored.
+        items: The samples, in the order they are stored (a list for files; made on
+            demand for a dataset object).
         class_names: Label ``i`` is ``class_names[i]`` (empty without labels or names).
         array_shape: Shape shared by every ``.npy`` array (``npy`` sources only).
         array_dtype: Dtype name shared by every ``.npy`` array (``npy`` sources only).
@@ -95,7 +96,7 @@ class SourceListing:
 
     kind: str
     root: str
-    items: list[SourceItem]
+    items: Sequence[SourceItem]
     class_names: list[str] = field(default_factory=list)
     array_shape: tuple[int, ...] = ()
     array_dtype: str = ""

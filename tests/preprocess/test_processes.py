@@ -201,7 +201,7 @@ def test_a_worker_that_dies_is_one_clear_error(
         items = list(_listing(src).items)
         died = r"worker process \(pid \d+\) exited with code -9"
         with pytest.raises(PreprocessError, match=died):
-            for _ in pool.results(items, lambda n: None):
+            for _ in pool.results(items, len(items), lambda n: None):
                 pass
     finally:
         pool.close()

@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 import time
+import tracemalloc
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,8 +30,11 @@ from PIL import Image
 from fastdata import PreprocessOptions, ShardReader, load_manifest
 from fastdata.cli import main
 from fastdata.errors import PreprocessError
-from fastdata.preprocess import ShardResult, _engine, preprocess
+from fastdata.preprocess import LocalEngine, ShardJob, ShardResult, ShardTask, _engine, preprocess
 from fastdata.preprocess._dataset_items import DatasetTypeError, DatasetValueError
+from fastdata.preprocess._python_source import DatasetItem, list_dataset
+from fastdata.preprocess._runner import plan_tasks
+from fastdata.preprocess._task import build_fields
 
 N = 12
 SIDE = 16
@@ -470,6 +474,68 @@ def test_max_pixels_applies_to_dataset_items(tmp_path: Path, workers: int) -> No
         _run(SizedItems(), tmp_path / "raise", raising)
     with pytest.raises(PreprocessError, match=r"dataset\[0\] cannot be read: the image is 24x20"):
         _run(SizedItems(), tmp_path / "first", PreprocessOptions(sizes=(8,), max_pixels=400))
+
+
+# Shards of 64 MiB: a few tasks for a million tiny items.
+LARGE_SHARDS = PreprocessOptions(sizes=(8,))
+
+
+def _peak_bytes(work: Any) -> int:
+    """The peak of Python memory allocated while ``work()`` runs (tracemalloc)."""
+    tracemalloc.start()
+    try:
+        work()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_dataset_listing_is_a_range_not_a_list_of_items() -> None:
+    """A listing of 1,000,000 indices took 270 MB before the first item was read."""
+    dataset = PILDataset(1_000_000)
+    made: dict[str, Any] = {}
+
+    def plan() -> None:
+        made["listing"] = listing = list_dataset(dataset)
+        made["tasks"] = plan_tasks(listing, build_fields(listing, LARGE_SHARDS), LARGE_SHARDS)
+
+    assert _peak_bytes(plan) < 5_000_000
+    listing, tasks = made["listing"], made["tasks"]
+    assert len(listing.items) == 1_000_000
+    assert listing.items[999_999] == DatasetItem("dataset[999999]", "999999", index=999_999)
+    per_shard = LARGE_SHARDS.shard_bytes // (8 * 8 * 3 + 8 + 64)  # image, label, path
+    assert [len(task.items) for task in tasks[:2]] == [per_shard, per_shard]
+    assert sum(len(task.items) for task in tasks) == 1_000_000
+    assert tasks[1].items[0].index == len(tasks[0].items)  # type: ignore[attr-defined]
+
+
+def test_workers_are_handed_a_dataset_s_items_a_chunk_at_a_time(tmp_path: Path) -> None:
+    """The local engine makes items as chunks go out, not all of them up front."""
+    listing = list_dataset(PILDataset(1_000_000))
+    fields = build_fields(listing, LARGE_SHARDS)
+    job = ShardJob(str(tmp_path), LARGE_SHARDS, fields, listing.kind, loader=listing.loader)
+    tasks = [ShardTask(0, listing.items[:40]), ShardTask(1, listing.items[40:])]
+    first: list[ShardResult] = []
+
+    def first_shard() -> None:
+        results = LocalEngine(2).run(tasks, job, lambda count: None)
+        first.append(next(iter(results)))
+        results.close()  # type: ignore[attr-defined]
+
+    assert _peak_bytes(first_shard) < 20_000_000
+    assert first[0].info.num_samples == 40
+
+
+def test_a_dataset_claiming_2_to_the_62_items_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(
+        PreprocessError,
+        match=r"4,611,686,018,427,387,904 inputs of about 264 bytes each make "
+        r"18,[0-9,]+ shards of shard_bytes=67,108,864, more than the 1,000,000 one job writes",
+    ):
+        _run(PILDataset(2**62), tmp_path / "o", LARGE_SHARDS)
+    assert not (tmp_path / "o").exists()
 
 
 def test_identical_runs_give_identical_bytes(tmp_path: Path) -> None:

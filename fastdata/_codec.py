@@ -206,6 +206,30 @@ def resolve_max_pixels(max_pixels: int | None) -> int | None:
     return max_pixels
 
 
+# The largest output side of preprocessing: JPEG's (its header holds 16-bit sides), far
+# above any training resolution; a raw RGB image of that side is 12.9 GB.
+MAX_OUTPUT_SIDE = 65_535
+
+
+def output_size_problem(
+    sizes: tuple[int, ...], max_pixels: int | None, limit_name: str = "max_pixels"
+) -> str:
+    """Why no input could be stored at these output sides, or ``""``: a side over
+    :data:`MAX_OUTPUT_SIDE`, or an output of more pixels than ``max_pixels`` (the limit every
+    input is held to, so an output over it is refused before any work, not per input).
+    ``limit_name`` is how the message names the limit (``--max-pixels`` on the CLI)."""
+    largest = max(sizes)
+    if largest > MAX_OUTPUT_SIDE:
+        return f"an output side of {largest:,} pixels is over the largest, {MAX_OUTPUT_SIDE:,}"
+    if max_pixels is not None and largest * largest > max_pixels:
+        return (
+            f"an output of {largest}x{largest} = {largest * largest:,} pixels is over the "
+            f"pixel limit that every image is held to, {limit_name} {max_pixels:,}: use a "
+            "smaller size, or raise the limit (0: none)"
+        )
+    return ""
+
+
 def orient(image: np.ndarray, orientation: int) -> np.ndarray:
     """Apply an EXIF orientation (1-8) to ``(H, W[, C])`` pixels: the flip or rotation that
     shows the image as displayed (the same as OpenCV and ``PIL.ImageOps.exif_transpose``).

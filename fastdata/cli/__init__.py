@@ -9,7 +9,9 @@ the library imports it.
 Exit codes: 0 success; 1 the work failed (a corrupt shard, a missing shard set, a missing
 optional package, an I/O error); 2 a usage error (a bad option value or combination, also
 when the library rejects a value). Either way the error is one line on stderr,
-``fastdata <command>: error: ...``; ``--verbose`` adds the traceback.
+``fastdata <command>: error: ...``; ``--verbose`` adds the traceback. Output into a pipe
+that closed (``fastdata inspect OUT | head``) ends the command quietly with 141, as a
+Unix tool killed by SIGPIPE ends; Ctrl-C ends it with one line and 130.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
+import select
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -31,6 +36,8 @@ _SUBCOMMANDS = ("preprocess", "inspect", "verify", "tune")
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 128 + int(getattr(signal, "SIGPIPE", 13))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,6 +59,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fastdata`` console script; returns the process exit code."""
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+    except BrokenPipeError:
+        if not _stdout_is_broken():
+            raise
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
+    return code
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown and getattr(args, "command", None) is None:
@@ -72,6 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _error(args, problem, EXIT_USAGE)
     try:
         return int(args.func(args))
+    except BrokenPipeError as exc:
+        if _stdout_is_broken():
+            raise  # the reader of our output is gone: main() ends quietly
+        return _error(args, exc, EXIT_FAILURE)
     except (FastDataError, ModuleNotFoundError, OSError) as exc:
         # Checked first: some library errors about the data are also ValueError/TypeError.
         return _error(args, exc, EXIT_FAILURE)
@@ -81,7 +104,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _error(args, exc, EXIT_USAGE)
     except KeyboardInterrupt:
         print(f"fastdata {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+
+
+def _stdout_is_broken() -> bool:
+    """Whether stdout is a pipe whose reading end is closed (``| head`` has exited)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), 0)  # errors and hang-ups are always reported
+        return any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll() here, or no real stdout
+        return True
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of the output
+    nobody reads cannot fail at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):
+        pass
+    finally:
+        os.close(devnull)
 
 
 def _error(args: argparse.Namespace, problem: str | BaseException, code: int) -> int:

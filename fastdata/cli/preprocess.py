@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fastdata._codec import DEFAULT_MAX_PIXELS
+from fastdata._codec import DEFAULT_MAX_PIXELS, output_size_problem
 from fastdata._system import format_bytes
 from fastdata.cli import EXIT_OK
 from fastdata.cli._args import QUIET_HELP, HelpFormatter, int_between, positive_float, positive_int
@@ -145,6 +145,9 @@ def validate(args: argparse.Namespace) -> str | None:
     """The option combinations ``preprocess`` refuses: a message naming them, or ``None``."""
     if args.address is not None and args.engine != "ray":
         return "--address needs --engine ray"
+    size_problem = output_size_problem(tuple(args.size), args.max_pixels or None, "--max-pixels")
+    if size_problem:
+        return f"--size {max(args.size)}: {size_problem}"
     if args.from_python:
         path_options = {
             "--kind": args.kind != "auto",
@@ -226,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
         jpeg_quality=args.jpeg_quality,
         shard_bytes=int(args.shard_mb * 2**20),
         on_error=args.on_error,
-        max_pixels=args.max_pixels or None,
+        max_pixels=args.max_pixels,
     )
     summary = preprocess(
         src,

@@ -1,20 +1,22 @@
 """The one small interface every decoder backend implements, and what they share:
-input checking and the per-batch random draws."""
+input checking, the pixel limit (``max_pixels``) and the per-batch random draws."""
 
 from __future__ import annotations
 
 import warnings
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 import torch
 
+from fastdata._codec import DEFAULT_MAX_PIXELS, check_pixels, image_size, resolve_max_pixels
 from fastdata._draws import UniformDraws
 from fastdata._system import usable_cpus
 from fastdata.decode._geometry import crop_description, parse_size
-from fastdata.errors import OnError
+from fastdata.errors import DecodeError, OnError
 from fastdata.ops import Executor, RandomResizedCrop
 
 EncodedImage = bytes | bytearray | memoryview | np.ndarray | torch.Tensor
@@ -99,9 +101,20 @@ class Decoder(ABC):
             :class:`~fastdata.DecodeError`, ``"warn"`` or ``"skip"`` (leave it out of the
             batch); see :class:`~fastdata.errors.OnError`.
         grayscale: One output channel instead of three (RGB).
+        max_pixels: An image whose header claims more pixels (width x height) is refused
+            before any backend decodes it, as a :class:`~fastdata.DecodeError` of reason
+            ``"too_large"`` that ``on_error`` handles; ``None``: no limit (given as ``0``
+            or ``None``). Default: PIL's limit, 89,478,485.
+
+    Backends implement :meth:`_decode` (and may implement :meth:`_decode_stream`); they
+    receive only the images within ``max_pixels``, and :meth:`decode` maps their ``kept``
+    back to the caller's batch.
     """
 
     backend: str = ""
+    # A backend that refuses images over max_pixels itself, from the header it reads to
+    # plan the batch (cpu: it also records the refusal among its ``last_errors``).
+    checks_max_pixels: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -112,7 +125,9 @@ class Decoder(ABC):
         on_error: OnError | str = "raise",
         grayscale: bool = False,
         seed: int | None = None,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
     ) -> None:
+        self.max_pixels = resolve_max_pixels(max_pixels)
         self.size = parse_size(size)
         self.random_crop = crop_description(random_crop, self.size)
         self.device = device
@@ -153,7 +168,6 @@ class Decoder(ABC):
         """Decode ``encoded`` and return ``(K, C, H, W)`` uint8 images (see :meth:`decode`)."""
         return self.decode(encoded).images
 
-    @abstractmethod
     def decode(self, encoded: Sequence[EncodedImage]) -> DecodedBatch:
         """Decode a batch of encoded images.
 
@@ -165,17 +179,61 @@ class Decoder(ABC):
             memory format, and their indices in ``encoded``.
 
         Raises:
-            DecodeError: A sample cannot be decoded and ``on_error="raise"``.
+            DecodeError: A sample cannot be decoded (or is over ``max_pixels``) and
+                ``on_error="raise"``.
             TypeError: ``encoded`` is not a list of encoded images.
         """
+        buffers = check_batch(encoded)
+        allowed = self._within_max_pixels(buffers)
+        if allowed is None:
+            return self._decode(buffers)
+        return _kept_in_batch(self._decode([buffers[i] for i in allowed]), allowed)
 
     def decode_stream(self, batches: Iterable[Sequence[EncodedImage]]) -> Iterator[DecodedBatch]:
         """Decode ``batches`` in order, one :class:`DecodedBatch` each (what
         :class:`~fastdata.decode.DecodingLoader` calls). Backends that can work ahead (DALI)
         start a batch before the previous one is collected; by default each batch is
         decoded with :meth:`decode` when it is asked for."""
-        for encoded in batches:
-            yield self.decode(encoded)
+        screened: deque[list[int] | None] = deque()
+
+        def within_limit() -> Iterator[list[np.ndarray]]:
+            for encoded in batches:
+                buffers = check_batch(encoded)
+                allowed = self._within_max_pixels(buffers)
+                screened.append(allowed)
+                yield buffers if allowed is None else [buffers[i] for i in allowed]
+
+        for decoded in self._decode_stream(within_limit()):
+            allowed = screened.popleft()
+            yield decoded if allowed is None else _kept_in_batch(decoded, allowed)
+
+    @abstractmethod
+    def _decode(self, buffers: list[np.ndarray]) -> DecodedBatch:
+        """The backend's :meth:`decode` of checked buffers (1-D uint8 arrays), all within
+        ``max_pixels`` unless the backend :attr:`checks_max_pixels` itself."""
+
+    def _decode_stream(self, batches: Iterable[list[np.ndarray]]) -> Iterator[DecodedBatch]:
+        """The backend's :meth:`decode_stream` of checked buffers; by default
+        :meth:`_decode` of each batch when it is asked for."""
+        for buffers in batches:
+            yield self._decode(buffers)
+
+    def _within_max_pixels(self, buffers: list[np.ndarray]) -> list[int] | None:
+        """The indices of the images whose header is within ``max_pixels`` (``None``: all
+        of them); ``on_error`` handles each other one, before anything is decoded."""
+        if self.max_pixels is None or self.checks_max_pixels:
+            return None
+        allowed: list[int] = []
+        for index, data in enumerate(buffers):
+            source = f"batch item {index}"
+            try:
+                check_pixels(image_size(data), self.max_pixels, source)
+            except DecodeError as error:
+                error = error if error.source == source else error.with_source(source)
+                self.on_error.handle(error, stacklevel=3)
+                continue
+            allowed.append(index)
+        return None if len(allowed) == len(buffers) else allowed
 
     def close(self) -> None:  # noqa: B027 - backends without resources keep the default
         """Release threads, pipelines or device buffers the backend holds."""
@@ -183,5 +241,12 @@ class Decoder(ABC):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(size={self.size}, random_crop={self.random_crop}, "
-            f"device={self.device}, on_error={self.on_error.value!r}, grayscale={self.grayscale})"
+            f"device={self.device}, on_error={self.on_error.value!r}, grayscale={self.grayscale}, "
+            f"max_pixels={self.max_pixels})"
         )
+
+
+def _kept_in_batch(decoded: DecodedBatch, allowed: list[int]) -> DecodedBatch:
+    """``decoded`` (of the ``allowed`` images of a batch) with ``kept`` as indices into the
+    whole batch."""
+    return DecodedBatch(decoded.images, torch.tensor(allowed, dtype=torch.int64)[decoded.kept])

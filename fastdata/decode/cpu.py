@@ -7,7 +7,6 @@ straight from its DCT coefficients, which is several times cheaper than a full d
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import cv2
@@ -22,14 +21,11 @@ from fastdata._codec import (
     decode_reduced,
     jpeg_header,
     reduction_factors,
-    resolve_max_pixels,
 )
 from fastdata.decode._base import (
     DecodedBatch,
     Decoder,
-    EncodedImage,
     channels_last,
-    check_batch,
     resolve_num_threads,
 )
 from fastdata.decode._geometry import Box, crop_box, crop_boxes
@@ -205,6 +201,7 @@ class CpuDecoder(Decoder):
     """
 
     backend = "cpu"
+    checks_max_pixels = True  # from the header its plan reads; refusals join last_errors
 
     def __init__(
         self,
@@ -218,7 +215,6 @@ class CpuDecoder(Decoder):
         seed: int | None = None,
         max_pixels: int | None = DEFAULT_MAX_PIXELS,
     ) -> None:
-        self.max_pixels = resolve_max_pixels(max_pixels)
         super().__init__(
             size,
             random_crop=random_crop,
@@ -226,14 +222,14 @@ class CpuDecoder(Decoder):
             on_error=on_error,
             grayscale=grayscale,
             seed=seed,
+            max_pixels=max_pixels,
         )
         self.num_threads = resolve_num_threads(num_threads)
         # The decode errors of the last batch, whatever on_error did with them.
         self.last_errors: list[DecodeError] = []
         self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="fastdata-decode")
 
-    def decode(self, encoded: Sequence[EncodedImage]) -> DecodedBatch:
-        buffers = check_batch(encoded)
+    def _decode(self, buffers: list[np.ndarray]) -> DecodedBatch:
         count = len(buffers)
         draws = self._draws(count)
         batch = _batch_buffer((count, *self.size, self.channels))

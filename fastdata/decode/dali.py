@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from fastdata._codec import jpeg_header
+from fastdata._codec import DEFAULT_MAX_PIXELS, jpeg_header
 from fastdata._optional import import_optional
 from fastdata.decode._base import (
     DecodedBatch,
@@ -125,6 +125,7 @@ class DaliDecoder(Decoder):
         num_threads: DALI CPU threads (default: the CPUs this process may use).
         seed: Seed of the random crops.
         max_batch_size: Initial pipeline batch size; it grows if a larger batch comes.
+        max_pixels: As for :class:`~fastdata.decode.Decoder`.
     """
 
     backend = "dali"
@@ -140,6 +141,7 @@ class DaliDecoder(Decoder):
         num_threads: int | None = None,
         seed: int | None = None,
         max_batch_size: int = 256,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
     ) -> None:
         target = torch.device(device)
         if target.type not in ("cpu", "cuda"):
@@ -153,6 +155,7 @@ class DaliDecoder(Decoder):
             on_error=on_error,
             grayscale=grayscale,
             seed=seed,
+            max_pixels=max_pixels,
         )
         self.num_threads = resolve_num_threads(num_threads)
         import_optional("nvidia.dali", _PURPOSE)  # fail now, with the pip command
@@ -239,10 +242,10 @@ class DaliDecoder(Decoder):
         items = [(buffers[i], Box(*box)) for i, box in zip(accelerated, boxes, strict=True)]
         return _Plan(buffers, draws, accelerated, items)
 
-    def decode(self, encoded: Sequence[EncodedImage]) -> DecodedBatch:
-        return self._decode_planned(self._plan(encoded))
+    def _decode(self, buffers: list[np.ndarray]) -> DecodedBatch:
+        return self._decode_planned(self._plan(buffers))
 
-    def decode_stream(self, batches: Iterable[Sequence[EncodedImage]]) -> Iterator[DecodedBatch]:
+    def _decode_stream(self, batches: Iterable[list[np.ndarray]]) -> Iterator[DecodedBatch]:
         """Decode ``batches`` in order with batch ``i + 1`` in flight while batch ``i`` is
         collected (see the module docstring); same results as :meth:`decode` per batch."""
         queue: deque[_Plan] = deque()
@@ -350,6 +353,7 @@ class DaliDecoder(Decoder):
                         draws[index],
                         grayscale=self.grayscale,
                         source=f"batch item {index}",
+                        max_pixels=self.max_pixels,
                     )
                     images.append(torch.from_numpy(pixels).to(self.device))
             except DecodeError as error:

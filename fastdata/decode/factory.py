@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from fastdata._codec import DEFAULT_MAX_PIXELS
 from fastdata._optional import install_hint
 from fastdata.decode._base import Decoder
 from fastdata.decode._geometry import parse_size
@@ -38,7 +39,8 @@ class _Backend:
 
     Attributes:
         decoder: The :class:`Decoder` subclass; called as
-            ``decoder(size, random_crop=..., device=..., on_error=..., grayscale=..., seed=...)``.
+            ``decoder(size, random_crop=..., device=..., on_error=..., grayscale=..., seed=...,
+            max_pixels=...)``.
         default_device: The device used when ``create_decoder`` is given none.
         threaded: Whether the class also takes ``num_threads``.
         check_device: Called with the target device before the decoder is built; raises
@@ -146,6 +148,7 @@ def create_decoder(
     grayscale: bool = False,
     num_threads: int | None = None,
     seed: int | None = None,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> Decoder:
     """A decoder that turns a batch of encoded images into a uint8 batch on a device.
 
@@ -174,13 +177,18 @@ def create_decoder(
         grayscale: One output channel instead of RGB.
         num_threads: CPU threads for the cpu and dali backends (default: usable CPUs).
         seed: Seed of the random crops (reproducible across backends).
+        max_pixels: An image whose header claims more pixels (width x height) is refused
+            before any backend decodes it, as a :class:`~fastdata.DecodeError` that
+            ``on_error`` handles (every backend: a GPU one never allocates for it);
+            ``0`` or ``None``: no limit. Default: PIL's limit, 89,478,485.
 
     Returns:
         A :class:`Decoder`: ``decoder(list_of_encoded)`` gives ``(B, C, H, W)`` uint8
         (channels_last memory format); ``decoder.decode(...)`` also gives the kept indices.
 
     Raises:
-        ValueError: Unknown backend or on_error, bad size, or nvjpeg without CUDA.
+        ValueError: Unknown backend or on_error, bad size or max_pixels, or nvjpeg
+            without CUDA.
         TypeError: ``size`` or ``random_crop`` of the wrong type.
         ModuleNotFoundError: The backend's optional package is missing (the message
             gives the pip command).
@@ -202,6 +210,7 @@ def create_decoder(
         on_error=on_error,
         grayscale=grayscale,
         seed=seed,
+        max_pixels=max_pixels,
         **kwargs,
     )
 

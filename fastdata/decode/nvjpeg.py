@@ -31,20 +31,18 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
 import numpy as np
 import torch
 
-from fastdata._codec import jpeg_header
+from fastdata._codec import DEFAULT_MAX_PIXELS, jpeg_header
 from fastdata._optional import DISTRIBUTION, import_optional
 from fastdata.decode._base import (
     DecodedBatch,
     Decoder,
-    EncodedImage,
-    check_batch,
 )
 from fastdata.decode._batching import crop_resize_batch, decode_batch_or_each
 from fastdata.decode._geometry import Box, crop_box
@@ -187,6 +185,7 @@ class NvJpegDecoder(Decoder):
             :class:`~fastdata.errors.OnError`).
         grayscale: Decode to one channel.
         seed: Seed of the random crops.
+        max_pixels: As for :class:`~fastdata.decode.Decoder`.
     """
 
     backend = "nvjpeg"
@@ -200,6 +199,7 @@ class NvJpegDecoder(Decoder):
         on_error: OnError | str = "raise",
         grayscale: bool = False,
         seed: int | None = None,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
     ) -> None:
         super().__init__(
             size,
@@ -208,6 +208,7 @@ class NvJpegDecoder(Decoder):
             on_error=on_error,
             grayscale=grayscale,
             seed=seed,
+            max_pixels=max_pixels,
         )
         self._decode_jpeg = load_decode_jpeg(self.grayscale)
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
@@ -223,6 +224,7 @@ class NvJpegDecoder(Decoder):
             draws,
             grayscale=self.grayscale,
             source=f"batch item {index}",
+            max_pixels=self.max_pixels,
         )
         return torch.from_numpy(pixels).permute(2, 0, 1).to(self.device)
 
@@ -232,8 +234,7 @@ class NvJpegDecoder(Decoder):
             "nvJPEG cannot decode go to the CPU decoder (much slower)"
         )
 
-    def decode(self, encoded: Sequence[EncodedImage]) -> DecodedBatch:
-        buffers = check_batch(encoded)
+    def _decode(self, buffers: list[np.ndarray]) -> DecodedBatch:
         draws = self._draws(len(buffers))
         headers = [jpeg_header(buf) for buf in buffers]
         on_gpu = [i for i, h in enumerate(headers) if h is not None and h[2] in _NVJPEG_COMPONENTS]

@@ -137,9 +137,26 @@ def _to_numpy(value: Any, index: int, part: str) -> np.ndarray:
     )
 
 
-def _image_pixels(value: Any, index: int) -> np.ndarray:
-    """``(H, W, 3)`` or ``(H, W, 1)`` uint8, C-contiguous."""
+def _check_pixels(height: int, width: int, index: int, max_pixels: int | None) -> None:
+    """Refuse an image of more than ``max_pixels`` pixels, as a file's header is refused
+    (a PIL image opened lazily is refused before its pixels are decoded)."""
+    if max_pixels is not None and height * width > max_pixels:
+        raise DecodeError(
+            f"the image is {width}x{height} = {height * width:,} pixels, over the limit of "
+            f"{max_pixels:,} (max_pixels; raise it to accept such images)",
+            where(index),
+            "too_large",
+        )
+
+
+def _image_pixels(value: Any, index: int, max_pixels: int | None) -> np.ndarray:
+    """``(H, W, 3)`` or ``(H, W, 1)`` uint8, C-contiguous.
+
+    Raises:
+        DecodeError: The image has more than ``max_pixels`` pixels (reason ``too_large``).
+    """
     if isinstance(value, Image.Image):
+        _check_pixels(value.height, value.width, index, max_pixels)
         if value.mode in ("L", "RGB"):
             pixels = np.asarray(value)
         else:  # P, RGBA, CMYK, 1...: what torchvision's loader does, convert("RGB")
@@ -186,6 +203,7 @@ def _image_pixels(value: Any, index: int) -> np.ndarray:
         pixels = pixels[..., None]
     if pixels.shape[0] == 0 or pixels.shape[1] == 0:
         raise DatasetValueError(f"{where(index)}: the image is empty ({_describe(value)})")
+    _check_pixels(pixels.shape[0], pixels.shape[1], index, max_pixels)
     return np.ascontiguousarray(pixels)
 
 
@@ -237,12 +255,18 @@ def _label_value(value: Any, index: int) -> int:
     )
 
 
-def load_item(dataset: Any, index: int) -> LoadedSample:
+def load_item(dataset: Any, index: int, max_pixels: int | None = None) -> LoadedSample:
     """Read ``dataset[index]`` and convert it to uint8 pixels (see the module docstring).
+
+    Args:
+        dataset: The map-style dataset.
+        index: The item to read.
+        max_pixels: An image of more pixels (width x height) is refused; ``None``: no limit.
 
     Raises:
         DatasetTypeError, DatasetValueError: The item is not of a supported form.
-        OSError, DecodeError: The dataset could not read the input (a corrupt file).
+        OSError, DecodeError: The dataset could not read the input (a corrupt file), or
+            the image is over ``max_pixels`` (``DecodeError`` of reason ``too_large``).
         PreprocessError: ``dataset[index]`` raised another exception.
     """
     try:
@@ -254,7 +278,7 @@ def load_item(dataset: Any, index: int) -> LoadedSample:
             f"{where(index)} raised {type(exc).__name__}: {exc}".rstrip(": ")
         ) from exc
     image_value, label_value, mask_value = _split_item(item, index)
-    image = _image_pixels(image_value, index)
+    image = _image_pixels(image_value, index, max_pixels)
     mask = None if mask_value is None else _mask_pixels(mask_value, index, image.shape[:2])
     label = None if label_value is None else _label_value(label_value, index)
     return LoadedSample(image, mask, label)

@@ -42,7 +42,8 @@ class LocalEngine:
             this process, which start in milliseconds and inherit the job without
             pickling. ``"spawn"``: fresh interpreters that import the job (a script that
             calls :func:`preprocess` must then do so under ``if __name__ ==
-            "__main__":``).
+            "__main__":``); a dataset object that cannot be pickled is then refused,
+            naming why (``"auto"`` forks for it where that is safe).
 
     Raises:
         ValueError: ``workers`` is not a positive int, or ``start_method`` is none of
@@ -78,6 +79,7 @@ class LocalEngine:
         # resolved per job: CUDA may have been initialised since the engine was made
         start_method = resolve_start_method(self.start_method)
         with lend_pool(workers, job, start_method) as pool:
-            results = pool.results([item for task in tasks for item in task.items], advance)
+            items = itertools.chain.from_iterable(task.items for task in tasks)  # lazily
+            results = pool.results(items, num_items, advance)
             for task in tasks:
                 yield write_shard(task, job, itertools.islice(results, len(task.items)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from fastdata._codec import DEFAULT_MAX_PIXELS
+from fastdata._codec import DEFAULT_MAX_PIXELS, output_size_problem, resolve_max_pixels
 from fastdata.errors import OnError
 from fastdata.preprocess._transforms import RESIZE_MODES
 from fastdata.shards import COMPRESSIONS
@@ -41,8 +41,13 @@ class PreprocessOptions:
             ``"raise"`` (also spelled ``"fail"``): the job stops. See
             :class:`~fastdata.errors.OnError`; the manifest records the policy's name.
         max_pixels: An input whose header claims more pixels (width x height) is refused
-            before decoding, like any undecodable input (default PIL's limit, 89.5
-            megapixels; ``None``: no limit).
+            before decoding, like any undecodable input, and so is a dataset item of more
+            pixels (default PIL's limit, 89.5 megapixels; ``0`` or ``None``: no limit,
+            stored as ``None``). An output size over it is refused at once.
+
+    Raises:
+        ValueError: A value out of range, or an output side whose pixels are over
+            ``max_pixels`` (or over 65,535).
     """
 
     sizes: tuple[int, ...] = (224,)
@@ -84,12 +89,10 @@ class PreprocessOptions:
         if not isinstance(self.shard_bytes, int) or self.shard_bytes < 1:
             raise ValueError(f"shard_bytes must be a positive int, got {self.shard_bytes!r}")
         object.__setattr__(self, "on_error", OnError.parse(self.on_error))
-        if self.max_pixels is not None and (
-            not isinstance(self.max_pixels, int)
-            or isinstance(self.max_pixels, bool)
-            or self.max_pixels < 1
-        ):
-            raise ValueError(f"max_pixels must be a positive int or None, got {self.max_pixels!r}")
+        object.__setattr__(self, "max_pixels", resolve_max_pixels(self.max_pixels))
+        problem = output_size_problem(sizes, self.max_pixels)
+        if problem:
+            raise ValueError(f"sizes={sizes}: {problem}")
 
     def to_json(self) -> dict[str, Any]:
         """The options as the manifest records them (what a resume compares)."""

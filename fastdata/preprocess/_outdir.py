@@ -21,7 +21,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ LOCK_NAME = ".fastdata-lock"
 _READ_ONLY = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
 
 
-def inputs_digest(items: tuple[SourceItem, ...]) -> str:
+def inputs_digest(items: Sequence[SourceItem]) -> str:
     """SHA-256 over each input's size and modification time (and its mask's), in order: it
     changes when an input of the shard is replaced, repaired or edited. Names are covered by
     the job's fingerprint; paths are left out so that a moved source tree stays the same job.

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import ctypes
+import itertools
 import math
 import mmap
 import multiprocessing
@@ -33,7 +34,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import recv_handle, send_handle
@@ -140,6 +141,7 @@ def worker_main(
     for other in inherited:
         other.close()
     _die_with_parent(parent_pid)
+    _ignore_interrupts()
     cv2.setNumThreads(1)  # the workers are the parallelism; OpenCV's threads oversubscribe
     single_threaded_torch()
     slots = _receive_slots(conn) if slot_bytes else None
@@ -189,6 +191,33 @@ def worker_main(
             conn.send(reply)
         except OSError:  # the parent stopped listening (job over or failed): just go
             return
+
+
+def _ignore_interrupts() -> None:
+    """Leave Ctrl-C to the parent: a terminal sends SIGINT to the whole process group, and
+    a worker that raised ``KeyboardInterrupt`` too would print a traceback of its own; the
+    parent stops the workers either way. The workers start with SIGINT blocked
+    (:func:`_interrupts_blocked`), so none arrives before this point; one that is pending
+    is discarded."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # POSIX
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+@contextmanager
+def _interrupts_blocked() -> Iterator[None]:
+    """SIGINT blocked in this thread while it starts workers, which inherit the mask: a
+    spawned worker spends a second importing before :func:`_ignore_interrupts` runs. A
+    Ctrl-C meanwhile reaches this process once the mask is restored (or another thread of
+    it at once), so the parent misses none."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no signal masks
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _receive_slots(conn: Connection) -> mmap.mmap:
@@ -373,7 +402,8 @@ class WorkerPool:
                         name="fastdata-preprocess",
                         daemon=True,
                     )
-                    process.start()
+                    with _interrupts_blocked():
+                        process.start()
                     child_end.close()
                     self._conns.append(parent_end)
                     self._processes.append(process)
@@ -467,29 +497,32 @@ class WorkerPool:
             raise _died(process, doing) from None
 
     def results(
-        self, items: Sequence[SourceItem], advance: Callable[[int], None]
+        self, items: Iterable[SourceItem], num_items: int, advance: Callable[[int], None]
     ) -> Iterator[SampleResult]:
-        chunks = [items[i : i + CHUNK_ITEMS] for i in range(0, len(items), CHUNK_ITEMS)]
+        """The result of each of the ``num_items`` ``items``, in order; ``items`` is read
+        a chunk at a time, as chunks go out (a dataset's items are made then)."""
+        source = iter(items)
+        num_chunks = -(-num_items // CHUNK_ITEMS)
         idle: deque[int] = deque(
             w for _ in range(self._chunks_per_worker) for w in range(len(self._conns))
         )
         busy: dict[int, int] = {}  # connection index -> chunks in flight
         done: dict[int, list[SampleResult]] = {}
         sent = 0
-        for chunk_id in range(len(chunks)):
+        for chunk_id in range(num_chunks):
             while chunk_id not in done:
                 # item i uses slot i mod num_slots; it is free once item i - num_slots is
                 # consumed, i.e. the chunk may go out once its last item is in reach
                 while (
                     idle
-                    and sent < len(chunks)
+                    and sent < num_chunks
                     and ((sent + 1) * CHUNK_ITEMS <= chunk_id * CHUNK_ITEMS + self._num_slots)
                 ):
                     worker = idle.popleft()
                     start = sent * CHUNK_ITEMS
-                    entries = [
-                        (item, (start + k) % self._num_slots) for k, item in enumerate(chunks[sent])
-                    ]
+                    chunk = itertools.islice(source, CHUNK_ITEMS)
+                    slots = ((start + k) % self._num_slots for k in itertools.count())
+                    entries = list(zip(chunk, slots, strict=False))
                     try:
                         self._conns[worker].send(("chunk", sent, entries))
                     except OSError:

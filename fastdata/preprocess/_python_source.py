@@ -13,7 +13,8 @@ here, picklable or not (an open file, an h5py handle, a lock, a lambda, a class 
 a notebook or in ``python -``), each reading the index ranges of its chunks. Elsewhere
 it is pickled once in this process and unpickled once per spawned worker (Ray: once per
 task); one that cannot be pickled is then read in this process alone by the local engine,
-with a warning naming both reasons, and refused by the Ray engine with the reason.
+with a warning naming both reasons, and refused, with the reason, by the Ray engine and by
+a local engine told to spawn (``LocalEngine(n, start_method="spawn")``).
 ``workers=1`` neither pickles nor forks.
 
 Resumability: the job fingerprint covers the dataset's type, length and class names and
@@ -37,7 +38,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import cv2
 
@@ -66,6 +67,43 @@ class DatasetItem(SourceItem):
     """Item ``index`` of a dataset source (``path`` reads ``dataset[index]`` in messages)."""
 
     index: int = 0
+
+
+class DatasetItems(Sequence[SourceItem]):
+    """The items of a dataset source, made when asked for: a range of indices, not a list
+    (a listing of 100 million items would take gigabytes before the first is read). A
+    slice is another :class:`DatasetItems`, so shard tasks hold ranges too.
+
+    Args:
+        indices: The dataset indices, in order.
+    """
+
+    def __init__(self, indices: range) -> None:
+        self.indices = indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @overload
+    def __getitem__(self, position: int) -> SourceItem: ...
+
+    @overload
+    def __getitem__(self, position: slice) -> DatasetItems: ...
+
+    def __getitem__(self, position: int | slice) -> SourceItem | DatasetItems:
+        if isinstance(position, slice):
+            return DatasetItems(self.indices[position])
+        index = self.indices[position]
+        return DatasetItem(where(index), str(index), index=index)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DatasetItems) and self.indices == other.indices
+
+    def __hash__(self) -> int:
+        return hash(self.indices)
+
+    def __repr__(self) -> str:
+        return f"DatasetItems({self.indices})"
 
 
 def _main_is_importable() -> bool:
@@ -179,9 +217,9 @@ class DatasetLoader:
         """
         index = item.index if isinstance(item, DatasetItem) else int(item.name)
         try:
-            loaded = load_item(self.dataset, index)
+            loaded = load_item(self.dataset, index, job.options.max_pixels)
         except DecodeError as exc:
-            return SampleFailure(item.path, str(exc))
+            return SampleFailure(item.path, exc.message if exc.source == item.path else str(exc))
         except OSError as exc:
             return SampleFailure(item.path, f"cannot read ({type(exc).__name__}: {exc})")
         if (loaded.label is not None) != self.has_labels or (
@@ -239,8 +277,14 @@ class DatasetListing(SourceListing):
 def _class_names(dataset: Any) -> list[str]:
     """``dataset.classes`` (torchvision's convention), else the names of a Hugging Face
     ``ClassLabel`` feature under a label key (``dataset.features["label"].names``)."""
-    candidates = [getattr(dataset, "classes", None)]
-    features = getattr(dataset, "features", None)
+    try:
+        candidates = [getattr(dataset, "classes", None)]
+        features = getattr(dataset, "features", None)
+    except Exception as exc:  # a property of the dataset's own code failed
+        raise PreprocessError(
+            f"reading the dataset's class names (.classes, .features) raised "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
     if isinstance(features, Mapping):
         candidates += [getattr(features.get(key), "names", None) for key in LABEL_KEYS]
     for names in candidates:
@@ -250,12 +294,16 @@ def _class_names(dataset: Any) -> list[str]:
     return []
 
 
-def list_dataset(dataset: Any, *, name: str | None = None) -> DatasetListing:
+def list_dataset(
+    dataset: Any, *, name: str | None = None, max_pixels: int | None = None
+) -> DatasetListing:
     """Validate a map-style dataset and list its items (reads items 0, the middle and last).
 
     Args:
         dataset: An object with ``__len__`` and ``__getitem__`` (see the module docstring).
         name: How the manifest names the source; default ``module.Class`` of the dataset.
+        max_pixels: The job's pixel limit: item 0 over it is an error (it decides the
+            schema), the others are left to the job's ``on_error``.
 
     Raises:
         DatasetTypeError: ``dataset`` is not a map-style dataset (e.g. an iterable-style
@@ -272,21 +320,26 @@ def list_dataset(dataset: Any, *, name: str | None = None) -> DatasetListing:
             f"src must be a path or a map-style dataset (with __len__ and __getitem__), got "
             f"a {kind.__module__}.{kind.__qualname__}; wrap an iterable in a list, or index it"
         )
-    size = len(dataset)
+    try:
+        size = len(dataset)
+    except Exception as exc:  # the dataset's own code: any failure, reported in one line
+        raise PreprocessError(
+            f"len() of the dataset ({kind.__qualname__}) raised {type(exc).__name__}: {exc}"
+        ) from exc
     if size == 0:
         raise PreprocessError(f"the dataset has no items: {kind.__qualname__} of length 0")
     probes = sorted({0, size // 2, size - 1})
     try:
-        first = load_item(dataset, 0)  # item 0 decides the schema
+        first = load_item(dataset, 0, max_pixels)  # item 0 decides the schema
     except (OSError, DecodeError) as exc:
         raise PreprocessError(f"dataset[0] cannot be read: {exc}") from exc
     loaded: dict[int, LoadedSample | None] = {0: first}
     for index in probes[1:]:
         try:
-            loaded[index] = load_item(dataset, index)
+            loaded[index] = load_item(dataset, index, max_pixels)
         except (OSError, DecodeError):
             loaded[index] = None  # on_error decides when the job reaches it
-    if sample_digest(load_item(dataset, 0)) != sample_digest(first):
+    if sample_digest(load_item(dataset, 0, max_pixels)) != sample_digest(first):
         raise DatasetValueError(
             "dataset[0] differs between two reads: the dataset applies random transforms "
             "(augmentation); preprocess stores one fixed sample per item: build the dataset "
@@ -314,19 +367,25 @@ def list_dataset(dataset: Any, *, name: str | None = None) -> DatasetListing:
     for index in probes:
         sample = loaded[index]
         digest.update(f"{index}:".encode() + (b"-" if sample is None else sample_digest(sample)))
-    items: list[SourceItem] = [DatasetItem(where(i), str(i), index=i) for i in range(size)]
     return DatasetListing(
-        PYTHON_KIND, label, items, class_names, loader=loader, digest=digest.hexdigest()
+        PYTHON_KIND,
+        label,
+        DatasetItems(range(size)),
+        class_names,
+        loader=loader,
+        digest=digest.hexdigest(),
     )
 
 
 def dataset_engine(loader: DatasetLoader, engine: Engine) -> Engine:
     """The engine that runs a dataset job: ``engine`` when its workers can get the
-    dataset (or it has none); for a local engine and a dataset that cannot be pickled,
-    a forking :class:`LocalEngine` where that is safe, else one reading it here.
+    dataset (or it has none); for a local engine of ``start_method="auto"`` and a dataset
+    that cannot be pickled, a forking :class:`LocalEngine` where that is safe, else one
+    reading it here.
 
     Raises:
-        PreprocessError: ``engine`` is not local and the dataset cannot go to its workers.
+        PreprocessError: The dataset cannot be pickled and ``engine`` is not local, or is
+            a local engine told to spawn its workers (``start_method="spawn"``).
     """
     if isinstance(engine, LocalEngine):
         if engine.workers == 1 or resolve_start_method(engine.start_method) == "fork":
@@ -334,6 +393,13 @@ def dataset_engine(loader: DatasetLoader, engine: Engine) -> Engine:
         reason = loader.prepare_for_workers()
         if not reason:
             return engine
+        if engine.start_method == "spawn":  # asked for: honoured, or refused with why
+            raise PreprocessError(
+                f"LocalEngine(start_method='spawn') sends the dataset to its worker "
+                f"processes, but {reason}; make it picklable (e.g. open files in "
+                "__getitem__, not in __init__), or use start_method='auto' (workers fork "
+                "and inherit it where that is safe) or workers=1"
+            )
         refusal = fork_refusal()
         if refusal:
             logger.warning(
@@ -388,6 +454,11 @@ def load_python_source(spec: str) -> Any:
         sys.path.insert(0, folder)
     try:
         module = importlib.import_module(module_name)
+    except SystemExit as exc:  # a script's exit on import, e.g. argparse without arguments
+        raise PreprocessError(
+            f"--from-python: importing {module_name!r} called sys.exit({exc.code!r}); a "
+            'module that runs a script at import needs `if __name__ == "__main__":`'
+        ) from exc
     except Exception as exc:
         raise PreprocessError(
             f"--from-python: cannot import {module_name!r} ({type(exc).__name__}: {exc}); "
@@ -403,7 +474,7 @@ def load_python_source(spec: str) -> Any:
     if callable(value) and not (hasattr(kind, "__len__") and hasattr(kind, "__getitem__")):
         try:
             value = value()
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise PreprocessError(
                 f"--from-python: {spec}() raised {type(exc).__name__}: {exc}"
             ) from exc

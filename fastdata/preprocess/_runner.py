@@ -18,6 +18,7 @@ from typing import Any
 
 from fastdata._progress import progress_bar
 from fastdata._system import usable_cpus
+from fastdata.errors import PreprocessError
 from fastdata.preprocess._engine import Engine, LocalEngine
 from fastdata.preprocess._options import PreprocessOptions
 from fastdata.preprocess._outdir import (
@@ -45,6 +46,9 @@ from fastdata.shards import (
 )
 
 _PATH_BYTES_ESTIMATE = 64
+# Shards one job writes at most: a million 64 MiB shards is 64 TiB (index.json lists them
+# all); a dataset object claiming more items than that holds is refused in one line.
+MAX_SHARDS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,11 @@ class PreprocessSummary:
 def plan_tasks(
     listing: SourceListing, fields: tuple[FieldSpec, ...], options: PreprocessOptions
 ) -> list[ShardTask]:
-    """Split the items into consecutive shards of about ``options.shard_bytes``."""
+    """Split the items into consecutive shards of about ``options.shard_bytes``.
+
+    Raises:
+        PreprocessError: More than :data:`MAX_SHARDS` shards.
+    """
     per_sample = _PATH_BYTES_ESTIMATE
     for spec in fields:
         if spec.field_kind.fixed_size:
@@ -89,10 +97,18 @@ def plan_tasks(
             per_sample += max(options.sizes) ** 2 * (1 if options.grayscale else 3) // 3
     per_shard = max(1, options.shard_bytes // per_sample)
     items = listing.items
-    return [
-        ShardTask(i, tuple(items[i * per_shard : (i + 1) * per_shard]))
-        for i in range(math.ceil(len(items) / per_shard))
-    ]
+    num_shards = math.ceil(len(items) / per_shard)
+    if num_shards > MAX_SHARDS:
+        raise PreprocessError(
+            f"{len(items):,} inputs of about {per_sample:,} bytes each make {num_shards:,} "
+            f"shards of shard_bytes={options.shard_bytes:,}, more than the {MAX_SHARDS:,} one "
+            "job writes: raise shard_bytes (--shard-mb), or split the source"
+        )
+    tasks = []
+    for i in range(num_shards):
+        part = items[i * per_shard : (i + 1) * per_shard]  # a dataset's: a range, not a list
+        tasks.append(ShardTask(i, tuple(part) if isinstance(part, list) else part))
+    return tasks
 
 
 def preprocess(
@@ -139,9 +155,10 @@ def preprocess(
         ValueError, TypeError: Bad arguments, or a dataset item of an unsupported form
             (the message names its index and what it holds).
         PreprocessError: Missing/empty/inconsistent source, ``out`` not writable or
-            holding another job, a write failing (disk full), or an unreadable input with
-            ``on_error="raise"``. Shards finished before the error stay for a resume; no
-            partial file is left and ``index.json`` is not written.
+            holding another job, a write failing (disk full), an unreadable input with
+            ``on_error="raise"``, or every input unreadable (nothing to store). Shards
+            finished before the error stay for a resume; no partial file is left and
+            ``index.json`` is not written.
     """
     started = time.perf_counter()
     options = PreprocessOptions() if options is None else options
@@ -176,7 +193,7 @@ def preprocess(
                 "kind and masks (and mask_suffix, path_column, label_column) describe a path "
                 f"source; a dataset object's items carry their own labels and masks (got {given})"
             )
-        listing = list_dataset(src)
+        listing = list_dataset(src, max_pixels=options.max_pixels)
         loader = listing.loader
         engine = dataset_engine(loader, engine)
     fields = build_fields(listing, options)
@@ -245,6 +262,7 @@ def _run_job(
             phase.landed(result.info.file)
     finally:
         bar.close()
+    _check_something_stored(tasks, done)
     manifest = Manifest(
         fields=list(fields),
         shards=[done[t.index].info for t in tasks],
@@ -258,6 +276,24 @@ def _run_job(
     shutil.rmtree(root / JOB_DIR, ignore_errors=True)
     reused = len(tasks) - len(pending)
     return _summary(root, manifest, reused, sum(len(t.items) for t in pending), started)
+
+
+def _check_something_stored(tasks: list[ShardTask], done: dict[int, ShardResult]) -> None:
+    """Refuse to call a job done when every input failed: its set would hold nothing.
+
+    Raises:
+        PreprocessError: Naming the count and the first input's reason; ``index.json`` is
+            not written, so the folder is no shard set (a rerun after fixing the inputs
+            redoes the shards whose inputs changed).
+    """
+    if not tasks or any(done[task.index].info.num_samples for task in tasks):
+        return
+    failures = [entry for task in tasks for entry in done[task.index].skipped]
+    first = f": {failures[0]['path']}: {failures[0]['reason']}" if failures else ""
+    raise PreprocessError(
+        f"every input failed ({len(failures)} of {len(failures)}), so nothing was stored and "
+        f"index.json was not written; the first{first}"
+    )
 
 
 class _Phase:

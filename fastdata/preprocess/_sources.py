@@ -11,7 +11,9 @@ Four kinds, each documented in the README:
   0-based number), other columns are ignored. Relative paths are resolved against the
   list's folder. Labels are integers when every label is one; when none is, they are
   class names mapped to ``0..K-1`` in sorted order (kept as ``class_names``); a mix, an
-  empty or a negative label is an error naming the row.
+  empty or a negative label is an error naming the row. A file listed in two rows with two
+  labels is an error naming both rows; listed twice with the same label, it is stored
+  twice (a warning counts such rows).
 - ``segmentation``: images in ``SRC`` and masks in a second folder (or beside the images
   with ``mask_suffix``), matched by file stem (plus ``mask_suffix``); extensions may differ.
 - ``npy``: a folder of ``.npy`` arrays (e.g. 3-D volumes) that all share shape and dtype.
@@ -30,7 +32,7 @@ import hashlib
 import logging
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,7 +85,8 @@ class SourceListing:
     Attributes:
         kind: The resolved source kind (never ``"auto"``).
         root: The source path as given (folder or list file), absolute.
-        items: The samples, in the order they are stored.
+        items: The samples, in the order they are stored (a list for files; made on
+            demand for a dataset object).
         class_names: Label ``i`` is ``class_names[i]`` (empty without labels or names).
         array_shape: Shape shared by every ``.npy`` array (``npy`` sources only).
         array_dtype: Dtype name shared by every ``.npy`` array (``npy`` sources only).
@@ -93,7 +96,7 @@ class SourceListing:
 
     kind: str
     root: str
-    items: list[SourceItem]
+    items: Sequence[SourceItem]
     class_names: list[str] = field(default_factory=list)
     array_shape: tuple[int, ...] = ()
     array_dtype: str = ""
@@ -376,11 +379,45 @@ def _list_file(path: Path, path_column: str | None, label_column: str | None) ->
         raw_labels.append((number, label))
     labels, class_names = _parse_labels(path, raw_labels)
     base = path.parent
+    _check_repeated_paths(path, paths, raw_labels, labels)
     items = [
         SourceItem(str((base / name).absolute()), display_name(name), label)
         for name, label in zip(paths, labels, strict=True)
     ]
     return SourceListing("list", str(path), items, class_names)
+
+
+def _check_repeated_paths(
+    path: Path, names: list[str], raw: list[tuple[int, str]], labels: list[int]
+) -> None:
+    """A file listed twice with two labels is refused, naming both rows; listed twice with
+    one label, it is kept (each row a sample, as listed: a way to oversample) and a
+    warning says how many such rows there are."""
+    first_row: dict[str, int] = {}
+    repeats: list[tuple[int, int]] = []
+    for row, name in enumerate(names):
+        key = os.path.normpath(os.path.join(path.parent, name))
+        earlier = first_row.setdefault(key, row)
+        if earlier == row:
+            continue
+        if labels[earlier] != labels[row]:
+            raise PreprocessError(
+                f"{path}: {display_name(name)!r} is listed in row {raw[earlier][0]} with label "
+                f"{raw[earlier][1]!r} and in row {raw[row][0]} with label {raw[row][1]!r}; a "
+                "file has one label: remove one of the rows"
+            )
+        repeats.append((earlier, row))
+    if repeats:
+        earlier, row = repeats[0]
+        logger.warning(
+            "%s: %d row(s) repeat a file listed earlier with the same label (e.g. %r in rows "
+            "%d and %d); each row is stored as a sample of its own",
+            path,
+            len(repeats),
+            display_name(names[row]),
+            raw[earlier][0],
+            raw[row][0],
+        )
 
 
 def _parse_labels(path: Path, raw: list[tuple[int, str]]) -> tuple[list[int], list[str]]:

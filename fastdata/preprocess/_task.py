@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Union
@@ -68,11 +68,12 @@ class ShardJob:
 
 @dataclass(frozen=True)
 class ShardTask:
-    """Shard number ``index`` holds ``items``, in order; ``inputs`` digests their sizes and
-    modification times (a changed input makes the shard stale)."""
+    """Shard number ``index`` holds ``items``, in order (a tuple of files, or a range of a
+    dataset's items); ``inputs`` digests their sizes and modification times (a changed
+    input makes the shard stale)."""
 
     index: int
-    items: tuple[SourceItem, ...]
+    items: Sequence[SourceItem]
     inputs: str = ""
 
     @property

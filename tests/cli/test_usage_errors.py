@@ -66,6 +66,17 @@ def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["--shard-mb", "-5"], "argument --shard-mb: must be a number > 0, got -5"),
         (["--shard-mb", "0"], "must be a number > 0, got 0"),
         (["--shard-mb", "1e-9"], "--shard-mb must be at least one byte"),
+        (
+            ["--size", "100000"],
+            "--size 100000: an output side of 100,000 pixels is over the largest, 65,535",
+        ),
+        (["--size", "1000000000", "--max-pixels", "0"], "side of 1,000,000,000 pixels is over"),
+        (
+            ["--size", "224", "10000"],
+            "--size 10000: an output of 10000x10000 = 100,000,000 pixels is over the pixel "
+            "limit that every image is held to, --max-pixels 89,478,485: use a smaller size",
+        ),
+        (["--size", "64", "--max-pixels", "4000"], "--max-pixels 4,000: use a smaller size"),
         (["--address", "auto"], "--address needs --engine ray"),
         (["--kind", "npy", "--masks", "MASKS"], "--masks is for image folders"),
         (["--bogus"], "unrecognized arguments: --bogus"),
@@ -83,6 +94,22 @@ def test_preprocess_rejects_bad_options(
     line = _usage_error(["preprocess", str(sources / "images"), str(out), "-q", *options], capsys)
     assert message in line
     assert not out.exists()  # refused before any work
+
+
+def test_a_job_whose_every_input_fails_exits_1_in_one_line(
+    sources: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    argv = ["preprocess", str(sources / "images"), str(out), "-q", "--size", "8"]
+    assert main([*argv, "--max-pixels", "100"]) == 1  # every 24x20 input is over 100 pixels
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(
+        "fastdata preprocess: error: every input failed (4 of 4), so nothing was stored and "
+        "index.json was not written; the first: "
+    )
+    assert "0.jpg: image header says 24x20 = 480 pixels, over the limit of 100" in err[0]
+    assert not (out / "index.json").exists()
 
 
 def test_masks_with_a_csv_source_is_a_usage_error(

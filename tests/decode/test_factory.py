@@ -147,8 +147,11 @@ def test_each_backend_gets_the_arguments_it_takes(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(factory, "torchvision_version", lambda: "0.21.0")
     for name in ("cpu", "nvjpeg", "dali"):
-        create_decoder(name, size=8, num_threads=3, seed=5, grayscale=True, on_error="skip")
+        create_decoder(
+            name, size=8, num_threads=3, seed=5, grayscale=True, on_error="skip", max_pixels=9
+        )
     common = {"size": 8, "random_crop": None, "on_error": "skip", "grayscale": True, "seed": 5}
+    common["max_pixels"] = 9
     assert calls["cpu"] == {**common, "device": torch.device("cpu"), "num_threads": 3}
     assert calls["nvjpeg"] == {**common, "device": torch.device("cuda")}
     assert calls["dali"] == {**common, "device": torch.device("cuda"), "num_threads": 3}

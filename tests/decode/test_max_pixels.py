@@ -1,11 +1,12 @@
-"""``max_pixels`` of the cpu decoder and of ``RAMDataset``: images whose header claims more
-pixels are refused before decoding (``on_error`` applies); ``0``/``None``: no limit."""
+"""``max_pixels`` of every decoder backend and of ``RAMDataset``: images whose header claims
+more pixels are refused before decoding (``on_error`` applies); ``0``/``None``: no limit."""
 
 from __future__ import annotations
 
 import struct
 import zlib
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -13,10 +14,13 @@ import pytest
 from torch.utils.data import DataLoader
 
 from fastdata.datasets import RAMDataset
-from fastdata.decode import DecodingLoader
+from fastdata.decode import Decoder, DecodingLoader, create_decoder
+from fastdata.decode import nvjpeg as nvjpeg_module
 from fastdata.decode.cpu import CpuDecoder
+from fastdata.decode.nvjpeg import NvJpegDecoder
 from fastdata.errors import DecodeError
 from tests.decode.conftest import rgb_jpeg, smooth_rgb
+from tests.decode.test_nvjpeg import FakeDecodeJpeg
 
 
 def _png(height: int, width: int) -> bytes:
@@ -98,3 +102,105 @@ def test_ram_dataset_max_pixels(tmp_path: Path) -> None:
     default = RAMDataset([tmp_path / "bomb.png"], None, show_progress=False)
     with pytest.raises(DecodeError, match="over the limit of 89,478,485"):
         default[0]
+
+
+# --- one limit for every backend, applied before the backend sees the batch ----------------
+
+
+def _claiming(jpeg: bytes, height: int, width: int) -> bytes:
+    """``jpeg`` with its frame header claiming ``height x width`` (a decompression bomb's
+    header on a few hundred bytes of data)."""
+    sof = jpeg.index(b"\xff\xc0")
+    return jpeg[: sof + 5] + struct.pack(">HH", height, width) + jpeg[sof + 9 :]
+
+
+def _backend(name: str, monkeypatch: pytest.MonkeyPatch, **options: Any) -> Decoder:
+    """A decoder of ``name`` that runs here: nvjpeg with an OpenCV stand-in for nvJPEG
+    (recording the batch sizes it is handed in ``decoder.calls``), DALI on the CPU."""
+    if name == "nvjpeg":
+        fake = FakeDecodeJpeg(grayscale=False)
+        monkeypatch.setattr(nvjpeg_module, "load_decode_jpeg", lambda grayscale: fake)
+        decoder = NvJpegDecoder(8, device="cpu", **options)
+        decoder.calls = fake.calls  # type: ignore[attr-defined]
+        return decoder
+    if name == "dali":
+        pytest.importorskip("nvidia.dali")
+    return create_decoder(name, size=8, device="cpu", **options)
+
+
+BACKENDS = ["cpu", "nvjpeg", pytest.param("dali", marks=pytest.mark.dali)]
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_every_backend_refuses_images_over_max_pixels(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    big, small, png = rgb_jpeg(30, 40), rgb_jpeg(20, 24, seed=1), _png(20, 30)  # 1,200, 480, 600
+    decoder = _backend(name, monkeypatch, on_error="skip", max_pixels=1000)
+    assert decoder.max_pixels == 1000
+    assert decoder.decode([big, small, png, big]).kept.tolist() == [1, 2]
+    if name == "nvjpeg":  # the refused images never reached nvJPEG
+        assert decoder.calls == [1]  # type: ignore[attr-defined]
+    with pytest.raises(
+        DecodeError, match=r"40x30 = 1,200 pixels, over the limit of 1,000 .*: batch item 1"
+    ):
+        _backend(name, monkeypatch, max_pixels=1000).decode([small, big])
+    with pytest.warns(RuntimeWarning, match=r"skipped a sample: .*over the limit of 1,000"):
+        kept = _backend(name, monkeypatch, on_error="warn", max_pixels=1000).decode([big, small])
+    assert kept.kept.tolist() == [1]
+    for no_limit in (0, None):
+        unlimited = _backend(name, monkeypatch, on_error="skip", max_pixels=no_limit)
+        assert unlimited.max_pixels is None
+        assert unlimited.decode([big, small, png]).kept.tolist() == [0, 1, 2]
+    with pytest.raises(ValueError, match="max_pixels must be a positive int"):
+        _backend(name, monkeypatch, max_pixels=-1)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_a_bomb_header_is_refused_by_default_before_any_backend_decodes(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bomb = _claiming(rgb_jpeg(16, 16), 40000, 40000)
+    decoder = _backend(name, monkeypatch, on_error="raise")
+    with pytest.raises(DecodeError, match=r"over the limit of 89,478,485 .*: batch item 1") as info:
+        decoder.decode([rgb_jpeg(16, 16), bomb])
+    assert info.value.reason == "too_large"
+    if name == "nvjpeg":
+        assert decoder.calls == []  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_decode_stream_maps_kept_back_past_refused_images(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DALI works a batch ahead in decode_stream: the refused images of each batch are
+    taken out before, and ``kept`` indexes each whole batch after."""
+    big = rgb_jpeg(30, 40)
+    batches = [[rgb_jpeg(20, 24, seed=s) for s in range(3)] for _ in range(4)]
+    batches[1][0] = batches[2][2] = big
+    batches[3] = [big, big]
+    decoder = _backend(name, monkeypatch, on_error="skip", max_pixels=1000)
+    kept = [decoded.kept.tolist() for decoded in decoder.decode_stream(batches)]
+    assert kept == [[0, 1, 2], [1, 2], [0, 1], []]
+    whole = decoder.decode(batches[0]).images
+    assert decoder.decode(batches[1]).images.shape[1:] == whole.shape[1:]
+
+
+def test_create_decoder_passes_max_pixels_to_the_backend() -> None:
+    decoder = create_decoder("cpu", size=8, on_error="skip", max_pixels=1000)
+    assert isinstance(decoder, CpuDecoder) and decoder.max_pixels == 1000
+    assert decoder.decode([rgb_jpeg(30, 40), rgb_jpeg(20, 24)]).kept.tolist() == [1]
+    assert "max_pixels=1000" in repr(decoder)
+    decoder.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["nvjpeg", pytest.param("dali", marks=pytest.mark.dali)])
+def test_gpu_backends_refuse_a_bomb_header_without_allocating(name: str) -> None:
+    pytest.importorskip("torchvision" if name == "nvjpeg" else "nvidia.dali")
+    bomb = _claiming(rgb_jpeg(16, 16), 65000, 65000)  # 12.7 GB of pixels, were it decoded
+    decoder = create_decoder(name, size=8, device="cuda", on_error="skip", max_pixels=1000)
+    decoded = decoder.decode([bomb, rgb_jpeg(20, 24), rgb_jpeg(30, 40)])
+    assert decoded.kept.tolist() == [1] and decoded.images.device.type == "cuda"
+    default = create_decoder(name, size=8, device="cuda", on_error="skip")
+    assert default.decode([bomb, rgb_jpeg(20, 24)]).kept.tolist() == [1]

@@ -15,7 +15,6 @@ import torch
 from PIL import Image
 
 from fastdata import PreprocessOptions, RAMDataset, ShardReader, load_manifest
-from fastdata.cli import main
 from fastdata.decode import create_decoder
 from fastdata.errors import PreprocessError
 from fastdata.preprocess import _task as task_module
@@ -150,12 +149,38 @@ def test_max_pixels_is_read_from_the_header_and_configurable(tmp_path: Path) -> 
     assert time.perf_counter() - started < 30
     assert summary.num_skipped == 1
     assert "over the limit of 89,478,485" in _reasons(tmp_path / "o")["wide.png"]
-    # a low limit refuses the ordinary 24x20 image too
-    args = ["preprocess", str(src), str(tmp_path / "o2"), "--size", "8", "-q"]
-    assert main([*args, "--max-pixels", "100"]) == 0
-    assert load_manifest(tmp_path / "o2").num_samples == 0
-    with pytest.raises(ValueError, match="max_pixels must be a positive int or None"):
-        PreprocessOptions(max_pixels=0)
+    # a low limit refuses the ordinary 24x20 image too: nothing stored is an error
+    with pytest.raises(PreprocessError, match=r"every input failed \(2 of 2\), so nothing was"):
+        preprocess(src, tmp_path / "o2", PreprocessOptions(sizes=(8,), max_pixels=100),
+                   show_progress=False)  # fmt: skip
+    assert not (tmp_path / "o2" / "index.json").exists()
+    # 0 and None both mean no limit, as on the command line (--max-pixels 0)
+    assert PreprocessOptions(max_pixels=0) == PreprocessOptions(max_pixels=None)
+    assert PreprocessOptions(max_pixels=0).max_pixels is None
+    for bad in (-1, 1.5, True, "100"):
+        with pytest.raises(ValueError, match="max_pixels must be a positive int"):
+            PreprocessOptions(max_pixels=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("sizes", "max_pixels", "message"),
+    [
+        ((10000,), None, None),
+        ((9459,), 89_478_485, None),
+        ((224, 9460), 89_478_485, r"sizes=\(224, 9460\): an output of 9460x9460 = 89,491,600 "),
+        ((100000,), None, r"an output side of 100,000 pixels is over the largest, 65,535"),
+        ((1_000_000_000,), 0, r"an output side of 1,000,000,000 pixels"),
+        ((64,), 4000, r"is over the pixel limit that every image is held to, max_pixels 4,000"),
+    ],
+)
+def test_an_output_size_over_the_pixel_limit_is_refused_at_once(
+    sizes: tuple[int, ...], max_pixels: int | None, message: str | None
+) -> None:
+    if message is None:
+        assert PreprocessOptions(sizes=sizes, max_pixels=max_pixels).sizes == sizes
+        return
+    with pytest.raises(ValueError, match=message):
+        PreprocessOptions(sizes=sizes, max_pixels=max_pixels)
 
 
 def test_thin_strip_is_cropped_before_resizing(tmp_path: Path) -> None:

@@ -127,17 +127,17 @@ def test_forked_workers_read_it_and_write_the_bytes_of_pickled_and_single_runs(
     assert "read in this process only" not in caplog.text
     assert (summary.num_samples, summary.num_shards) == (N, 5)
     assert len(_readers(tmp_path / "forked")) == 2
-    # a spawning engine is told why it forks for this one dataset
-    with caplog.at_level(logging.INFO, logger="fastdata.preprocess"):
-        spawning = LocalEngine(2, start_method="spawn")
+    # an engine told to spawn is not overruled: it refuses, naming why
+    spawning = LocalEngine(2, start_method="spawn")
+    with pytest.raises(
+        PreprocessError,
+        match=r"LocalEngine\(start_method='spawn'\) sends the dataset to its worker processes, "
+        r"but it cannot be pickled \(TypeError: h5py objects cannot be pickled\)",
+    ):
         _run(
             H5Images(images, tmp_path / "forked2", keep_open=True), tmp_path / "a2", engine=spawning
         )
-    assert "2 worker processes fork from this one to inherit the dataset: it cannot be " in (
-        caplog.text
-    )
-    assert "h5py objects cannot be pickled" in caplog.text
-    assert _shards(tmp_path / "a2") == _shards(tmp_path / "a")
+    assert _readers(tmp_path / "forked2") == set() and not (tmp_path / "a2").exists()
     spawned = H5Images(images, tmp_path / "pickled", keep_open=False)
     _run(spawned, tmp_path / "b", engine=LocalEngine(2, start_method="spawn"))
     assert len(_readers(tmp_path / "pickled")) == 2  # spawned workers that unpickled it

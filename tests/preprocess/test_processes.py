@@ -201,7 +201,7 @@ def test_a_worker_that_dies_is_one_clear_error(
         items = list(_listing(src).items)
         died = r"worker process \(pid \d+\) exited with code -9"
         with pytest.raises(PreprocessError, match=died):
-            for _ in pool.results(items, lambda n: None):
+            for _ in pool.results(items, len(items), lambda n: None):
                 pass
     finally:
         pool.close()
@@ -246,3 +246,85 @@ def test_runs_from_a_jupyter_notebook(tmp_path: Path) -> None:
     printed = [o.get("text", "").strip() for o in outputs if o.get("name") == "stdout"]
     assert printed == ["40"]
     assert len(ShardReader(out)) == 40
+
+
+_BLOCKING_DATASET = """
+import os
+import time
+
+import numpy as np
+
+
+class Blocking:
+    '''Items 8..39 block (the workers reach them; the listing probes 0, 32 and 63 only
+    in the parent, which the marker leaves out).'''
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, index):
+        if 8 <= index < 40 and index != 32:
+            open(os.path.join(os.environ["MARKS"], str(os.getpid())), "w").close()
+            time.sleep(600)
+        return np.zeros((8, 8, 3), np.uint8), 0
+
+
+dataset = Blocking()
+"""
+
+_SPAWNED_JOB = """
+import sys
+
+from fastdata.preprocess import LocalEngine, PreprocessOptions, preprocess
+
+from blocking import dataset
+
+if __name__ == "__main__":
+    try:
+        preprocess(dataset, sys.argv[1], PreprocessOptions(sizes=(8,)), show_progress=False,
+                   engine=LocalEngine(2, start_method="spawn"))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize("how", ["cli", "spawn"])
+def test_ctrl_c_leaves_the_workers_quiet(tmp_path: Path, how: str) -> None:
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while both
+    workers are busy: one clean line from the parent, no worker tracebacks."""
+    (tmp_path / "blocking.py").write_text(_BLOCKING_DATASET)
+    (tmp_path / "job.py").write_text(_SPAWNED_JOB)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = {**os.environ, "MARKS": str(marks), "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}"}
+    if how == "cli":
+        args = ["-m", "fastdata", "preprocess", "--from-python", "blocking:dataset", "out"]
+        args += ["--size", "8", "--workers", "2", "-q"]
+    else:
+        args = ["job.py", "out"]
+    # a child inherits an ignored SIGINT (a shell's background job ignores it) but not a
+    # handler: with one installed here, the child starts with the default disposition
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        process = subprocess.Popen(
+            [sys.executable, *args], cwd=tmp_path, env=env, text=True, start_new_session=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(marks.iterdir())) < 2 and process.poll() is None:
+            assert time.monotonic() < deadline, "the workers never reached the blocking items"
+            time.sleep(0.05)
+        assert process.poll() is None, process.communicate()
+        os.killpg(process.pid, signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 130, stderr
+    expected = "fastdata preprocess: interrupted" if how == "cli" else "interrupted"
+    assert stderr.strip() == expected

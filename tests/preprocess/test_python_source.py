@@ -5,14 +5,18 @@ The datasets live at module level so that spawned worker processes can unpickle 
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
+import struct
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+import tracemalloc
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -26,8 +30,11 @@ from PIL import Image
 from fastdata import PreprocessOptions, ShardReader, load_manifest
 from fastdata.cli import main
 from fastdata.errors import PreprocessError
-from fastdata.preprocess import ShardResult, _engine, preprocess
+from fastdata.preprocess import LocalEngine, ShardJob, ShardResult, ShardTask, _engine, preprocess
 from fastdata.preprocess._dataset_items import DatasetTypeError, DatasetValueError
+from fastdata.preprocess._python_source import DatasetItem, list_dataset
+from fastdata.preprocess._runner import plan_tasks
+from fastdata.preprocess._task import build_fields
 
 N = 12
 SIDE = 16
@@ -415,6 +422,122 @@ def test_unreadable_inputs_follow_on_error(tmp_path: Path) -> None:
         _run(FileDataset(paths), tmp_path / "f", fail, workers=2)
 
 
+def _png_header_only(height: int, width: int) -> bytes:
+    """A PNG of a few dozen bytes whose header claims ``height x width`` (its data would
+    not decode)."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        crc = zlib.crc32(kind + body) & 0xFFFFFFFF
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0"))
+
+
+class SizedItems:
+    """Items of 24x20 pixels (480) and over 1,000 pixels, as ndarrays, tensors and PIL
+    images; item 4 is a PIL image opened lazily from a header claiming 4000x4000."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        small = np.full((20, 24, 3), 10 * index, np.uint8)
+        big = np.full((30, 40, 3), 10 * index, np.uint8)
+        forms: list[Any] = [
+            small,
+            big,
+            torch.from_numpy(small).permute(2, 0, 1),
+            torch.from_numpy(big).permute(2, 0, 1),
+            Image.open(io.BytesIO(_png_header_only(4000, 4000))),
+            Image.fromarray(small),
+        ]
+        return forms[index], index
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_max_pixels_applies_to_dataset_items(tmp_path: Path, workers: int) -> None:
+    limited = PreprocessOptions(sizes=(8,), max_pixels=1000)
+    summary = _run(SizedItems(), tmp_path / "o", limited, workers=workers)
+    assert (summary.num_samples, summary.num_skipped) == (3, 3)
+    assert _stored(tmp_path / "o")[1] == [0, 2, 5]
+    reasons = {entry["path"]: entry["reason"] for entry in load_manifest(tmp_path / "o").skipped}
+    over = "pixels, over the limit of 1,000 (max_pixels; raise it to accept such images)"
+    assert reasons == {
+        "dataset[1]": f"the image is 40x30 = 1,200 {over}",
+        "dataset[3]": f"the image is 40x30 = 1,200 {over}",
+        # refused from the size PIL read in the header, before decoding its (bad) data
+        "dataset[4]": f"the image is 4000x4000 = 16,000,000 {over}",
+    }
+    raising = PreprocessOptions(sizes=(8,), max_pixels=1000, on_error="raise")
+    with pytest.raises(PreprocessError, match=r"dataset\[1\]: the image is 40x30 = 1,200 pix"):
+        _run(SizedItems(), tmp_path / "raise", raising)
+    with pytest.raises(PreprocessError, match=r"dataset\[0\] cannot be read: the image is 24x20"):
+        _run(SizedItems(), tmp_path / "first", PreprocessOptions(sizes=(8,), max_pixels=400))
+
+
+# Shards of 64 MiB: a few tasks for a million tiny items.
+LARGE_SHARDS = PreprocessOptions(sizes=(8,))
+
+
+def _peak_bytes(work: Any) -> int:
+    """The peak of Python memory allocated while ``work()`` runs (tracemalloc)."""
+    tracemalloc.start()
+    try:
+        work()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_dataset_listing_is_a_range_not_a_list_of_items() -> None:
+    """A listing of 1,000,000 indices took 270 MB before the first item was read."""
+    dataset = PILDataset(1_000_000)
+    made: dict[str, Any] = {}
+
+    def plan() -> None:
+        made["listing"] = listing = list_dataset(dataset)
+        made["tasks"] = plan_tasks(listing, build_fields(listing, LARGE_SHARDS), LARGE_SHARDS)
+
+    assert _peak_bytes(plan) < 5_000_000
+    listing, tasks = made["listing"], made["tasks"]
+    assert len(listing.items) == 1_000_000
+    assert listing.items[999_999] == DatasetItem("dataset[999999]", "999999", index=999_999)
+    per_shard = LARGE_SHARDS.shard_bytes // (8 * 8 * 3 + 8 + 64)  # image, label, path
+    assert [len(task.items) for task in tasks[:2]] == [per_shard, per_shard]
+    assert sum(len(task.items) for task in tasks) == 1_000_000
+    assert tasks[1].items[0].index == len(tasks[0].items)  # type: ignore[attr-defined]
+
+
+def test_workers_are_handed_a_dataset_s_items_a_chunk_at_a_time(tmp_path: Path) -> None:
+    """The local engine makes items as chunks go out, not all of them up front."""
+    listing = list_dataset(PILDataset(1_000_000))
+    fields = build_fields(listing, LARGE_SHARDS)
+    job = ShardJob(str(tmp_path), LARGE_SHARDS, fields, listing.kind, loader=listing.loader)
+    tasks = [ShardTask(0, listing.items[:40]), ShardTask(1, listing.items[40:])]
+    first: list[ShardResult] = []
+
+    def first_shard() -> None:
+        results = LocalEngine(2).run(tasks, job, lambda count: None)
+        first.append(next(iter(results)))
+        results.close()  # type: ignore[attr-defined]
+
+    assert _peak_bytes(first_shard) < 20_000_000
+    assert first[0].info.num_samples == 40
+
+
+def test_a_dataset_claiming_2_to_the_62_items_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(
+        PreprocessError,
+        match=r"4,611,686,018,427,387,904 inputs of about 264 bytes each make "
+        r"18,[0-9,]+ shards of shard_bytes=67,108,864, more than the 1,000,000 one job writes",
+    ):
+        _run(PILDataset(2**62), tmp_path / "o", LARGE_SHARDS)
+    assert not (tmp_path / "o").exists()
+
+
 def test_identical_runs_give_identical_bytes(tmp_path: Path) -> None:
     _run(DictMaskDataset(), tmp_path / "a")
     time.sleep(1.1)  # HDF5 timestamps have one-second resolution
@@ -481,9 +604,27 @@ def test_cli_from_python_file(
     monkeypatch.delitem(sys.modules, "my_data_module")
 
 
+class LenRaises:
+    """A dataset whose ``len()`` fails (e.g. its index file is missing)."""
+
+    def __len__(self) -> int:
+        raise RuntimeError("index file missing")
+
+    def __getitem__(self, index: int) -> Any:
+        raise AssertionError("never read")
+
+
+class ClassesRaise(ArrayDataset):
+    @property
+    def classes(self) -> list[str]:
+        raise KeyError("no labels.txt")
+
+
 @pytest.mark.parametrize(
     ("argv", "code", "message"),
     [
+        ([f"{__name__}:LenRaises"], 1, r"len\(\) of the dataset \(LenRaises\) raised Runtime"),
+        ([f"{__name__}:ClassesRaise"], 1, r"class names \(.classes, .features\) raised KeyError"),
         (["no_colon"], 1, "--from-python takes module:attribute"),
         (["no_such_module_xyz:data"], 1, "cannot import 'no_such_module_xyz' \\(ModuleNotFound"),
         ([f"{__name__}:nothing"], 1, "has no attribute 'nothing'"),
@@ -499,6 +640,24 @@ def test_cli_from_python_errors(
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
     assert re.search(message, err), err
+
+
+@pytest.mark.parametrize("exit_call", ["sys.exit(3)", "sys.exit('usage: data.py DIR')"])
+def test_cli_from_python_module_that_exits_on_import(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    exit_call: str,
+) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "exits_on_import.py").write_text(f"import sys\n{exit_call}\n")
+    spec = f"{tmp_path / 'exits_on_import.py'}:dataset"
+    argv = ["preprocess", "--from-python", spec, str(tmp_path / "o"), "--size", "4", "-q"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"importing 'exits_on_import' called {exit_call}" in err
+    monkeypatch.delitem(sys.modules, "exits_on_import", raising=False)
 
 
 def test_readme_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -93,6 +93,39 @@ def test_list_bad_label_is_an_error_naming_the_row(tmp_path: Path, bad: str, mes
     assert main(["preprocess", str(tmp_path / "l.csv"), str(tmp_path / "o"), "-q"]) == 1
 
 
+@pytest.mark.parametrize("spelling", ["img3.png", "./img3.png", "sub/../img3.png"])
+def test_list_one_file_with_two_labels_is_an_error_naming_both_rows(
+    tmp_path: Path, spelling: str, capsys: Any
+) -> None:
+    names = _twelve(tmp_path)
+    rows = [f"{n},{i % 3}\n" for i, n in enumerate(names)] + [f"{spelling},2\n"]
+    (tmp_path / "l.csv").write_text("path,label\n" + "".join(rows))
+    message = (
+        rf"{spelling!r} is listed in row 5 with label '0' and in row 14 with label '2'; a file "
+        "has one label"
+    )
+    with pytest.raises(PreprocessError, match=message.replace(".", r"\.")):
+        list_source(tmp_path / "l.csv")
+    assert main(["preprocess", str(tmp_path / "l.csv"), str(tmp_path / "o"), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "row 5 with label '0'" in err
+
+
+def test_list_one_file_twice_with_one_label_is_kept_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    names = _twelve(tmp_path)
+    rows = [f"{n},cat\n" for n in names] + ["./img3.png,cat\n", "img3.png,cat\n"]
+    (tmp_path / "l.csv").write_text("".join(rows))
+    with caplog.at_level(logging.WARNING, logger="fastdata.preprocess"):
+        listing = list_source(tmp_path / "l.csv")
+    assert len(listing.items) == 14  # stored as listed: a way to oversample
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{tmp_path / 'l.csv'}: 2 row(s) repeat a file listed earlier with the same label "
+        "(e.g. './img3.png' in rows 4 and 13); each row is stored as a sample of its own"
+    ]
+
+
 def test_list_class_names_are_recorded_and_printed(tmp_path: Path, capsys: Any) -> None:
     names = _twelve(tmp_path)
     classes = ["dog", "cat", "bird"]

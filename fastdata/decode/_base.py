@@ -76,6 +76,24 @@ def resolve_num_threads(num_threads: int | None) -> int:
     return num_threads
 
 
+def copy_to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``host`` (a CPU tensor) on ``device``, without making the host wait for the device.
+
+    On CUDA the tensor is pinned first (unless it is) and copied with ``non_blocking=True``,
+    ordered on the current stream: a copy from pageable memory would block the host until
+    all work queued on that stream (e.g. the training step) is done. The caching host
+    allocator keeps pinned memory from reuse until the copy that reads it is done, so
+    ``host`` may be dropped at once. Other devices get a plain copy.
+    """
+    if host.device == device:
+        return host
+    if device.type == "cuda":
+        if not host.is_pinned():
+            host = host.pin_memory()
+        return host.to(device, non_blocking=True)
+    return host.to(device)
+
+
 def channels_last(images_nhwc: torch.Tensor) -> torch.Tensor:
     """``(B, H, W, C)`` contiguous → ``(B, C, H, W)`` view in channels_last memory format."""
     return images_nhwc.permute(0, 3, 1, 2)
@@ -99,6 +117,10 @@ class Decoder(ABC):
             :class:`~fastdata.DecodeError`, ``"warn"`` or ``"skip"`` (leave it out of the
             batch); see :class:`~fastdata.errors.OnError`.
         grayscale: One output channel instead of three (RGB).
+        fallbacks: How often work left the backend's fast path, by kind: ``"cpu_decode"``
+            (images decoded by the CPU decoder instead), ``"batch_retry"`` (batches that
+            failed whole and were retried image by image). Each kind is warned about when
+            its count reaches 1, 10, 100, ...
     """
 
     backend: str = ""
@@ -119,7 +141,7 @@ class Decoder(ABC):
         self.on_error = OnError.parse(on_error)
         self.grayscale = bool(grayscale)
         self._random = UniformDraws(seed)
-        self._warned_fallback = False
+        self.fallbacks: dict[str, int] = {}
 
     @property
     def channels(self) -> int:
@@ -138,13 +160,19 @@ class Decoder(ABC):
         workers decoding for this decoder get crops that follow its seed."""
         return int(self._random.uniform(1)[0, 0] * 2**62)
 
-    def warn_fallback_once(self, message: str) -> None:
-        """Warn, once per decoder, that work fell back to a slower path (``message`` says
-        which); later fallbacks are silent."""
-        if not self._warned_fallback:
-            self._warned_fallback = True
+    def count_fallback(self, kind: str, message: str, count: int = 1) -> None:
+        """Count ``count`` more fallbacks of ``kind`` (e.g. ``"cpu_decode"``: images decoded by
+        the CPU decoder; ``"batch_retry"``: batches retried image by image) in
+        :attr:`fallbacks`, and warn when that count reaches 1, 10, 100, ... (``message`` says
+        what happened), so that a slow path taken every batch keeps being reported."""
+        before = self.fallbacks.get(kind, 0)
+        after = before + count
+        self.fallbacks[kind] = after
+        # a power of ten reached: 0 -> 1+, 9 -> 10+, 99 -> 100+, ...
+        if after > before and (before == 0 or len(str(after)) > len(str(before))):
             warnings.warn(
-                f"{self.backend} decoder: {message} (warned once per decoder)",
+                f"{self.backend} decoder: {message} ({kind} fallbacks so far: {after}; "
+                "warned again at 10, 100, 1000, ...; see decoder.fallbacks)",
                 RuntimeWarning,
                 stacklevel=3,
             )

@@ -4,9 +4,11 @@ bytes (corrupt, truncated, empty)."""
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 
@@ -59,3 +61,25 @@ def images() -> dict[str, bytes]:
 
 GOOD = ("color", "large", "gray", "cmyk", "png")
 BAD = ("corrupt", "truncated", "empty")
+
+
+@pytest.fixture
+def list_indices(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Records every Python-list index used on a tensor: on a CUDA tensor such an index is
+    built on the host and copied synchronously (a host sync)."""
+    seen: list[str] = []
+    real_get, real_set = torch.Tensor.__getitem__, torch.Tensor.__setitem__
+
+    def get(self: torch.Tensor, index: Any) -> Any:
+        if isinstance(index, list):
+            seen.append("get")
+        return real_get(self, index)
+
+    def set_(self: torch.Tensor, index: Any, value: Any) -> None:
+        if isinstance(index, list):
+            seen.append("set")
+        real_set(self, index, value)
+
+    monkeypatch.setattr(torch.Tensor, "__getitem__", get)
+    monkeypatch.setattr(torch.Tensor, "__setitem__", set_)
+    return seen

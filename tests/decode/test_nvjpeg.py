@@ -142,6 +142,17 @@ def test_on_error_raise_and_warn(
     assert kept.numel() == 0
 
 
+def test_rows_decoded_apart_are_placed_with_a_device_index(
+    fake: dict[str, FakeDecodeJpeg], images: dict[str, bytes], list_indices: list[str]
+) -> None:
+    # the PNG is decoded on the CPU; the nvJPEG rows around it go in by an index tensor
+    batch = [images["color"], images["png"], images["large"], images["gray"]]
+    got = NvJpegDecoder(24, device="cpu", seed=1, random_crop=True)(batch)
+    want = create_decoder("cpu", size=24, seed=1, random_crop=True)(batch)
+    assert list_indices == []
+    assert (got.float() - want.float()).abs().mean() <= MEAN_TOLERANCE
+
+
 def test_grayscale(fake: dict[str, FakeDecodeJpeg], images: dict[str, bytes]) -> None:
     out = NvJpegDecoder((20, 30), device="cpu", grayscale=True)([images["color"], images["gray"]])
     assert out.shape == (2, 1, 20, 30)
@@ -239,14 +250,33 @@ def test_environment_errors_raise_instead_of_cpu_fallback(
             decoder.decode([rgb_jpeg(40, 40)])
 
 
-def test_fallbacks_warn_once_per_decoder(
+def test_fallbacks_are_counted_and_warned_at_powers_of_ten(
     fake: dict[str, FakeDecodeJpeg], images: dict[str, bytes]
 ) -> None:
+    # Per batch: the PNG goes to the CPU decoder, the truncated JPEG fails the batch (a
+    # retry image by image) and then goes to the CPU decoder too.
     decoder = NvJpegDecoder(16, device="cpu", on_error="skip")
-    with pytest.warns(RuntimeWarning, match="warned once") as record:
-        for _ in range(3):
+    with pytest.warns(RuntimeWarning, match="fallbacks so far") as record:
+        for _ in range(12):
             decoder.decode([images["color"], images["truncated"], images["png"]])
-    assert len([w for w in record if issubclass(w.category, RuntimeWarning)]) == 1
+    assert decoder.fallbacks == {"cpu_decode": 24, "batch_retry": 12}
+    counts = [str(w.message).split("so far: ")[1].split(";")[0] for w in record]
+    assert sorted(counts) == ["1", "1", "10", "10"]  # each kind at 1 and at 10
+
+
+def test_count_fallback_warns_when_a_power_of_ten_is_reached(
+    fake: dict[str, FakeDecodeJpeg],
+) -> None:
+    decoder = NvJpegDecoder(16, device="cpu")
+    with pytest.warns(RuntimeWarning) as record:
+        for count in (3, 6, 1, 90, 5, 1000):  # totals 3, 9, 10, 100, 105, 1105
+            decoder.count_fallback("cpu_decode", "slow", count)
+    assert [str(w.message).split("so far: ")[1].split(";")[0] for w in record] == [
+        "3",
+        "10",
+        "100",
+        "1105",
+    ]
 
 
 @pytest.mark.gpu

@@ -42,8 +42,8 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Log, list[str],
         yield
         current.pop()
 
-    def make_stream(device: object) -> FakeStream:
-        stream_devices.append(device)
+    def make_stream(device: object, priority: int = 0) -> FakeStream:
+        stream_devices.append((device, priority))
         return FakeStream(log, "side")
 
     def record_stream(self: torch.Tensor, on: FakeStream) -> None:
@@ -102,5 +102,6 @@ def test_bare_cuda_resolves_to_the_current_device_index(
     _, _, stream_devices = fake_cuda
     decoder = NvJpegDecoder(32, device="cuda")
     assert decoder.device == torch.device("cuda", 3)
-    assert stream_devices == [torch.device("cuda", 3)]
+    # a high-priority stream: apart from the pool torchvision's private stream comes from
+    assert stream_devices == [(torch.device("cuda", 3), -1)]
     assert NvJpegDecoder(32, device=1).device == torch.device("cuda", 1)

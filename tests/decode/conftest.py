@@ -83,3 +83,29 @@ def list_indices(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(torch.Tensor, "__getitem__", get)
     monkeypatch.setattr(torch.Tensor, "__setitem__", set_)
     return seen
+
+
+@pytest.fixture
+def fake_cuda_uploads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[int, ...], str]]:
+    """The cpu decoder and DecodingLoader aimed at ``cuda:0`` without CUDA: the batch buffer
+    is allocated plain where pinned memory is asked for (recorded as ``("pinned", ...)``),
+    and each copy to the device is recorded ``(shape, device)`` instead of done (the
+    tensors stay on the host; copies to the CPU are not recorded)."""
+    from fastdata.decode import cpu as cpu_module
+    from fastdata.decode import loader as loader_module
+
+    uploads: list[tuple[tuple[int, ...], str]] = []
+
+    def empty_batch(shape: tuple[int, ...], *, pinned: bool) -> torch.Tensor:
+        uploads.append((shape, "pinned" if pinned else "pageable"))
+        return torch.empty(shape, dtype=torch.uint8)
+
+    def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+        if device.type != "cpu":
+            uploads.append((tuple(host.shape), str(device)))
+        return host
+
+    monkeypatch.setattr(cpu_module, "_empty_batch", empty_batch)
+    monkeypatch.setattr(cpu_module, "copy_to_device", upload)
+    monkeypatch.setattr(loader_module, "copy_to_device", upload)
+    return uploads

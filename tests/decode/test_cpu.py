@@ -183,3 +183,17 @@ def test_exif_orientation_is_applied_like_preprocess_and_ram_dataset() -> None:
         assert (got.float() - want.float()).abs().mean() <= MEAN_TOLERANCE
     centre = create_decoder("cpu", size=(40, 25), seed=1)([data])
     assert (centre.float() - as_stored.float()).abs().mean() > 4 * MEAN_TOLERANCE
+
+
+def test_cuda_target_decodes_into_pinned_memory_then_copies_without_blocking(
+    images: dict[str, bytes], fake_cuda_uploads: list[tuple[tuple[int, ...], str]]
+) -> None:
+    # A pageable `.to("cuda")` blocks the host until the work queued on the current stream
+    # (the training step) is done: the batch is decoded into pinned memory instead and
+    # handed to copy_to_device (pinned, non_blocking).
+    out = CpuDecoder(24, device="cuda:0", num_threads=1)([images["color"]] * 2)
+    assert out.shape == (2, 3, 24, 24)
+    assert fake_cuda_uploads == [((2, 24, 24, 3), "pinned"), ((2, 3, 24, 24), "cuda:0")]
+    fake_cuda_uploads.clear()
+    CpuDecoder(24, num_threads=1)([images["color"]])
+    assert fake_cuda_uploads == [((1, 24, 24, 3), "pageable")]  # a CPU target: no pinning

@@ -11,6 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
+from fastdata.decode import cpu as cpu_module
+from fastdata.decode import loader as loader_module
+
 
 def smooth_rgb(height: int, width: int, seed: int = 0) -> np.ndarray:
     """``(H, W, 3)`` uint8: smooth gradients plus low-frequency blobs (JPEG-friendly)."""
@@ -91,9 +94,6 @@ def fake_cuda_uploads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[int, 
     is allocated plain where pinned memory is asked for (recorded as ``("pinned", ...)``),
     and each copy to the device is recorded ``(shape, device)`` instead of done (the
     tensors stay on the host; copies to the CPU are not recorded)."""
-    from fastdata.decode import cpu as cpu_module
-    from fastdata.decode import loader as loader_module
-
     uploads: list[tuple[tuple[int, ...], str]] = []
 
     def empty_batch(shape: tuple[int, ...], *, pinned: bool) -> torch.Tensor:

@@ -269,7 +269,7 @@ class NvJpegDecoder(Decoder):
         return _Plan(buffers, draws, [jpeg_header(buf) for buf in buffers])
 
     def decode(self, encoded: Sequence[EncodedImage]) -> DecodedBatch:
-        return self._hand_out(self._decode_planned(self._plan(encoded)))
+        return self._hand_out(*self._decode_planned(self._plan(encoded)))
 
     def decode_stream(self, batches: Iterable[Sequence[EncodedImage]]) -> Iterator[DecodedBatch]:
         """Decode ``batches`` in order, batch ``i + 1`` on a background thread (on the
@@ -277,37 +277,39 @@ class NvJpegDecoder(Decoder):
         :meth:`decode` per batch. Crop draws are taken here, in order, so a seed gives the
         crops :meth:`decode` gives."""
         worker = ThreadPoolExecutor(1, thread_name_prefix="fastdata-nvjpeg")
-        pending: Future[DecodedBatch] | None = None
+        pending: Future[tuple[DecodedBatch, Any]] | None = None
         try:
             for encoded in batches:
-                queued = worker.submit(self._decode_planned, self._plan(encoded))
-                if pending is not None:
-                    yield self._hand_out(pending.result())
-                pending = queued
+                previous = pending
+                pending = worker.submit(self._decode_planned, self._plan(encoded))
+                if previous is not None:
+                    yield self._hand_out(*previous.result())
             if pending is not None:
-                done, pending = pending, None
-                yield self._hand_out(done.result())
+                last, pending = pending, None
+                yield self._hand_out(*last.result())
         finally:
-            if pending is not None:  # left early: let the batch in flight finish first
+            if pending is not None:  # left early: the batch in flight is not handed out
                 pending.cancel()
                 with contextlib.suppress(Exception):
                     pending.result()
             worker.shutdown(wait=True)
 
-    def _hand_out(self, decoded: DecodedBatch) -> DecodedBatch:
-        """Make the calling thread's current stream wait for the side stream's work on the
-        batch, and keep its memory from reuse until that stream's queued work is done."""
-        if self._stream is not None and self._done is not None:
+    def _hand_out(self, decoded: DecodedBatch, done: Any) -> DecodedBatch:
+        """Make the calling thread's current stream wait for ``done`` (the side stream's
+        event after the batch) and keep the batch's memory from reuse until that stream's
+        queued work is done."""
+        if done is not None:
             caller = torch.cuda.current_stream(self.device)
-            caller.wait_event(self._done)
+            caller.wait_event(done)
             decoded.images.record_stream(caller)
         return decoded
 
-    def _decode_planned(self, plan: _Plan) -> DecodedBatch:
-        """Decode a planned batch on the side stream; :meth:`_hand_out` gives it out."""
+    def _decode_planned(self, plan: _Plan) -> tuple[DecodedBatch, Any]:
+        """Decode a planned batch on the side stream: the batch and the event recorded
+        after its work (``None`` without streams), for :meth:`_hand_out`."""
         with self._lock:
             if self._stream is None:
-                return self._decode_on_current_stream(plan)
+                return self._decode_on_current_stream(plan), None
             if self._done is not None:
                 # nvJPEG's private stream may be handed memory our last batch's queued
                 # kernels still read: wait for that work (ours only), not the caller's.
@@ -315,12 +317,13 @@ class NvJpegDecoder(Decoder):
             try:
                 # the stream's context also makes its device current (in this thread)
                 with torch.cuda.stream(self._stream):
-                    return self._decode_on_current_stream(plan)
+                    decoded = self._decode_on_current_stream(plan)
             finally:
                 # also after a failure: work of this batch may be queued on the side stream
                 done = torch.cuda.Event()
                 done.record(self._stream)
                 self._done = done
+            return decoded, done
 
     def _decode_on_current_stream(self, plan: _Plan) -> DecodedBatch:
         buffers, draws, headers = plan

@@ -199,9 +199,9 @@ class Decoder(ABC):
 
     def decode_stream(self, batches: Iterable[Sequence[EncodedImage]]) -> Iterator[DecodedBatch]:
         """Decode ``batches`` in order, one :class:`DecodedBatch` each (what
-        :class:`~fastdata.decode.DecodingLoader` calls). Backends that can work ahead (DALI, nvJPEG)
-        start a batch before the previous one is collected; by default each batch is
-        decoded with :meth:`decode` when it is asked for."""
+        :class:`~fastdata.decode.DecodingLoader` calls). Backends that can work ahead
+        (DALI, nvJPEG) start a batch before the previous one is collected; by default each
+        batch is decoded with :meth:`decode` when it is asked for."""
         for encoded in batches:
             yield self.decode(encoded)
 

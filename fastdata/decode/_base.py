@@ -3,6 +3,7 @@ input checking and the per-batch random draws."""
 
 from __future__ import annotations
 
+import os
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
@@ -68,9 +69,14 @@ def check_batch(encoded: Sequence[EncodedImage]) -> list[np.ndarray]:
 
 
 def resolve_num_threads(num_threads: int | None) -> int:
-    """``num_threads``, or the CPUs this process may use when ``None``; must be positive."""
+    """``num_threads``, or when ``None`` the CPUs this process may use divided by the
+    processes on this machine under ``torchrun`` (``LOCAL_WORLD_SIZE``), at least 1: each
+    rank's decoder must not claim every CPU. Must be positive."""
     if num_threads is None:
-        return usable_cpus()
+        ranks = os.environ.get("LOCAL_WORLD_SIZE", "")
+        return (
+            max(1, usable_cpus() // int(ranks)) if ranks.isdigit() and int(ranks) else usable_cpus()
+        )
     if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
         raise ValueError(f"num_threads must be a positive int or None, got {num_threads!r}")
     return num_threads

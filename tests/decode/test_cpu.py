@@ -12,6 +12,7 @@ from PIL import Image
 from fastdata._codec import decode_image
 from fastdata._crop import DRAWS_PER_BOX
 from fastdata._draws import UniformDraws
+from fastdata.decode import _base as base_module
 from fastdata.decode import create_decoder
 from fastdata.decode._geometry import random_box
 from fastdata.decode.cpu import CpuDecoder
@@ -197,3 +198,16 @@ def test_cuda_target_decodes_into_pinned_memory_then_copies_without_blocking(
     fake_cuda_uploads.clear()
     CpuDecoder(24, num_threads=1)([images["color"]])
     assert fake_cuda_uploads == [((1, 24, 24, 3), "pageable")]  # a CPU target: no pinning
+
+
+def test_default_threads_are_shared_between_the_ranks_of_a_machine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(base_module, "usable_cpus", lambda: 16)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert base_module.resolve_num_threads(None) == 16
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # torchrun, 4 ranks on this machine
+    assert base_module.resolve_num_threads(None) == 4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "32")
+    assert base_module.resolve_num_threads(None) == 1
+    assert base_module.resolve_num_threads(3) == 3  # given: as is

@@ -109,3 +109,29 @@ def fake_cuda_uploads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[int, 
     monkeypatch.setattr(cpu_module, "copy_to_device", upload)
     monkeypatch.setattr(loader_module, "copy_to_device", upload)
     return uploads
+
+
+@pytest.fixture
+def real_nvjpeg() -> None:
+    """Skip, with the reason, where torchvision >= 0.20 or its nvJPEG build is missing."""
+    tv = pytest.importorskip(
+        "torchvision",
+        minversion="0.20",
+        reason="the nvjpeg backend needs torchvision >= 0.20: pip install 'torch-fastdata[gpu]'",
+    )
+    data = torch.frombuffer(bytearray(rgb_jpeg(16, 16)), dtype=torch.uint8)
+    try:
+        tv.io.decode_jpeg([data], device="cuda")
+    except RuntimeError as error:
+        if "not compiled with nvjpeg" in str(error).lower():
+            pytest.skip(f"this torchvision build has no nvJPEG: {error}")
+        raise
+
+
+def bogus_huffman_jpeg(data: bytes) -> bytes:
+    """``data`` (a baseline JPEG) with its first Huffman table made invalid (code counts
+    summing past 256): its header still parses (size, components), so a GPU decoder is
+    handed it, but no decoder can decode its entropy-coded data."""
+    at = data.index(b"\xff\xc4")  # DHT: marker, length (2), class/id (1), 16 code counts
+    counts = at + 5
+    return data[:counts] + b"\xff" * 16 + data[counts + 16 :]

@@ -4,6 +4,7 @@ image; the ``gpu`` tests run the real thing on a CUDA device."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import cv2
@@ -17,7 +18,7 @@ from fastdata.decode import nvjpeg as nvjpeg_module
 from fastdata.decode._geometry import Box
 from fastdata.decode.nvjpeg import NvJpegDecoder, orient_chw, oriented_region, stored_box
 from fastdata.errors import DecodeError
-from tests.decode.conftest import BAD, GOOD, exif_rotated_jpeg, rgb_jpeg
+from tests.decode.conftest import BAD, GOOD, bogus_huffman_jpeg, exif_rotated_jpeg, rgb_jpeg
 
 # nvJPEG and libjpeg-turbo differ by at most a couple of levels per pixel (IDCT and chroma
 # upsampling), and torch's antialiased bilinear differs from OpenCV's area resize by about
@@ -177,23 +178,6 @@ def test_missing_torchvision_names_the_pip_command(monkeypatch: pytest.MonkeyPat
         NvJpegDecoder(32, device="cpu")
 
 
-@pytest.fixture
-def real_nvjpeg() -> None:
-    """Skip, with the reason, where torchvision >= 0.20 or its nvJPEG build is missing."""
-    tv = pytest.importorskip(
-        "torchvision",
-        minversion="0.20",
-        reason="the nvjpeg backend needs torchvision >= 0.20: pip install 'torch-fastdata[gpu]'",
-    )
-    data = torch.frombuffer(bytearray(rgb_jpeg(16, 16)), dtype=torch.uint8)
-    try:
-        tv.io.decode_jpeg([data], device="cuda")
-    except RuntimeError as error:
-        if "not compiled with nvjpeg" in str(error).lower():
-            pytest.skip(f"this torchvision build has no nvJPEG: {error}")
-        raise
-
-
 @pytest.mark.gpu
 @pytest.mark.usefixtures("real_nvjpeg")
 def test_real_nvjpeg_matches_cpu(images: dict[str, bytes]) -> None:
@@ -220,14 +204,31 @@ def test_real_nvjpeg_applies_exif_orientation_like_cpu(random_crop: bool) -> Non
 @pytest.mark.gpu
 @pytest.mark.usefixtures("real_nvjpeg")
 def test_real_nvjpeg_on_error_and_streams(images: dict[str, bytes]) -> None:
+    # The damaged JPEG's header parses, so it reaches nvJPEG in the batch; neither nvJPEG
+    # nor the CPU decoder can decode its entropy data.
+    damaged = bogus_huffman_jpeg(images["color"])
+    with pytest.raises(DecodeError):
+        create_decoder("cpu", size=32)([damaged])
     decoder = create_decoder("nvjpeg", size=32, on_error="skip")
+    batches: list[int] = []
+    real = decoder._decode_jpeg  # type: ignore[attr-defined]
+
+    def spy(data: Any, device: torch.device) -> Any:
+        batches.append(len(data) if isinstance(data, list) else 1)
+        return real(data, device)
+
+    decoder._decode_jpeg = spy  # type: ignore[attr-defined]
     side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        decoded = decoder.decode([images["color"], images["truncated"], images["corrupt"]])
+    with torch.cuda.stream(side), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the fallback counts, tested apart
+        decoded = decoder.decode([images["color"], damaged, images["large"]])
         total = decoded.images.float().sum()  # used on the caller's (side) stream at once
     torch.cuda.synchronize()
+    assert batches[0] == 3  # all three went to nvJPEG in one batch
     kept = decoded.kept.tolist()
-    assert kept[0] == 0 and 2 not in kept  # truncated JPEGs may decode partially on nvJPEG
+    if 1 not in kept:  # nvJPEG refused it: the batch was retried image by image, not raised
+        assert kept == [0, 2] and batches[1:] == [1, 1, 1]
+        assert decoder.fallbacks == {"batch_retry": 1, "cpu_decode": 1}
     assert float(total) == float(decoded.images.float().sum())
     want = create_decoder("cpu", size=32)([images["color"]])
     assert (decoded.images[:1].cpu().float() - want.float()).abs().mean() <= MEAN_TOLERANCE

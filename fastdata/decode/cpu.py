@@ -134,8 +134,20 @@ def decode_jpeg_box(
     if decoded_hw == source_hw:
         resize_crop(image, box, out)
     else:
-        scale_yx = (decoded_hw[0] / source_hw[0], decoded_hw[1] / source_hw[1])
-        resize_scaled_crop(image, box, scale_yx, out)
+        resize_scaled_crop(image, box, _decoded_scale(source_hw, decoded_hw, factor), out)
+
+
+def _decoded_scale(
+    source_hw: tuple[int, int], decoded_hw: tuple[int, int], factor: int
+) -> tuple[float, float]:
+    """The scale of a JPEG decoded at ``1/factor``: pixel ``i`` of the decoded image covers
+    full-resolution pixels ``[factor * i, factor * (i + 1))``, the last one partly, when the
+    decoder rounded the size up (``ceil(333 / 4) = 84``). ``decoded / source`` (84 / 333)
+    would stretch the mapping and shift the far edge by up to a decoded pixel, ``factor``
+    full-resolution pixels. Another size (a decoder that scales otherwise) maps by ratio."""
+    if decoded_hw == (-(-source_hw[0] // factor), -(-source_hw[1] // factor)):
+        return (1 / factor, 1 / factor)
+    return (decoded_hw[0] / source_hw[0], decoded_hw[1] / source_hw[1])
 
 
 def decode_crop(

@@ -102,3 +102,31 @@ def test_without_cuda_it_refuses_unless_allowed(
     assert command[-1] == "tests/gpu" and "--allow-cpu" not in command
     assert env["PYTHONPATH"].split(":")[0] == str(ROOT)  # this checkout first
     assert env["PIP_NO_INDEX"] == "1"
+
+
+def test_test_modules_importing_an_absent_package_are_left_out(
+    gpu_tests: Any, tmp_path: Path
+) -> None:
+    files = {
+        "fastdata/__init__.py": "",
+        "fastdata/tune/__init__.py": "from fastdata.tune._measure import x\n",
+        "fastdata/tune/_measure.py": "import no_such_package_here\n",
+        "fastdata/ok.py": "import os\n\ndef later():\n    import another_absent_one\n",
+        "tests/__init__.py": "",
+        "tests/helper.py": "import no_such_package_here.sub\n",
+        "tests/test_direct.py": "import no_such_package_here\n",
+        "tests/test_through_fastdata.py": "from fastdata.tune import autotune\n",
+        "tests/test_through_tests.py": "from tests.helper import thing\n",
+        "tests/test_fine.py": "import os\nimport pytest\nfrom fastdata.ok import later\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found = gpu_tests.uncollectable(tmp_path)
+    assert {package: [p.name for p in paths] for package, paths in found.items()} == {
+        "no_such_package_here": [
+            "test_direct.py",
+            "test_through_fastdata.py",
+            "test_through_tests.py",
+        ]
+    }

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torch.utils.data import DataLoader
 
 from fastdata.decode import DecodingLoader, create_decoder
 from fastdata.decode import nvjpeg as nvjpeg_module
@@ -148,3 +149,16 @@ def test_nvjpeg_memory_is_flat_across_batches() -> None:
     for _ in range(10):
         decoder(batch)
     assert _settled_allocated() <= first
+
+
+def test_decoding_in_workers_then_to_cuda_matches_the_main_process() -> None:
+    samples = [(rgb_jpeg(120, 160, seed=s), s) for s in range(24)]
+    loader = DataLoader(samples, batch_size=8, num_workers=2, pin_memory=True)
+    decoding = DecodingLoader(loader, create_decoder("cpu", size=40, device="cuda"))
+    assert decoding.decodes_in_workers
+    reference = create_decoder("cpu", size=40)
+    for i, (images, labels) in enumerate(decoding):
+        encoded = [data for data, _ in samples[8 * i : 8 * i + 8]]
+        assert images.device.type == "cuda" and labels.device.type == "cuda"
+        assert torch.equal(images.cpu(), reference(encoded)), f"batch {i}"
+        assert labels.cpu().tolist() == list(range(8 * i, 8 * i + 8))

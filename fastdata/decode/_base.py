@@ -74,9 +74,8 @@ def resolve_num_threads(num_threads: int | None) -> int:
     rank's decoder must not claim every CPU. Must be positive."""
     if num_threads is None:
         ranks = os.environ.get("LOCAL_WORLD_SIZE", "")
-        return (
-            max(1, usable_cpus() // int(ranks)) if ranks.isdigit() and int(ranks) else usable_cpus()
-        )
+        per_machine = int(ranks) if ranks.isdigit() and int(ranks) > 0 else 1
+        return max(1, usable_cpus() // per_machine)
     if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
         raise ValueError(f"num_threads must be a positive int or None, got {num_threads!r}")
     return num_threads
@@ -93,6 +92,8 @@ def copy_to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     """
     if host.device == device:
         return host
+    if host.device.type != "cpu":  # already on a device: a device-to-device copy
+        return host.to(device, non_blocking=True)
     if device.type == "cuda":
         if not host.is_pinned():
             host = host.pin_memory()

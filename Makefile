@@ -36,11 +36,19 @@ test: $(VENV)/.installed-$(TEST_EXTRAS)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 	$(PY) -m pytest -q
 
-# Only the `gpu`-marked tests, on a machine with CUDA (the venv needs a CUDA build of torch).
-# The gpu extra brings torchvision, whose nvJPEG decoder the decode tests exercise.
-test-gpu: $(VENV)/.installed-$(TEST_EXTRAS),gpu
-	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'test-gpu: no CUDA device')"
-	$(PY) -m pytest -q -m gpu
+# The `gpu`-marked tests of the whole tree, on a machine with CUDA. Installs nothing and needs
+# no registry: it runs with the Python that already has a CUDA build of torch (and
+# torchvision for nvJPEG), this checkout first on PYTHONPATH, and reports in one line each
+# what is present and what is absent (absent optional packages: their tests skip).
+#   make test-gpu PY=python3            # e.g. the system Python of a GPU machine
+#   make test-gpu                       # .venv/bin/python if there is one, else python3
+# GPU_TEST_ARGS: pytest paths/options; "--allow-cpu" runs the same path without CUDA (a dry
+# run where every gpu test skips). For the extras, where a registry is reachable:
+# `make .venv/.installed-test,gpu` then `make test-gpu`.
+GPU_PY = $(if $(filter command line,$(origin PY)),$(PY),$(if $(wildcard $(PY)),$(PY),$(PYTHON)))
+GPU_TEST_ARGS ?=
+test-gpu:
+	$(GPU_PY) tools/gpu_tests.py $(GPU_TEST_ARGS)
 
 # The documentation site (mkdocs.yml: guides in docs/, API reference from the docstrings) into
 # site/; --strict fails on a broken reference, a page missing from the nav or a docstring warning.

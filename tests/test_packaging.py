@@ -106,7 +106,7 @@ def _imported_modules(path: Path) -> set[str]:
 def test_the_test_extra_brings_everything_the_suite_imports(project: dict[str, Any]) -> None:
     extras = project["optional-dependencies"]
     # The gpu extra's torchvision needs a torch build of its own: its tests skip without it
-    # and `make test-gpu` installs it.
+    # and `make .venv/.installed-test,gpu` installs it.
     provided = _names(project["dependencies"]) | _names(extras["test"]) | _names(extras["gpu"])
     distributions = metadata.packages_distributions()
     files = [*ROOT.joinpath("tests").rglob("*.py"), ROOT / "tools" / "make_sample_dataset.py"]

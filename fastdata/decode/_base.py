@@ -3,6 +3,7 @@ input checking, the pixel limit (``max_pixels``) and the per-batch random draws.
 
 from __future__ import annotations
 
+import os
 import warnings
 from abc import ABC, abstractmethod
 from collections import deque
@@ -70,12 +71,36 @@ def check_batch(encoded: Sequence[EncodedImage]) -> list[np.ndarray]:
 
 
 def resolve_num_threads(num_threads: int | None) -> int:
-    """``num_threads``, or the CPUs this process may use when ``None``; must be positive."""
+    """``num_threads``, or when ``None`` the CPUs this process may use divided by the
+    processes on this machine under ``torchrun`` (``LOCAL_WORLD_SIZE``), at least 1: each
+    rank's decoder must not claim every CPU. Must be positive."""
     if num_threads is None:
-        return usable_cpus()
+        ranks = os.environ.get("LOCAL_WORLD_SIZE", "")
+        per_machine = int(ranks) if ranks.isdigit() and int(ranks) > 0 else 1
+        return max(1, usable_cpus() // per_machine)
     if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
         raise ValueError(f"num_threads must be a positive int or None, got {num_threads!r}")
     return num_threads
+
+
+def copy_to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``host`` (a CPU tensor) on ``device``, without making the host wait for the device.
+
+    On CUDA the tensor is pinned first (unless it is) and copied with ``non_blocking=True``,
+    ordered on the current stream: a copy from pageable memory would block the host until
+    all work queued on that stream (e.g. the training step) is done. The caching host
+    allocator keeps pinned memory from reuse until the copy that reads it is done, so
+    ``host`` may be dropped at once. Other devices get a plain copy.
+    """
+    if host.device == device:
+        return host
+    if host.device.type != "cpu":  # already on a device: a device-to-device copy
+        return host.to(device, non_blocking=True)
+    if device.type == "cuda":
+        if not host.is_pinned():
+            host = host.pin_memory()
+        return host.to(device, non_blocking=True)
+    return host.to(device)
 
 
 def channels_last(images_nhwc: torch.Tensor) -> torch.Tensor:
@@ -105,6 +130,10 @@ class Decoder(ABC):
             before any backend decodes it, as a :class:`~fastdata.DecodeError` of reason
             ``"too_large"`` that ``on_error`` handles; ``None``: no limit (given as ``0``
             or ``None``). Default: PIL's limit, 89,478,485.
+        fallbacks: How often work left the backend's fast path, by kind: ``"cpu_decode"``
+            (images decoded by the CPU decoder instead), ``"batch_retry"`` (batches that
+            failed whole and were retried image by image). Each kind is warned about when
+            its count reaches 1, 10, 100, ...
 
     Backends implement :meth:`_decode` (and may implement :meth:`_decode_stream`); they
     receive only the images within ``max_pixels``, and :meth:`decode` maps their ``kept``
@@ -134,7 +163,7 @@ class Decoder(ABC):
         self.on_error = OnError.parse(on_error)
         self.grayscale = bool(grayscale)
         self._random = UniformDraws(seed)
-        self._warned_fallback = False
+        self.fallbacks: dict[str, int] = {}
 
     @property
     def channels(self) -> int:
@@ -153,13 +182,19 @@ class Decoder(ABC):
         workers decoding for this decoder get crops that follow its seed."""
         return int(self._random.uniform(1)[0, 0] * 2**62)
 
-    def warn_fallback_once(self, message: str) -> None:
-        """Warn, once per decoder, that work fell back to a slower path (``message`` says
-        which); later fallbacks are silent."""
-        if not self._warned_fallback:
-            self._warned_fallback = True
+    def count_fallback(self, kind: str, message: str, count: int = 1) -> None:
+        """Count ``count`` more fallbacks of ``kind`` (e.g. ``"cpu_decode"``: images decoded by
+        the CPU decoder; ``"batch_retry"``: batches retried image by image) in
+        :attr:`fallbacks`, and warn when that count reaches 1, 10, 100, ... (``message`` says
+        what happened), so that a slow path taken every batch keeps being reported."""
+        before = self.fallbacks.get(kind, 0)
+        after = before + count
+        self.fallbacks[kind] = after
+        # a power of ten reached: 0 -> 1+, 9 -> 10+, 99 -> 100+, ...
+        if after > before and (before == 0 or len(str(after)) > len(str(before))):
             warnings.warn(
-                f"{self.backend} decoder: {message} (warned once per decoder)",
+                f"{self.backend} decoder: {message} ({kind} fallbacks so far: {after}; "
+                "warned again at 10, 100, 1000, ...; see decoder.fallbacks)",
                 RuntimeWarning,
                 stacklevel=3,
             )
@@ -191,9 +226,9 @@ class Decoder(ABC):
 
     def decode_stream(self, batches: Iterable[Sequence[EncodedImage]]) -> Iterator[DecodedBatch]:
         """Decode ``batches`` in order, one :class:`DecodedBatch` each (what
-        :class:`~fastdata.decode.DecodingLoader` calls). Backends that can work ahead (DALI)
-        start a batch before the previous one is collected; by default each batch is
-        decoded with :meth:`decode` when it is asked for."""
+        :class:`~fastdata.decode.DecodingLoader` calls). Backends that can work ahead (DALI,
+        nvJPEG) start a batch before the previous one is collected; by default each batch
+        is decoded with :meth:`decode` when it is asked for."""
         screened: deque[list[int] | None] = deque()
 
         def within_limit() -> Iterator[list[np.ndarray]]:

@@ -4,12 +4,14 @@ errors from environment errors, and torch crop/resize batched by geometry."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import torch
 import torch.nn.functional as F  # noqa: N812 - the conventional alias
 
+from fastdata.decode._base import copy_to_device
 from fastdata.decode._geometry import Box
 
 In = TypeVar("In")
@@ -39,10 +41,39 @@ _ENVIRONMENT_MARKERS = (
     "nvjpeg_status_internal_error",
 )
 
+# torchvision reports nvJPEG failures as "<step>: <nvjpegStatus_t>" and CUDA failures as
+# "Failed to synchronize CUDA stream: <cudaError_t>" (decode_jpegs_cuda.cpp), numbers only.
+_STATUS_AT_END = re.compile(r":\s*(\d+)\s*$")
+# nvjpegStatus_t values that say the environment failed, not the image: 1 not initialized,
+# 5 allocator failure (out of memory), 6 execution failed, 7 arch mismatch, 8 internal
+# error. The others are the image's: 2 invalid parameter, 3 bad JPEG, 4 JPEG not
+# supported, 9 implementation not supported, 10 incomplete bitstream.
+_NVJPEG_ENVIRONMENT_STATUSES = frozenset({1, 5, 6, 7, 8})
+# Steps that fail only for environment reasons, whatever the number: setting nvJPEG up,
+# creating its buffers, and any CUDA call.
+_ENVIRONMENT_STEPS = ("initialize nvjpeg", "failed to create", "nvjpeggetproperty", "cuda")
+
+
+def _numbered_status_is_environment(message: str) -> bool:
+    """Whether a torchvision message whose first line ends in a status number names an
+    environment failure (see ``_NVJPEG_ENVIRONMENT_STATUSES``); ``False`` without one."""
+    lines = message.splitlines()
+    first = lines[0] if lines else ""  # a C++ stack trace may follow on later lines
+    match = _STATUS_AT_END.search(first)
+    if match is None:
+        return False
+    step = first[: match.start()]
+    if "failed" not in step:  # torchvision's steps say "Failed to ..." / "... failed"
+        return False
+    if any(marker in step for marker in _ENVIRONMENT_STEPS):
+        return True
+    return int(match[1]) in _NVJPEG_ENVIRONMENT_STATUSES
+
 
 def is_environment_error(error: BaseException) -> bool:
     """Whether ``error`` comes from the environment (CUDA out of memory, a build without
-    nvJPEG, an API the installed version lacks) rather than from a bad image.
+    nvJPEG, an API the installed version lacks, a CUDA fault, nvJPEG status 1, 5-8 as
+    torchvision reports it: "Failed to decode batch: 5") rather than from a bad image.
 
     Decoders treat only the other errors as per-image decode failures.
     """
@@ -50,8 +81,10 @@ def is_environment_error(error: BaseException) -> bool:
         return True
     if isinstance(error, TypeError | AttributeError | NotImplementedError | ImportError):
         return True  # the installed library does not take what we pass: not the image
-    message = str(error).lower()
-    return any(marker in message for marker in _ENVIRONMENT_MARKERS)
+    message = str(error).strip().lower()
+    if any(marker in message for marker in _ENVIRONMENT_MARKERS):
+        return True
+    return _numbered_status_is_environment(message)
 
 
 def decode_batch_or_each(
@@ -151,10 +184,24 @@ def crop_resize_batch(
     groups: dict[tuple[int, int], list[int]] = {}
     for row, box in enumerate(boxes):
         groups.setdefault((box.height, box.width), []).append(row)
+    if len(groups) == 1:
+        regions = torch.stack(
+            [_region(image, box) for image, box in zip(images, boxes, strict=True)]
+        )
+        out.copy_(resize_regions(regions.float(), out_hw).round_().clamp_(0, 255))
+        return
+    # The rows of every group, uploaded once as a device index: a Python list as an index
+    # on a CUDA tensor is built on the host and copied synchronously, one host sync per
+    # group (per image with random crops).
+    order = [row for rows in groups.values() for row in rows]
+    order_index = copy_to_device(torch.tensor(order, dtype=torch.int64), out.device)
     resized = torch.empty(out.shape, dtype=torch.float32, device=out.device)
+    start = 0
     for rows in groups.values():
         regions = torch.stack([_region(images[row], boxes[row]) for row in rows]).float()
-        resized[rows] = resize_regions(regions, out_hw)
+        rows_index = order_index[start : start + len(rows)]
+        resized.index_copy_(0, rows_index, resize_regions(regions, out_hw))
+        start += len(rows)
     out.copy_(resized.round_().clamp_(0, 255))
 
 

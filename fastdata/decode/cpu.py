@@ -26,6 +26,7 @@ from fastdata.decode._base import (
     DecodedBatch,
     Decoder,
     channels_last,
+    copy_to_device,
     resolve_num_threads,
 )
 from fastdata.decode._geometry import Box, crop_box, crop_boxes
@@ -129,8 +130,20 @@ def decode_jpeg_box(
     if decoded_hw == source_hw:
         resize_crop(image, box, out)
     else:
-        scale_yx = (decoded_hw[0] / source_hw[0], decoded_hw[1] / source_hw[1])
-        resize_scaled_crop(image, box, scale_yx, out)
+        resize_scaled_crop(image, box, _decoded_scale(source_hw, decoded_hw, factor), out)
+
+
+def _decoded_scale(
+    source_hw: tuple[int, int], decoded_hw: tuple[int, int], factor: int
+) -> tuple[float, float]:
+    """The scale of a JPEG decoded at ``1/factor``: pixel ``i`` of the decoded image covers
+    full-resolution pixels ``[factor * i, factor * (i + 1))``, the last one partly, when the
+    decoder rounded the size up (``ceil(333 / 4) = 84``). ``decoded / source`` (84 / 333)
+    would stretch the mapping and shift the far edge by up to a decoded pixel, ``factor``
+    full-resolution pixels. Another size (a decoder that scales otherwise) maps by ratio."""
+    if decoded_hw == (-(-source_hw[0] // factor), -(-source_hw[1] // factor)):
+        return (1 / factor, 1 / factor)
+    return (decoded_hw[0] / source_hw[0], decoded_hw[1] / source_hw[1])
 
 
 def decode_crop(
@@ -170,13 +183,21 @@ def decode_crop(
     return out
 
 
-def _batch_buffer(shape: tuple[int, ...]) -> torch.Tensor:
-    """The uint8 output batch; inside a DataLoader worker it is allocated in shared memory,
-    so sending it to the main process copies nothing more."""
+def _batch_buffer(shape: tuple[int, ...], *, pinned: bool) -> torch.Tensor:
+    """The uint8 output batch. Inside a DataLoader worker it is allocated in shared memory,
+    so sending it to the main process copies nothing more; in the training process it is
+    pinned when ``pinned`` (a CUDA target), so its copy to the device need not block the
+    host (see :func:`fastdata.decode._base.copy_to_device`)."""
     if get_worker_info() is None:
-        return torch.empty(shape, dtype=torch.uint8)
+        return _empty_batch(shape, pinned=pinned)
     storage = torch.UntypedStorage._new_shared(int(np.prod(shape, dtype=np.int64)))
     return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
+
+
+def _empty_batch(shape: tuple[int, ...], *, pinned: bool) -> torch.Tensor:
+    # From torch's caching host allocator when pinned: reused across batches, and kept
+    # from reuse until the copy reading it is done.
+    return torch.empty(shape, dtype=torch.uint8, pin_memory=pinned)
 
 
 class CpuDecoder(Decoder):
@@ -186,7 +207,9 @@ class CpuDecoder(Decoder):
         size: Output ``(height, width)``, or an int for a square.
         random_crop: The random resized crop to run (training; see :class:`Decoder`), or
             ``None`` for a centred crop.
-        device: Where the output batch goes (copied there after decoding on the CPU).
+        device: Where the output batch goes (copied there after decoding on the CPU; for a
+            CUDA device the batch is decoded into pinned memory and copied without blocking
+            the host, ordered on the current stream).
         on_error: As for :class:`~fastdata.decode.Decoder` (see
             :class:`~fastdata.errors.OnError`).
         grayscale: Decode to one channel.
@@ -228,11 +251,12 @@ class CpuDecoder(Decoder):
         # The decode errors of the last batch, whatever on_error did with them.
         self.last_errors: list[DecodeError] = []
         self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="fastdata-decode")
+        self._pinned = self.device.type == "cuda"
 
     def _decode(self, buffers: list[np.ndarray]) -> DecodedBatch:
         count = len(buffers)
         draws = self._draws(count)
-        batch = _batch_buffer((count, *self.size, self.channels))
+        batch = _batch_buffer((count, *self.size, self.channels), pinned=self._pinned)
         out = batch.numpy()
         # The geometry of the whole batch first, vectorised in this thread, so that the
         # decoding threads run little Python between the calls that release the GIL.
@@ -289,9 +313,9 @@ class CpuDecoder(Decoder):
             if error is not None:
                 self.on_error.handle(error, stacklevel=2)
         pixels = batch if len(kept) == count else torch.from_numpy(out[kept])
-        images = channels_last(pixels)
-        if self.device.type != "cpu":
-            images = images.to(self.device, non_blocking=False)
+        # to the device without blocking the host (a pageable copy would wait for all work
+        # queued on the current stream)
+        images = copy_to_device(channels_last(pixels), self.device)
         return DecodedBatch(images, torch.tensor(kept, dtype=torch.int64))
 
     def close(self) -> None:

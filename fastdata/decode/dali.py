@@ -5,11 +5,17 @@ the same geometry as the other backends, so a seed gives the same crops everywhe
 ``fn.decoders.image_slice`` decodes only that region (``device="mixed"`` on a GPU: nvJPEG;
 CPU-only with ``device_id=None``) and ``fn.resize`` brings it to the output size.
 
-A DALI batch fails whole when one image is bad, so a failed batch is retried image by image;
-the pipeline is rebuilt after every failure (an error can leave it unusable). Images that
+A DALI batch fails whole when one image is bad, so a failed batch is retried image by image
+through a one-sample pipeline; a pipeline that failed is dropped and rebuilt when next
+needed (an error can leave it unusable), so a bad image costs a rebuild of the one-sample
+pipeline, and the batch pipeline is rebuilt at most once per failed batch. Images that
 are not 1- or 3-component JPEGs (PNG, CMYK) and images DALI cannot decode go through the
-CPU decoder (warned about once per decoder); what neither can decode is handled by
-``on_error``. Environment errors (CUDA out of memory) are raised.
+CPU decoder (counted in ``decoder.fallbacks``, warned about at 1, 10, 100, ...); what
+neither can decode is handled by ``on_error``. Environment errors (CUDA out of memory)
+are raised.
+
+Threads: ``num_threads`` defaults to the CPUs this process may use divided by the ranks
+on this machine (``LOCAL_WORLD_SIZE``, set by ``torchrun``).
 
 On a GPU the pipeline runs on the caller's current CUDA stream: ``run(stream)`` returns
 outputs ordered on it and the copy into the output tensor is queued on it, so the host
@@ -20,7 +26,9 @@ runs a second pipeline with two iterations in flight: batch ``i + 1`` is fed and
 before batch ``i``'s outputs are taken, so DALI decodes it while the caller works on batch
 ``i``. A batch with images DALI does not take (PNG, CMYK), or larger than the pipeline,
 drains the queue and is decoded alone; a batch that fails takes the pipeline down with the
-batch queued behind it, and both are decoded alone (image by image where needed).
+batch queued behind it, and both are decoded alone (image by image where needed). Leaving
+a stream early drops the look-ahead pipeline (outputs were scheduled that nobody
+collects): the next stream builds a new one.
 
 EXIF orientation: a JPEG's orientation tag is applied (``adjust_orientation=True``), the
 rule of the other backends, and crop boxes are drawn on the image as displayed (DALI takes
@@ -47,12 +55,14 @@ from fastdata.decode._base import (
     EncodedImage,
     channels_last,
     check_batch,
+    copy_to_device,
     resolve_num_threads,
 )
 from fastdata.decode._batching import decode_batch_or_each, is_environment_error
 from fastdata.decode._geometry import Box, crop_boxes
 from fastdata.decode.cpu import decode_crop
 from fastdata.errors import DecodeError, OnError
+from fastdata.gpu.prefetch import resolve_device
 from fastdata.ops import Executor, RandomResizedCrop
 
 _ACCELERATED_COMPONENTS = (1, 3)
@@ -146,8 +156,8 @@ class DaliDecoder(Decoder):
         target = torch.device(device)
         if target.type not in ("cpu", "cuda"):
             raise ValueError(f"device must be the CPU or a CUDA device, got {str(target)!r}")
-        if target.type == "cuda" and target.index is None:
-            target = torch.device("cuda", torch.cuda.current_device())
+        if target.type == "cuda":
+            target = resolve_device(target)  # a bare "cuda": see resolve_device (DDP)
         super().__init__(
             size,
             random_crop=random_crop,
@@ -161,33 +171,45 @@ class DaliDecoder(Decoder):
         import_optional("nvidia.dali", _PURPOSE)  # fail now, with the pip command
         self._max_batch_size = max_batch_size
         self._pipeline: Any = None
+        self._single: Any = None  # one-sample pipeline: lone retries of a failed batch
         # decode_stream's pipeline (two iterations in flight) and whether its first
         # schedule_run (which prefetches both) has happened.
         self._ahead: Any = None
         self._ahead_size = 0
         self._ahead_started = False
 
+    def _build(self, max_batch_size: int) -> Any:
+        return _build_pipeline(
+            max_batch_size,
+            self.num_threads,
+            self.device.index if self.device.type == "cuda" else None,
+            self.size,
+            self.grayscale,
+        )
+
     def _pipeline_for(self, count: int) -> Any:
         if self._pipeline is None or count > self._max_batch_size:
             self._max_batch_size = max(count, self._max_batch_size)
-            self._pipeline = _build_pipeline(
-                self._max_batch_size,
-                self.num_threads,
-                self.device.index if self.device.type == "cuda" else None,
-                self.size,
-                self.grayscale,
-            )
+            self._pipeline = self._build(self._max_batch_size)
         return self._pipeline
 
     def _run(self, items: list[tuple[np.ndarray, Box]]) -> torch.Tensor:
-        """Run the pipeline on ``(bytes, box)`` pairs: ``(K, H, W, C)`` uint8 on the device.
-
-        A failed run drops the pipeline, so the next run builds a fresh one.
-        """
+        """Run the batch pipeline on ``(bytes, box)`` pairs: ``(K, H, W, C)`` uint8 on the
+        device. A failed run drops the pipeline, so the next run builds a fresh one."""
         try:
             return self._run_pipeline(self._pipeline_for(len(items)), items)
         except Exception:
             self._pipeline = None
+            raise
+
+    def _run_one(self, item: tuple[np.ndarray, Box]) -> torch.Tensor:
+        """One image through the one-sample pipeline (dropped if it fails): ``(H, W, C)``."""
+        if self._single is None:
+            self._single = self._build(1)
+        try:
+            return self._run_pipeline(self._single, [item])[0]
+        except Exception:
+            self._single = None
             raise
 
     @staticmethod
@@ -224,9 +246,10 @@ class DaliDecoder(Decoder):
         return self._to_device(output, stream)
 
     def _on_batch_failure(self, error: Exception) -> None:
-        self.warn_fallback_once(
+        self.count_fallback(
+            "batch_retry",
             f"a batch failed in DALI ({error}); it is decoded image by image, and images "
-            "DALI cannot decode go to the CPU decoder (much slower)"
+            "DALI cannot decode go to the CPU decoder (much slower)",
         )
 
     def _plan(self, encoded: Sequence[EncodedImage]) -> _Plan:
@@ -319,14 +342,16 @@ class DaliDecoder(Decoder):
             return list(dense[0].unbind(0))
 
         if len(accelerated) < len(buffers):
-            self.warn_fallback_once(
+            self.count_fallback(
+                "cpu_decode",
                 f"{len(buffers) - len(accelerated)} of {len(buffers)} images in a batch are "
-                "not 1- or 3-component JPEGs (PNG, CMYK, ...) and go to the CPU decoder"
+                "not 1- or 3-component JPEGs (PNG, CMYK, ...) and go to the CPU decoder",
+                len(buffers) - len(accelerated),
             )
         results = decode_batch_or_each(
             items,
             run_batch,
-            lambda item: self._run([item])[0],
+            self._run_one,
             on_batch_failure=self._on_batch_failure,
         )
         if dense and len(accelerated) == len(buffers):  # the common case: no copy at all
@@ -342,9 +367,10 @@ class DaliDecoder(Decoder):
                     images.append(result)
                 else:
                     if index in decoded:
-                        self.warn_fallback_once(
+                        self.count_fallback(
+                            "cpu_decode",
                             f"DALI could not decode batch item {index} ({result}); "
-                            "it goes to the CPU decoder"
+                            "it goes to the CPU decoder",
                         )
                     pixels = decode_crop(
                         data,
@@ -355,7 +381,7 @@ class DaliDecoder(Decoder):
                         source=f"batch item {index}",
                         max_pixels=self.max_pixels,
                     )
-                    images.append(torch.from_numpy(pixels).to(self.device))
+                    images.append(copy_to_device(torch.from_numpy(pixels), self.device))
             except DecodeError as error:
                 self.on_error.handle(error, stacklevel=2)
                 continue
@@ -371,4 +397,5 @@ class DaliDecoder(Decoder):
     def close(self) -> None:
         """Release the DALI pipelines."""
         self._pipeline = None
+        self._single = None
         self._ahead = None

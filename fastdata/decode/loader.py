@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from fastdata.datasets import ResumableDataLoader
-from fastdata.decode._base import Decoder
+from fastdata.decode._base import Decoder, copy_to_device
 from fastdata.decode.cpu import CpuDecoder
 from fastdata.errors import DecodeError
 
@@ -37,7 +37,7 @@ def _take(field: Any, kept: torch.Tensor, position: int) -> Any:
     """The rows ``kept`` of a per-sample field (tensor, or list/tuple of per-sample items)."""
     _check_field(field, position)
     if isinstance(field, torch.Tensor):
-        return field.index_select(0, kept.to(field.device))
+        return field.index_select(0, copy_to_device(kept, field.device))
     return [field[i] for i in kept.tolist()]
 
 
@@ -51,6 +51,8 @@ def _select(field: Any, kept: torch.Tensor, total: int, position: int) -> Any:
 
 
 def _to_device(field: Any, device: torch.device) -> Any:
+    if isinstance(field, torch.Tensor) and field.device.type == "cpu":
+        return copy_to_device(field, device)  # pinned first on CUDA: the host never waits
     if isinstance(field, torch.Tensor):
         return field.to(device, non_blocking=True)
     return field
@@ -272,7 +274,7 @@ class DecodingLoader:
                     raise TypeError(f"expected a batch decoded in a worker, got {type(batch)}")
                 for error in batch.errors:
                     self.decoder.on_error.handle(error, stacklevel=2)
-                images = batch.images.to(self.decoder.device, non_blocking=True)
+                images = _to_device(batch.images, self.decoder.device)
                 yield from self._finish(images, batch.fields, batch.size, full)
             return
         # Fields wait here while their images are decoded (a backend may start decoding
@@ -307,9 +309,8 @@ class DecodingLoader:
                 return
             if self.last_batch == "pad":
                 repeat = torch.arange(batch_size) % count
-                images = images[repeat.to(images.device)].contiguous(
-                    memory_format=torch.channels_last
-                )
+                images = images.index_select(0, copy_to_device(repeat, images.device))
+                images = images.contiguous(memory_format=torch.channels_last)
                 fields = [_take(field, repeat, i + 1) for i, field in enumerate(fields)]
         out = [_to_device(field, self.decoder.device) for field in fields]
         yield (images, *out)

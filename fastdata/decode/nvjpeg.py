@@ -9,12 +9,24 @@ caller's stream, so the batch can be used right away on that stream. torchvision
 on a private stream that does not wait for the current one (pytorch/vision#9606): the
 memory it is handed must not be read by queued work, so before each decode the host
 waits for the previous batch's event (only this decoder's own work, never the caller's).
+The side stream is a high-priority one, from a pool apart from the one torchvision takes
+its private stream from. No step syncs the host with the caller's stream: crop indices
+go to the device as tensors copied from pinned memory, never as Python lists.
+
+Look-ahead: :meth:`NvJpegDecoder.decode_stream` (what :class:`DecodingLoader` uses) decodes
+batch ``i + 1`` on a background thread while the caller works on batch ``i``.
+
+One device per process: torchvision keeps one global nvJPEG decoder and rebuilds it when
+the device changes, so decoders on two GPUs in one process rebuild it on every switch
+(one process per GPU, as under DDP, never does).
 
 Errors: a batched ``decode_jpeg`` returns nothing when any image is bad, so a failed batch
 is retried image by image; images nvJPEG cannot decode (non-JPEG bytes, CMYK, failures) go
 through the CPU decoder, and only what neither can decode is handled by ``on_error``.
 Environment errors (CUDA out of memory, a torchvision built without nvJPEG) are raised,
-never turned into CPU decoding. Any fallback to the CPU is warned about once per decoder.
+never turned into CPU decoding; torchvision reports nvJPEG statuses as numbers ("Failed to
+decode batch: 5" is an allocation failure), which are told apart by number. Fallbacks are
+counted in ``decoder.fallbacks`` and warned about when a count reaches 1, 10, 100, ...
 
 EXIF orientation: a JPEG's orientation tag is applied, the rule of the other backends
 (torchvision's ``apply_exif_orientation`` works on the CPU only, so it is done here). Crop
@@ -31,18 +43,21 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from importlib import metadata
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from fastdata._codec import DEFAULT_MAX_PIXELS, jpeg_header
+from fastdata._codec import DEFAULT_MAX_PIXELS, JpegHeader, jpeg_header
 from fastdata._optional import DISTRIBUTION, import_optional
 from fastdata.decode._base import (
     DecodedBatch,
     Decoder,
+    copy_to_device,
 )
 from fastdata.decode._batching import crop_resize_batch, decode_batch_or_each
 from fastdata.decode._geometry import Box, crop_box
@@ -171,6 +186,14 @@ def _like(tensor: torch.Tensor) -> dict[str, Any]:
     return {"dtype": tensor.dtype, "device": tensor.device}
 
 
+class _Plan(NamedTuple):
+    """One batch, checked and with its crop draws taken (in the caller's thread, in order)."""
+
+    buffers: list[np.ndarray]
+    draws: np.ndarray
+    headers: list[JpegHeader | None]
+
+
 class NvJpegDecoder(Decoder):
     """Decode JPEGs with nvJPEG on a CUDA device; see :func:`fastdata.decode.create_decoder`.
 
@@ -180,7 +203,8 @@ class NvJpegDecoder(Decoder):
             ``None`` for a centred crop.
         device: The CUDA device that decodes and holds the output: ``"cuda:1"``, an int
             (``local_rank`` under DDP), or ``"cuda"`` for the current device when the
-            decoder is built (under DDP, build it after ``torch.cuda.set_device``).
+            decoder is built (``cuda:LOCAL_RANK`` under ``torchrun``, see
+            :func:`fastdata.gpu.prefetch.resolve_device`).
         on_error: As for :class:`~fastdata.decode.Decoder` (see
             :class:`~fastdata.errors.OnError`).
         grayscale: Decode to one channel.
@@ -211,9 +235,15 @@ class NvJpegDecoder(Decoder):
             max_pixels=max_pixels,
         )
         self._decode_jpeg = load_decode_jpeg(self.grayscale)
-        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # A high-priority stream: those come from a pool apart from the normal-priority
+        # one torchvision takes its private nvJPEG stream from, so the two never alias.
+        self._stream = (
+            torch.cuda.Stream(self.device, priority=-1) if self.device.type == "cuda" else None
+        )
         # Recorded on the side stream after the last batch's work (see the module docstring).
         self._done: Any = None
+        # One batch at a time on the side stream (decode_stream decodes on a thread).
+        self._lock = threading.Lock()
 
     def _fallback(self, data: np.ndarray, draws: np.ndarray, index: int) -> torch.Tensor:
         """Decode one image on the CPU, with the same geometry, and upload it."""
@@ -226,93 +256,146 @@ class NvJpegDecoder(Decoder):
             source=f"batch item {index}",
             max_pixels=self.max_pixels,
         )
-        return torch.from_numpy(pixels).permute(2, 0, 1).to(self.device)
+        return copy_to_device(torch.from_numpy(pixels).permute(2, 0, 1), self.device)
 
     def _on_batch_failure(self, error: Exception) -> None:
-        self.warn_fallback_once(
+        self.count_fallback(
+            "batch_retry",
             f"a batch failed in nvJPEG ({error}); it is decoded image by image, and images "
-            "nvJPEG cannot decode go to the CPU decoder (much slower)"
+            "nvJPEG cannot decode go to the CPU decoder (much slower)",
         )
 
-    def _decode(self, buffers: list[np.ndarray]) -> DecodedBatch:
+    def _plan(self, buffers: list[np.ndarray]) -> _Plan:
         draws = self._draws(len(buffers))
-        headers = [jpeg_header(buf) for buf in buffers]
+        return _Plan(buffers, draws, [jpeg_header(buf) for buf in buffers])
+
+    def _decode(self, buffers: list[np.ndarray]) -> DecodedBatch:
+        return self._hand_out(*self._decode_planned(self._plan(buffers)))
+
+    def _decode_stream(self, batches: Iterable[list[np.ndarray]]) -> Iterator[DecodedBatch]:
+        """Decode ``batches`` in order, batch ``i + 1`` on a background thread (on the
+        decoder's side stream) while the caller works on batch ``i``; the same results as
+        :meth:`decode` per batch. Crop draws are taken here, in order, so a seed gives the
+        crops :meth:`decode` gives."""
+        worker = ThreadPoolExecutor(1, thread_name_prefix="fastdata-nvjpeg")
+        pending: Future[tuple[DecodedBatch, Any]] | None = None
+        try:
+            for buffers in batches:
+                previous = pending
+                pending = worker.submit(self._decode_planned, self._plan(buffers))
+                if previous is not None:
+                    yield self._hand_out(*previous.result())
+            if pending is not None:
+                last, pending = pending, None
+                yield self._hand_out(*last.result())
+        finally:
+            if pending is not None:  # left early: the batch in flight is not handed out
+                pending.cancel()
+                with contextlib.suppress(Exception):
+                    pending.result()
+            worker.shutdown(wait=True)
+
+    def _hand_out(self, decoded: DecodedBatch, done: Any) -> DecodedBatch:
+        """Make the calling thread's current stream wait for ``done`` (the side stream's
+        event after the batch) and keep the batch's memory from reuse until that stream's
+        queued work is done."""
+        if done is not None:
+            caller = torch.cuda.current_stream(self.device)
+            caller.wait_event(done)
+            decoded.images.record_stream(caller)
+        return decoded
+
+    def _decode_planned(self, plan: _Plan) -> tuple[DecodedBatch, Any]:
+        """Decode a planned batch on the side stream: the batch and the event recorded
+        after its work (``None`` without streams), for :meth:`_hand_out`."""
+        with self._lock:
+            if self._stream is None:
+                return self._decode_on_current_stream(plan), None
+            if self._done is not None:
+                # nvJPEG's private stream may be handed memory our last batch's queued
+                # kernels still read: wait for that work (ours only), not the caller's.
+                self._done.synchronize()
+            try:
+                # the stream's context also makes its device current (in this thread)
+                with torch.cuda.stream(self._stream):
+                    decoded = self._decode_on_current_stream(plan)
+            finally:
+                # also after a failure: work of this batch may be queued on the side stream
+                done = torch.cuda.Event()
+                done.record(self._stream)
+                self._done = done
+            return decoded, done
+
+    def _decode_on_current_stream(self, plan: _Plan) -> DecodedBatch:
+        buffers, draws, headers = plan
         on_gpu = [i for i, h in enumerate(headers) if h is not None and h[2] in _NVJPEG_COMPONENTS]
         if len(on_gpu) < len(buffers):
-            self.warn_fallback_once(
+            self.count_fallback(
+                "cpu_decode",
                 f"{len(buffers) - len(on_gpu)} of {len(buffers)} images in a batch are not "
-                "1- or 3-component JPEGs (PNG, CMYK, ...) and go to the CPU decoder"
+                "1- or 3-component JPEGs (PNG, CMYK, ...) and go to the CPU decoder",
+                len(buffers) - len(on_gpu),
             )
         # decode_jpeg wants CPU uint8 tensors; bytes arrive read-only, which torch refuses.
         tensors = [
             torch.from_numpy(buffers[i] if buffers[i].flags.writeable else buffers[i].copy())
             for i in on_gpu
         ]
-        caller = torch.cuda.current_stream(self.device) if self._stream is not None else None
-        if self._done is not None:
-            # nvJPEG's private stream may be handed memory our last batch's queued kernels
-            # still read: wait for that work (ours only), not for the caller's stream.
-            self._done.synchronize()
-        context = torch.cuda.stream(self._stream) if self._stream is not None else None
-        with context or contextlib.nullcontext():
-            results = decode_batch_or_each(
-                tensors,
-                lambda batch: self._decode_jpeg(batch, self.device),
-                lambda one: self._decode_jpeg(one, self.device),
-                on_batch_failure=self._on_batch_failure,
-            )
-            decoded: dict[int, torch.Tensor | Exception] = dict(zip(on_gpu, results, strict=True))
-            on_device: list[torch.Tensor] = []
-            boxes: list[Box] = []
-            fallen: dict[int, torch.Tensor] = {}
-            kept: list[int] = []
-            for index, data in enumerate(buffers):
-                result = decoded.get(index)
-                try:
-                    if isinstance(result, torch.Tensor):
-                        # nvJPEG returns the stored pixels: the box is drawn on the
-                        # displayed image and only its region is turned upright
-                        orientation = headers[index].orientation  # type: ignore[union-attr]
-                        source_hw = (int(result.shape[-2]), int(result.shape[-1]))
-                        if orientation >= 5:
-                            source_hw = (source_hw[1], source_hw[0])
-                        box = crop_box(source_hw, self.size, self.random_crop, draws[index])
-                        if orientation != 1:
-                            result = oriented_region(result, box, orientation)
-                            box = Box(0, 0, box.height, box.width)
-                        boxes.append(box)
-                        on_device.append(result)
-                    else:
-                        if index in decoded:
-                            self.warn_fallback_once(
-                                f"nvJPEG could not decode batch item {index} ({result}); "
-                                "it goes to the CPU decoder"
-                            )
-                        fallen[len(kept)] = self._fallback(data, draws[index], index)
-                except DecodeError as error:
-                    self.on_error.handle(error, stacklevel=2)
-                    continue
-                kept.append(index)
-            batch = torch.empty(
-                (len(kept), self.channels, *self.size),
-                dtype=torch.uint8,
-                device=self.device,
-                memory_format=torch.channels_last,
-            )
+        results = decode_batch_or_each(
+            tensors,
+            lambda batch: self._decode_jpeg(batch, self.device),
+            lambda one: self._decode_jpeg(one, self.device),
+            on_batch_failure=self._on_batch_failure,
+        )
+        decoded: dict[int, torch.Tensor | Exception] = dict(zip(on_gpu, results, strict=True))
+        on_device: list[torch.Tensor] = []
+        boxes: list[Box] = []
+        fallen: dict[int, torch.Tensor] = {}
+        kept: list[int] = []
+        for index, data in enumerate(buffers):
+            result = decoded.get(index)
+            try:
+                if isinstance(result, torch.Tensor):
+                    # nvJPEG returns the stored pixels: the box is drawn on the displayed
+                    # image and only its region is turned upright
+                    orientation = headers[index].orientation  # type: ignore[union-attr]
+                    source_hw = (int(result.shape[-2]), int(result.shape[-1]))
+                    if orientation >= 5:
+                        source_hw = (source_hw[1], source_hw[0])
+                    box = crop_box(source_hw, self.size, self.random_crop, draws[index])
+                    if orientation != 1:
+                        result = oriented_region(result, box, orientation)
+                        box = Box(0, 0, box.height, box.width)
+                    boxes.append(box)
+                    on_device.append(result)
+                else:
+                    if index in decoded:
+                        self.count_fallback(
+                            "cpu_decode",
+                            f"nvJPEG could not decode batch item {index} ({result}); "
+                            "it goes to the CPU decoder",
+                        )
+                    fallen[len(kept)] = self._fallback(data, draws[index], index)
+            except DecodeError as error:
+                self.on_error.handle(error, stacklevel=4)
+                continue
+            kept.append(index)
+        batch = torch.empty(
+            (len(kept), self.channels, *self.size),
+            dtype=torch.uint8,
+            device=self.device,
+            memory_format=torch.channels_last,
+        )
+        if fallen:
             gpu_rows = [row for row in range(len(kept)) if row not in fallen]
-            if fallen:
-                resized = torch.empty((len(gpu_rows), *batch.shape[1:]), **_like(batch))
-                crop_resize_batch(on_device, boxes, resized)
-                batch[gpu_rows] = resized
-                for row, image in fallen.items():
-                    batch[row] = image
-            else:
-                crop_resize_batch(on_device, boxes, batch)
-            if self._stream is not None:
-                done = torch.cuda.Event()
-                done.record(self._stream)
-                self._done = done
-        if self._stream is not None and caller is not None:
-            caller.wait_event(self._done)
-            batch.record_stream(caller)
+            resized = torch.empty((len(gpu_rows), *batch.shape[1:]), **_like(batch))
+            crop_resize_batch(on_device, boxes, resized)
+            # a device index: a Python list as an index would sync the host (see
+            # crop_resize_batch)
+            rows_index = copy_to_device(torch.tensor(gpu_rows, dtype=torch.int64), self.device)
+            batch.index_copy_(0, rows_index, resized)
+            for row, image in fallen.items():
+                batch[row] = image
+        else:
+            crop_resize_batch(on_device, boxes, batch)
         return DecodedBatch(batch, torch.tensor(kept, dtype=torch.int64))

@@ -89,6 +89,11 @@ class Normalize(nn.Module):
         # Stored in pixel units (0-255) whatever scale they were given on.
         self.register_buffer("mean", (mean_t * to_pixels).to(torch.float32))
         self.register_buffer("std", (std_t * to_pixels).to(torch.float32))
+        # For the repr, on the host: reading CUDA buffers back would sync the host.
+        self._described = (
+            [round(v, 3) for v in self.mean.tolist()],
+            [round(v, 3) for v in self.std.tolist()],
+        )
         self.dtype = dtype
         self.layout = check_layout(layout, auto=True)
         self.channels_last = bool(channels_last)
@@ -184,9 +189,9 @@ class Normalize(nn.Module):
         return torch.addcmul(bias, images, scale, out=out)
 
     def extra_repr(self) -> str:
+        mean, std = self._described  # as built (a CUDA buffer's .tolist() syncs)
         return (
-            f"mean={[round(v, 3) for v in self.mean.tolist()]}, "
-            f"std={[round(v, 3) for v in self.std.tolist()]}, dtype={self.dtype}, "
+            f"mean={mean}, std={std}, dtype={self.dtype}, "
             f"layout={self.layout!r}, channels_last={self.channels_last}"
         )
 

@@ -19,6 +19,7 @@ many steps ahead of the GPU, which is plenty to keep it busy.
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sized
@@ -42,11 +43,18 @@ Transform = Callable[[Any], Any] | Mapping[FieldKey, Callable[[Any], Any]]
 
 
 def resolve_device(device: str | int | torch.device) -> torch.device:
-    """``device`` as a ``torch.device``; a bare ``"cuda"`` gets the current device's index.
+    """``device`` as a ``torch.device``; a bare ``"cuda"`` gets an index (see below).
+
+    A bare ``"cuda"`` is the current CUDA device, except under ``torchrun`` (``LOCAL_RANK``
+    set) with several GPUs visible, where it is ``cuda:LOCAL_RANK``: an object built before
+    ``torch.cuda.set_device(local_rank)`` would otherwise put every rank on GPU 0. When the
+    current device was set to another GPU than ``LOCAL_RANK`` (neither 0 nor the local
+    rank), the choice is ambiguous and refused: pass the device explicitly.
 
     Raises:
         TypeError: ``device`` is not a string, int or ``torch.device``.
-        ValueError: A CUDA device is asked for and CUDA is not available.
+        ValueError: A CUDA device is asked for and CUDA is not available, or a bare
+            ``"cuda"`` is ambiguous under ``torchrun``.
     """
     if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
         raise TypeError(f"device must be a str, int or torch.device, got {device!r}")
@@ -55,8 +63,24 @@ def resolve_device(device: str | int | torch.device) -> torch.device:
         if not torch.cuda.is_available():
             raise ValueError(f"device={device!r} needs CUDA, which is not available here")
         if resolved.index is None:
-            resolved = torch.device("cuda", torch.cuda.current_device())
+            resolved = torch.device("cuda", _default_cuda_index())
     return resolved
+
+
+def _default_cuda_index() -> int:
+    """The index a bare ``"cuda"`` means (see :func:`resolve_device`)."""
+    current = torch.cuda.current_device()
+    local_rank = os.environ.get("LOCAL_RANK", "")
+    count = torch.cuda.device_count()
+    if not local_rank.isdigit() or count < 2 or int(local_rank) >= count:
+        return current  # not torchrun, or one GPU visible per rank (CUDA_VISIBLE_DEVICES)
+    rank = int(local_rank)
+    if current in (0, rank):
+        return rank
+    raise ValueError(
+        f"device='cuda' is ambiguous: LOCAL_RANK={rank} but the current CUDA device is "
+        f"{current}; pass device=torch.device('cuda', index) explicitly"
+    )
 
 
 class DevicePrefetcher:

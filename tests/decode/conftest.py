@@ -4,10 +4,15 @@ bytes (corrupt, truncated, empty)."""
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
+
+from fastdata.decode import cpu as cpu_module
+from fastdata.decode import loader as loader_module
 
 
 def smooth_rgb(height: int, width: int, seed: int = 0) -> np.ndarray:
@@ -59,3 +64,74 @@ def images() -> dict[str, bytes]:
 
 GOOD = ("color", "large", "gray", "cmyk", "png")
 BAD = ("corrupt", "truncated", "empty")
+
+
+@pytest.fixture
+def list_indices(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Records every Python-list index used on a tensor: on a CUDA tensor such an index is
+    built on the host and copied synchronously (a host sync)."""
+    seen: list[str] = []
+    real_get, real_set = torch.Tensor.__getitem__, torch.Tensor.__setitem__
+
+    def get(self: torch.Tensor, index: Any) -> Any:
+        if isinstance(index, list):
+            seen.append("get")
+        return real_get(self, index)
+
+    def set_(self: torch.Tensor, index: Any, value: Any) -> None:
+        if isinstance(index, list):
+            seen.append("set")
+        real_set(self, index, value)
+
+    monkeypatch.setattr(torch.Tensor, "__getitem__", get)
+    monkeypatch.setattr(torch.Tensor, "__setitem__", set_)
+    return seen
+
+
+@pytest.fixture
+def fake_cuda_uploads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[int, ...], str]]:
+    """The cpu decoder and DecodingLoader aimed at ``cuda:0`` without CUDA: the batch buffer
+    is allocated plain where pinned memory is asked for (recorded as ``("pinned", ...)``),
+    and each copy to the device is recorded ``(shape, device)`` instead of done (the
+    tensors stay on the host; copies to the CPU are not recorded)."""
+    uploads: list[tuple[tuple[int, ...], str]] = []
+
+    def empty_batch(shape: tuple[int, ...], *, pinned: bool) -> torch.Tensor:
+        uploads.append((shape, "pinned" if pinned else "pageable"))
+        return torch.empty(shape, dtype=torch.uint8)
+
+    def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+        if device.type != "cpu":
+            uploads.append((tuple(host.shape), str(device)))
+        return host
+
+    monkeypatch.setattr(cpu_module, "_empty_batch", empty_batch)
+    monkeypatch.setattr(cpu_module, "copy_to_device", upload)
+    monkeypatch.setattr(loader_module, "copy_to_device", upload)
+    return uploads
+
+
+@pytest.fixture
+def real_nvjpeg() -> None:
+    """Skip, with the reason, where torchvision >= 0.20 or its nvJPEG build is missing."""
+    tv = pytest.importorskip(
+        "torchvision",
+        minversion="0.20",
+        reason="the nvjpeg backend needs torchvision >= 0.20: pip install 'torch-fastdata[gpu]'",
+    )
+    data = torch.frombuffer(bytearray(rgb_jpeg(16, 16)), dtype=torch.uint8)
+    try:
+        tv.io.decode_jpeg([data], device="cuda")
+    except RuntimeError as error:
+        if "not compiled with nvjpeg" in str(error).lower():
+            pytest.skip(f"this torchvision build has no nvJPEG: {error}")
+        raise
+
+
+def bogus_huffman_jpeg(data: bytes) -> bytes:
+    """``data`` (a baseline JPEG) with its first Huffman table made invalid (code counts
+    summing past 256): its header still parses (size, components), so a GPU decoder is
+    handed it, but no decoder can decode its entropy-coded data."""
+    at = data.index(b"\xff\xc4")  # DHT: marker, length (2), class/id (1), 16 code counts
+    counts = at + 5
+    return data[:counts] + b"\xff" * 16 + data[counts + 16 :]

@@ -162,3 +162,92 @@ def test_batch_resize_runs_once_per_region_size(
     assert sorted(call["n"] for call in interpolate_calls) == [1, 3]  # type: ignore[type-var]
     for row, box in enumerate(boxes):
         assert torch.equal(out[row], crop_resize_chw(rgb, box, (32, 32)))
+
+
+def test_batch_resize_indexes_rows_with_one_device_tensor(
+    list_indices: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uploads: list[tuple[list[int], torch.device]] = []
+    real_copy = batching.copy_to_device
+
+    def spy(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+        uploads.append((host.tolist(), device))
+        return real_copy(host, device)
+
+    monkeypatch.setattr(batching, "copy_to_device", spy)
+    rgb = torch.from_numpy(smooth_rgb(120, 160, seed=2)).permute(2, 0, 1)
+    boxes = [Box(0, 0, 100, 100), Box(5, 5, 60, 90), Box(1, 2, 100, 100), Box(3, 3, 50, 70)]
+    out = torch.empty((4, 3, 32, 32), dtype=torch.uint8)
+    crop_resize_batch([rgb] * 4, boxes, out)
+    assert list_indices == []
+    assert uploads == [([0, 2, 1, 3], out.device)]  # the rows of each size, in one upload
+    for row, box in enumerate(boxes):
+        assert torch.equal(out[row], crop_resize_chw(rgb, box, (32, 32)))
+
+
+def test_copy_to_device_pins_and_copies_without_blocking(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, object]] = []
+    pinned: set[int] = set()
+
+    def pin_memory(self: torch.Tensor) -> torch.Tensor:
+        calls.append(("pin", self.is_pinned()))
+        copy = self.clone()
+        pinned.add(id(copy))
+        return copy
+
+    def to(self: torch.Tensor, device: torch.device, non_blocking: bool = False) -> torch.Tensor:
+        calls.append(("to", (str(device), non_blocking, id(self) in pinned)))
+        return self
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: id(self) in pinned)
+    cuda = torch.device("cuda", 0)
+    batching.copy_to_device(torch.zeros(3), cuda)
+    assert calls == [("pin", False), ("to", ("cuda:0", True, True))]
+    calls.clear()
+    already = pin_memory(torch.zeros(3))
+    calls.clear()
+    batching.copy_to_device(already, cuda)
+    assert calls == [("to", ("cuda:0", True, True))]  # pinned already: not pinned again
+    host = torch.zeros(3)
+    assert batching.copy_to_device(host, torch.device("cpu")) is host
+
+
+# torchvision's messages (decode_jpegs_cuda.cpp): statuses and CUDA errors as numbers.
+_TV = "Error while decoding JPEG images: "
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        _TV + "Failed to decode batch: 5",  # allocator failure: the GPU is full
+        _TV + "Failed to decode batch: 6",  # execution failed
+        _TV + "Failed to decode batch: 8",  # internal error
+        _TV + "Failed to decode jpeg stream: 1",  # not initialized
+        _TV + "Failed to synchronize CUDA stream: 700",  # illegal address
+        "Failed to initialize nvjpeg with hardware backend: 8",
+        "Failed to initialize nvjpeg with default backend: 2",
+        "Failed to create pinned buffer: 5",
+        "nvjpegGetProperty failed: 3",
+        _TV + "Failed to decode batch: 5\nException raised from decode_images at x.cpp:421",
+    ],
+)
+def test_torchvision_status_numbers_of_the_environment_raise(message: str) -> None:
+    assert is_environment_error(RuntimeError(message))
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        _TV + "Failed to get image info: 3",  # bad JPEG
+        _TV + "Failed to decode batch: 3",
+        _TV + "Failed to decode batch: 4",  # JPEG not supported
+        _TV + "Failed to parse jpeg stream: 10",  # incomplete bitstream
+        _TV + "Failed to decode jpeg stream: 9",  # implementation not supported
+        _TV + "Unknown chroma subsampling",
+        "Critical error in pipeline: image 3 of 128: 5",  # no torchvision step: not a status
+    ],
+)
+def test_torchvision_status_numbers_of_the_image_are_decode_errors(message: str) -> None:
+    assert not is_environment_error(RuntimeError(message))

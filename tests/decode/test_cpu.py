@@ -12,12 +12,13 @@ from PIL import Image
 from fastdata._codec import decode_image
 from fastdata._crop import DRAWS_PER_BOX
 from fastdata._draws import UniformDraws
+from fastdata.decode import _base as base_module
 from fastdata.decode import create_decoder
 from fastdata.decode._geometry import random_box
 from fastdata.decode.cpu import CpuDecoder
 from fastdata.errors import DecodeError, OnError
 from fastdata.ops import RandomResizedCrop
-from tests.decode.conftest import BAD, GOOD, exif_rotated_jpeg, rgb_jpeg, smooth_rgb
+from tests.decode.conftest import BAD, GOOD, encode, exif_rotated_jpeg, rgb_jpeg, smooth_rgb
 
 # A JPEG decode differs from the source pixels by its compression error; against a
 # reference (PIL full decode + OpenCV area resize), the reduced-size DCT decode adds at most
@@ -183,3 +184,46 @@ def test_exif_orientation_is_applied_like_preprocess_and_ram_dataset() -> None:
         assert (got.float() - want.float()).abs().mean() <= MEAN_TOLERANCE
     centre = create_decoder("cpu", size=(40, 25), seed=1)([data])
     assert (centre.float() - as_stored.float()).abs().mean() > 4 * MEAN_TOLERANCE
+
+
+def test_cuda_target_decodes_into_pinned_memory_then_copies_without_blocking(
+    images: dict[str, bytes], fake_cuda_uploads: list[tuple[tuple[int, ...], str]]
+) -> None:
+    # A pageable `.to("cuda")` blocks the host until the work queued on the current stream
+    # (the training step) is done: the batch is decoded into pinned memory instead and
+    # handed to copy_to_device (pinned, non_blocking).
+    out = CpuDecoder(24, device="cuda:0", num_threads=1)([images["color"]] * 2)
+    assert out.shape == (2, 3, 24, 24)
+    assert fake_cuda_uploads == [((2, 24, 24, 3), "pinned"), ((2, 3, 24, 24), "cuda:0")]
+    fake_cuda_uploads.clear()
+    CpuDecoder(24, num_threads=1)([images["color"]])
+    assert fake_cuda_uploads == [((1, 24, 24, 3), "pageable")]  # a CPU target: no pinning
+
+
+def test_default_threads_are_shared_between_the_ranks_of_a_machine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(base_module, "usable_cpus", lambda: 16)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert base_module.resolve_num_threads(None) == 16
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # torchrun, 4 ranks on this machine
+    assert base_module.resolve_num_threads(None) == 4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "32")
+    assert base_module.resolve_num_threads(None) == 1
+    assert base_module.resolve_num_threads(3) == 3  # given: as is
+
+
+def test_reduced_decoding_maps_boxes_exactly_when_sides_are_not_multiples_of_the_factor() -> None:
+    # 333 rows at 1/4 scale decode to ceil(333 / 4) = 84 rows, each covering 4 source rows:
+    # mapping by 84 / 333 instead of 1 / 4 shifted the far edge by ~3 source rows, 4-5
+    # levels off an exact area average on a textured photo.
+    rng = np.random.default_rng(7)
+    rgb = smooth_rgb(333, 500, seed=7).astype(np.float32) + rng.normal(0, 10, (333, 500, 3))
+    data = encode(Image.fromarray(np.clip(rgb, 0, 255).astype(np.uint8)), quality=90)
+    full = Image.open(io.BytesIO(data)).convert("RGB")
+    for size in (64, 48):
+        got = create_decoder("cpu", size=size)([data])[0].permute(1, 2, 0).numpy()
+        left = (500 - 333) // 2
+        area = full.resize((size, size), Image.Resampling.BOX, box=(left, 0, left + 333, 333))
+        diff = np.abs(got.astype(np.float32) - np.asarray(area, dtype=np.float32)).mean()
+        assert diff <= 2.0, f"size {size}: mean abs diff {diff:.2f} from an exact area average"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -127,25 +128,30 @@ def test_batches_own_their_memory() -> None:
 def test_pipeline_is_rebuilt_after_a_failure(
     monkeypatch: pytest.MonkeyPatch, images: dict[str, bytes]
 ) -> None:
-    built: list[object] = []
+    built: list[tuple[int, object]] = []  # (max batch size, pipeline)
     real_build = dali_module._build_pipeline
 
-    def counting_build(*args: object) -> object:
-        built.append(real_build(*args))
-        return built[-1]
+    def counting_build(*args: Any, **kwargs: Any) -> object:
+        built.append((args[0], real_build(*args, **kwargs)))
+        return built[-1][1]
 
     monkeypatch.setattr(dali_module, "_build_pipeline", counting_build)
     decoder = create_decoder("dali", size=24, device="cpu", on_error="skip")
     assert decoder.decode([images["color"]] * 2).kept.tolist() == [0, 1]
-    assert len(built) == 1
-    # the batch fails (pipeline dropped), color alone runs on a new one, truncated alone
-    # fails on it (dropped again): the next batch gets a third pipeline
+    assert [size for size, _ in built] == [256]
+    # the batch fails (its pipeline dropped, once); each image is retried alone through a
+    # one-sample pipeline, rebuilt after each lone failure: never the 256-sample one
     with pytest.warns(RuntimeWarning, match="a batch failed in DALI"):
-        decoded = decoder.decode([images["color"], images["truncated"]])
-    assert decoded.kept.tolist() == [0]
-    assert len(built) == 2 and decoder._pipeline is None
+        decoded = decoder.decode(
+            [images["color"], images["truncated"], images["truncated"], images["color"]]
+        )
+    assert decoded.kept.tolist() == [0, 3]
+    assert [size for size, _ in built[1:]] == [1, 1, 1]
+    assert decoder._pipeline is None
+    assert decoder.fallbacks["batch_retry"] == 1
     assert decoder.decode([images["color"]] * 2).kept.tolist() == [0, 1]
-    assert len(built) == 3 and decoder._pipeline is built[-1]
+    assert [size for size, _ in built[4:]] == [256]
+    assert decoder._pipeline is built[-1][1]
 
 
 def test_environment_errors_raise(

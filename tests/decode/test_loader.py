@@ -265,3 +265,19 @@ def test_state_dict_needs_a_resumable_loader(shard_root: Path) -> None:
     decoder = create_decoder("cpu", size=16, on_error="skip")
     with pytest.raises(TypeError, match=r"state_dict\(\) needs batches from a fastdata Resum"):
         DecodingLoader(_loader(shard_root), decoder).state_dict()
+
+
+def test_index_tensors_and_fields_go_to_the_device_through_copy_to_device(
+    images: dict[str, bytes], fake_cuda_uploads: list[tuple[tuple[int, ...], str]]
+) -> None:
+    # `tensor.to("cuda")` of a pageable index or label tensor blocks the host until the
+    # queued training work is done: every host tensor goes through copy_to_device.
+    decoder = create_decoder("cpu", size=16, device="cuda:0", on_error="skip", num_threads=1)
+    batches = [([images["color"], images["corrupt"], images["large"]], torch.tensor([0, 1, 2]))]
+    ((decoded, labels),) = list(DecodingLoader(batches, decoder, last_batch="pad", batch_size=3))
+    assert labels.tolist() == [0, 2, 0] and decoded.shape == (3, 3, 16, 16)
+    assert fake_cuda_uploads == [
+        ((3, 16, 16, 3), "pinned"),
+        ((2, 3, 16, 16), "cuda:0"),  # the two images that decoded
+        ((3,), "cuda:0"),  # the labels, kept and padded on the host
+    ]

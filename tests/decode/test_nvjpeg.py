@@ -4,6 +4,7 @@ image; the ``gpu`` tests run the real thing on a CUDA device."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import cv2
@@ -17,7 +18,7 @@ from fastdata.decode import nvjpeg as nvjpeg_module
 from fastdata.decode._geometry import Box
 from fastdata.decode.nvjpeg import NvJpegDecoder, orient_chw, oriented_region, stored_box
 from fastdata.errors import DecodeError
-from tests.decode.conftest import BAD, GOOD, exif_rotated_jpeg, rgb_jpeg
+from tests.decode.conftest import BAD, GOOD, bogus_huffman_jpeg, exif_rotated_jpeg, rgb_jpeg
 
 # nvJPEG and libjpeg-turbo differ by at most a couple of levels per pixel (IDCT and chroma
 # upsampling), and torch's antialiased bilinear differs from OpenCV's area resize by about
@@ -142,6 +143,17 @@ def test_on_error_raise_and_warn(
     assert kept.numel() == 0
 
 
+def test_rows_decoded_apart_are_placed_with_a_device_index(
+    fake: dict[str, FakeDecodeJpeg], images: dict[str, bytes], list_indices: list[str]
+) -> None:
+    # the PNG is decoded on the CPU; the nvJPEG rows around it go in by an index tensor
+    batch = [images["color"], images["png"], images["large"], images["gray"]]
+    got = NvJpegDecoder(24, device="cpu", seed=1, random_crop=True)(batch)
+    want = create_decoder("cpu", size=24, seed=1, random_crop=True)(batch)
+    assert list_indices == []
+    assert (got.float() - want.float()).abs().mean() <= MEAN_TOLERANCE
+
+
 def test_grayscale(fake: dict[str, FakeDecodeJpeg], images: dict[str, bytes]) -> None:
     out = NvJpegDecoder((20, 30), device="cpu", grayscale=True)([images["color"], images["gray"]])
     assert out.shape == (2, 1, 20, 30)
@@ -164,23 +176,6 @@ def test_missing_torchvision_names_the_pip_command(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(nvjpeg_module, "import_optional", no_torchvision)
     with pytest.raises(ModuleNotFoundError, match="pip install"):
         NvJpegDecoder(32, device="cpu")
-
-
-@pytest.fixture
-def real_nvjpeg() -> None:
-    """Skip, with the reason, where torchvision >= 0.20 or its nvJPEG build is missing."""
-    tv = pytest.importorskip(
-        "torchvision",
-        minversion="0.20",
-        reason="the nvjpeg backend needs torchvision >= 0.20: pip install 'torch-fastdata[gpu]'",
-    )
-    data = torch.frombuffer(bytearray(rgb_jpeg(16, 16)), dtype=torch.uint8)
-    try:
-        tv.io.decode_jpeg([data], device="cuda")
-    except RuntimeError as error:
-        if "not compiled with nvjpeg" in str(error).lower():
-            pytest.skip(f"this torchvision build has no nvJPEG: {error}")
-        raise
 
 
 @pytest.mark.gpu
@@ -209,14 +204,31 @@ def test_real_nvjpeg_applies_exif_orientation_like_cpu(random_crop: bool) -> Non
 @pytest.mark.gpu
 @pytest.mark.usefixtures("real_nvjpeg")
 def test_real_nvjpeg_on_error_and_streams(images: dict[str, bytes]) -> None:
+    # The damaged JPEG's header parses, so it reaches nvJPEG in the batch; neither nvJPEG
+    # nor the CPU decoder can decode its entropy data.
+    damaged = bogus_huffman_jpeg(images["color"])
+    with pytest.raises(DecodeError):
+        create_decoder("cpu", size=32)([damaged])
     decoder = create_decoder("nvjpeg", size=32, on_error="skip")
+    batches: list[int] = []
+    real = decoder._decode_jpeg  # type: ignore[attr-defined]
+
+    def spy(data: Any, device: torch.device) -> Any:
+        batches.append(len(data) if isinstance(data, list) else 1)
+        return real(data, device)
+
+    decoder._decode_jpeg = spy  # type: ignore[attr-defined]
     side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        decoded = decoder.decode([images["color"], images["truncated"], images["corrupt"]])
+    with torch.cuda.stream(side), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the fallback counts, tested apart
+        decoded = decoder.decode([images["color"], damaged, images["large"]])
         total = decoded.images.float().sum()  # used on the caller's (side) stream at once
     torch.cuda.synchronize()
+    assert batches[0] == 3  # all three went to nvJPEG in one batch
     kept = decoded.kept.tolist()
-    assert kept[0] == 0 and 2 not in kept  # truncated JPEGs may decode partially on nvJPEG
+    if 1 not in kept:  # nvJPEG refused it: the batch was retried image by image, not raised
+        assert kept == [0, 2] and batches[1:] == [1, 1, 1]
+        assert decoder.fallbacks == {"batch_retry": 1, "cpu_decode": 1}
     assert float(total) == float(decoded.images.float().sum())
     want = create_decoder("cpu", size=32)([images["color"]])
     assert (decoded.images[:1].cpu().float() - want.float()).abs().mean() <= MEAN_TOLERANCE
@@ -239,14 +251,33 @@ def test_environment_errors_raise_instead_of_cpu_fallback(
             decoder.decode([rgb_jpeg(40, 40)])
 
 
-def test_fallbacks_warn_once_per_decoder(
+def test_fallbacks_are_counted_and_warned_at_powers_of_ten(
     fake: dict[str, FakeDecodeJpeg], images: dict[str, bytes]
 ) -> None:
+    # Per batch: the PNG goes to the CPU decoder, the truncated JPEG fails the batch (a
+    # retry image by image) and then goes to the CPU decoder too.
     decoder = NvJpegDecoder(16, device="cpu", on_error="skip")
-    with pytest.warns(RuntimeWarning, match="warned once") as record:
-        for _ in range(3):
+    with pytest.warns(RuntimeWarning, match="fallbacks so far") as record:
+        for _ in range(12):
             decoder.decode([images["color"], images["truncated"], images["png"]])
-    assert len([w for w in record if issubclass(w.category, RuntimeWarning)]) == 1
+    assert decoder.fallbacks == {"cpu_decode": 24, "batch_retry": 12}
+    counts = [str(w.message).split("so far: ")[1].split(";")[0] for w in record]
+    assert sorted(counts) == ["1", "1", "10", "10"]  # each kind at 1 and at 10
+
+
+def test_count_fallback_warns_when_a_power_of_ten_is_reached(
+    fake: dict[str, FakeDecodeJpeg],
+) -> None:
+    decoder = NvJpegDecoder(16, device="cpu")
+    with pytest.warns(RuntimeWarning) as record:
+        for count in (3, 6, 1, 90, 5, 1000):  # totals 3, 9, 10, 100, 105, 1105
+            decoder.count_fallback("cpu_decode", "slow", count)
+    assert [str(w.message).split("so far: ")[1].split(";")[0] for w in record] == [
+        "3",
+        "10",
+        "100",
+        "1105",
+    ]
 
 
 @pytest.mark.gpu

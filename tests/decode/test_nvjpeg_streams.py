@@ -5,6 +5,7 @@ its error handling with a fake ``decode_jpeg``."""
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +14,7 @@ import torch
 
 from fastdata.decode import nvjpeg as nvjpeg_module
 from fastdata.decode.nvjpeg import NvJpegDecoder
+from fastdata.errors import DecodeError
 from tests.decode.conftest import rgb_jpeg
 from tests.decode.test_nvjpeg import FakeDecodeJpeg
 from tests.gpu.test_prefetch_streams import FakeEvent, FakeStream, Log
@@ -42,8 +44,8 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Log, list[str],
         yield
         current.pop()
 
-    def make_stream(device: object) -> FakeStream:
-        stream_devices.append(device)
+    def make_stream(device: object, priority: int = 0) -> FakeStream:
+        stream_devices.append((device, priority))
         return FakeStream(log, "side")
 
     def record_stream(self: torch.Tensor, on: FakeStream) -> None:
@@ -102,5 +104,80 @@ def test_bare_cuda_resolves_to_the_current_device_index(
     _, _, stream_devices = fake_cuda
     decoder = NvJpegDecoder(32, device="cuda")
     assert decoder.device == torch.device("cuda", 3)
-    assert stream_devices == [torch.device("cuda", 3)]
+    # a high-priority stream: apart from the pool torchvision's private stream comes from
+    assert stream_devices == [(torch.device("cuda", 3), -1)]
     assert NvJpegDecoder(32, device=1).device == torch.device("cuda", 1)
+
+
+class _Source:
+    """Batches of encoded images that record how far they have been read."""
+
+    def __init__(self, batches: list[list[bytes]]) -> None:
+        self.batches = batches
+        self.read = 0
+
+    def __iter__(self) -> Iterator[list[bytes]]:
+        for batch in self.batches:
+            self.read += 1
+            yield batch
+
+
+def _stream_batches() -> list[list[bytes]]:
+    return [[rgb_jpeg(60 + 8 * b, 80, seed=10 * b + s) for s in range(3)] for b in range(4)]
+
+
+def test_decode_stream_decodes_the_next_batch_on_a_thread_while_this_one_is_used(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    threads: list[str] = []
+
+    class ThreadRecording(FakeDecodeJpeg):
+        def __call__(self, data: Any, device: torch.device) -> Any:
+            threads.append(threading.current_thread().name)
+            return super().__call__(data, device)
+
+    monkeypatch.setattr(nvjpeg_module, "load_decode_jpeg", ThreadRecording)
+    batches = _stream_batches()
+    reference = NvJpegDecoder(32, device="cpu", random_crop=True, seed=5)
+    want = [reference.decode(batch) for batch in batches]
+    threads.clear()
+    source = _Source(batches)
+    stream = NvJpegDecoder(32, device="cpu", random_crop=True, seed=5).decode_stream(source)
+    for i, got in enumerate(stream):
+        # batch i + 1 was read (its crops drawn) and handed to the thread before batch i
+        # came out
+        assert source.read == min(i + 2, len(batches))
+        assert torch.equal(got.images, want[i].images)
+        assert torch.equal(got.kept, want[i].kept)
+    assert len(threads) == len(batches)
+    assert all(name.startswith("fastdata-nvjpeg") for name in threads)
+
+
+def test_decode_stream_raises_in_order_and_can_be_left_early(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(nvjpeg_module, "load_decode_jpeg", FakeDecodeJpeg)
+    batches = _stream_batches()
+    bad = [*batches[:2], [b"not an image"], batches[3]]
+    stream = NvJpegDecoder(32, device="cpu").decode_stream(bad)
+    assert next(stream).images.shape == (3, 3, 32, 32)
+    assert next(stream).images.shape == (3, 3, 32, 32)
+    with pytest.raises(DecodeError, match="batch item 0"):
+        next(stream)
+    early = NvJpegDecoder(32, device="cpu").decode_stream(_Source(batches))
+    next(early)
+    early.close()  # a batch in flight: waited for, not handed out; no error
+
+
+def test_decode_stream_hands_each_batch_out_after_its_own_event(
+    fake_cuda: tuple[Log, list[str], list[object]],
+) -> None:
+    log, _, _ = fake_cuda
+    decoder = _decoder()
+    for decoded in decoder.decode_stream(_stream_batches()):
+        assert decoded.images.shape == (3, 3, 32, 32)
+    done = [e[1] for e in log if e[0] == "record" and e[2] == "side"]
+    # the consumer's stream waits for each batch's own event, not the latest one
+    assert [e[2] for e in log if e[0] == "wait_event"] == done
+    assert log.count(("record_stream", "consumer")) == 4
+    assert ("decode_jpeg", "side") in log and ("decode_jpeg", "consumer") not in log

@@ -89,3 +89,45 @@ def test_script_runs_its_host_part_without_cuda(
     monkeypatch.setattr(bench, "save", lambda topic, results, **_: saved.append(topic) or "x.json")
     assert bench.main(["--batch", "2", "--size", "8", "--repeat", "1"]) == 0
     assert saved == ["gpu"]
+
+
+def test_copy_overlap_builds_its_prefetcher_once_and_normalizes_in_the_step(
+    bench: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built: list[object] = []
+
+    class Counting(DevicePrefetcher):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            built.append(kwargs.get("transform"))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "DevicePrefetcher", Counting)
+    normalized: list[torch.dtype] = []
+
+    def step(batch: torch.Tensor) -> torch.Tensor:
+        normalized.append(batch.dtype)  # the step gets the normalized batch
+        return batch
+
+    normalize = Normalize(bench.MEAN, bench.STD, layout="HWC")
+    batches = [torch.randint(0, 256, (1, 4, 4, 3), dtype=torch.uint8) for _ in range(2)]
+    out = bench.copy_overlap_part(
+        batches, torch.device("cpu"), normalize, step, steps=4, repeat=2, sync=None
+    )
+    assert built == [None]  # the copy alone on the prefetcher
+    assert set(normalized) == {torch.float32}
+    assert 0.0 <= out["hidden_fraction"] <= 1.0
+
+
+def test_device_rates_run_on_any_device(bench: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    rates_module = sys.modules["_gpu_rates"]
+    monkeypatch.setattr(rates_module.torch.cuda, "synchronize", lambda: None)
+    rates = rates_module.device_rates(torch.device("cpu"), batch=2, repeat=1)
+    assert set(rates) == {
+        "normalize_bf16_img_s",
+        "normalize_f32_img_s",
+        "augment_img_s",
+        "prefetch_pageable_img_s",
+    }
+    assert all(rate > 0 for rate in rates.values())
+    photos = rates_module.photo_jpegs(2)
+    assert [data[:2] for data in photos] == [b"\xff\xd8"] * 2

@@ -21,6 +21,7 @@ from fastdata.gpu import (
     to_device,
 )
 from fastdata.gpu.prefetch import MAX_STEPS_AHEAD
+from tests.gpu.cuda_checks import host_syncs, spin
 
 pytestmark = pytest.mark.gpu
 
@@ -127,12 +128,20 @@ def test_handed_out_memory_is_not_reused_while_the_consumer_reads_it() -> None:
 
 
 def test_consumer_on_its_own_stream() -> None:
+    # The transform spins on the side stream before it writes the batch, and the consumer,
+    # on a stream of its own, reads at once: right values only if that stream waits.
+    normalize = Normalize([0.0] * 3, [1.0] * 3).cuda()
+
+    def slow_normalize(images: torch.Tensor) -> torch.Tensor:
+        spin(10 * SPIN_CYCLES)  # queued on the side stream, before the batch is written
+        return normalize(images)
+
     consumer = torch.cuda.Stream()
     means = []
     with torch.cuda.stream(consumer):
-        for images, _ in DevicePrefetcher(_batches(6, size=128), "cuda"):
-            torch.cuda._sleep(SPIN_CYCLES)
-            means.append(images.float().mean())
+        prefetcher = DevicePrefetcher(_batches(6, size=128), "cuda", transform={0: slow_normalize})
+        for images, _ in prefetcher:
+            means.append(images.mean())  # read at once, on the consumer's stream
     consumer.synchronize()
     assert [round(m.item()) for m in means] == list(range(6))
 
@@ -203,8 +212,17 @@ def test_early_break_and_reiteration_leak_nothing() -> None:
 
 
 def test_device_index_and_int_device() -> None:
-    assert DevicePrefetcher([], "cuda").device == torch.device("cuda", torch.cuda.current_device())
-    assert DevicePrefetcher([], 0).device == torch.device("cuda", 0)
+    # cuda:1 where two GPUs exist (not the current device): the batches must land there
+    last = torch.cuda.device_count() - 1
+    target = torch.device("cuda", last)
+    current = torch.device("cuda", torch.cuda.current_device())
+    for device, expected in (("cuda", current), (last, target), (f"cuda:{last}", target)):
+        normalize = Normalize(MEAN, STD).to(expected)
+        prefetcher = DevicePrefetcher(_batches(2), device, transform={0: normalize})
+        assert prefetcher.device == expected
+        for images, labels in prefetcher:
+            assert images.device == expected and labels.device == expected
+            assert images.dtype == torch.float32
 
 
 def test_host_fields_stay_on_the_host_under_cuda() -> None:
@@ -246,3 +264,25 @@ def test_endless_loader_with_early_break_releases_its_batch() -> None:
             break
     del images, _labels, prefetcher
     assert _settled_allocated() == baseline
+
+
+def test_steady_state_prefetching_makes_no_host_sync() -> None:
+    batches = [(b[0].pin_memory(), b[1].pin_memory()) for b in _batches(12, size=128)]
+    prefetcher = DevicePrefetcher(batches, "cuda", transform={0: Normalize(MEAN, STD).cuda()})
+    list(prefetcher)  # warm-up: allocator, kernels
+    steps = iter(prefetcher)
+    assert host_syncs(lambda: [next(steps) for _ in range(8)]) == 0
+    list(steps)
+
+
+def test_normalize_and_augmentation_make_no_host_sync() -> None:
+    normalize = Normalize(MEAN, STD, dtype=torch.bfloat16, channels_last=True).cuda()
+    flip, crop = DeviceRandomHorizontalFlip(seed=1), DeviceRandomResizedCrop(64, seed=1)
+    images = torch.randint(0, 256, (8, 3, 96, 96), dtype=torch.uint8, device="cuda")
+
+    def step() -> None:
+        normalize(crop(flip(images)))
+        repr(normalize)  # printing a model reads no buffer back
+
+    step()
+    assert host_syncs(step) == 0

@@ -201,3 +201,14 @@ def test_mask_to_long_validation() -> None:
         MaskToLong()(torch.zeros(1, 2, 2, 2, dtype=torch.uint8))
     with pytest.raises(ValueError, match=r"masks must be \(B, H, W\)"):
         MaskToLong()(torch.zeros(2, 2, dtype=torch.uint8))
+
+
+def test_repr_reads_no_buffer_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    # printing a model must not sync the host: `.tolist()` of a CUDA buffer would
+    normalize = Normalize([123.675, 116.28, 103.53], [58.395, 57.12, 57.375])
+
+    def no_read_back(self: torch.Tensor) -> list[float]:
+        raise AssertionError("a buffer was read back")
+
+    monkeypatch.setattr(torch.Tensor, "tolist", no_read_back)
+    assert "mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375]" in repr(normalize)

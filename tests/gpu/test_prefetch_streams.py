@@ -162,3 +162,43 @@ def test_every_handed_out_tensor_is_recorded_on_the_consumer_stream(
         # recorded before it is handed out, after the consumer's wait for its event
         assert recorded[-1] == (int(batch[0]), "consumer")
     assert recorded == [(0, "consumer"), (1, "consumer"), (2, "consumer")]
+
+
+@pytest.mark.parametrize(
+    ("local_rank", "count", "current", "expected"),
+    [
+        (None, 4, 1, 1),  # not under torchrun: the current device
+        ("2", 4, 0, 2),  # built before torch.cuda.set_device(local_rank): the rank's GPU
+        ("2", 4, 2, 2),  # after set_device
+        ("3", 1, 0, 0),  # one GPU visible per rank (CUDA_VISIBLE_DEVICES)
+        ("5", 4, 0, 0),  # a local rank beyond the visible GPUs: the current device
+    ],
+)
+def test_bare_cuda_under_torchrun_is_the_local_ranks_gpu(
+    monkeypatch: pytest.MonkeyPatch,
+    local_rank: str | None,
+    count: int,
+    current: int,
+    expected: int,
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
+    if local_rank is None:
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+    assert prefetch_module.resolve_device("cuda") == torch.device("cuda", expected)
+    assert prefetch_module.resolve_device("cuda:3") == torch.device("cuda", 3)  # as given
+    assert prefetch_module.resolve_device(1) == torch.device("cuda", 1)
+
+
+def test_bare_cuda_set_to_another_gpu_than_the_local_rank_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    with pytest.raises(ValueError, match="LOCAL_RANK=2 but the current CUDA device is 1"):
+        prefetch_module.resolve_device("cuda")

@@ -10,6 +10,7 @@ and both give back plain tensors and lists.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -27,16 +28,43 @@ class _CollatedTensor(torch.Tensor):
     """Marks a batch tensor ``__getitems__`` already collated (first field, or the only one).
 
     Operations on it return plain tensors, except indexing, which returns a
-    :class:`_CollatedRow` so that the default collate recognises a one-field batch too.
+    :class:`_CollatedRow` so that the default collate recognises a one-field batch too, and
+    ``detach()``, which keeps the type as ``torch.nn.Parameter(batch)`` requires. Copies,
+    pickles and ``torch.save`` give plain tensors (a parameter made from a batch gives a
+    plain ``Parameter``), so the private type never reaches a file or another process.
     """
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         with torch._C.DisableTorchFunctionSubclass():
             out = func(*args, **(kwargs or {}))
-        if func is torch.Tensor.__getitem__ and type(out) is torch.Tensor:
-            return out.as_subclass(_CollatedRow)
+        if type(out) is torch.Tensor:
+            if func is torch.Tensor.__getitem__:
+                return out.as_subclass(_CollatedRow)
+            if func is torch.Tensor.detach:
+                return out.as_subclass(cls)
         return out
+
+    def _plain(self) -> torch.Tensor:
+        """The same memory as a plain tensor, or a plain ``Parameter`` if this is one."""
+        plain = self.as_subclass(torch.Tensor)
+        if getattr(self, "_is_param", False):  # torch.nn.Parameter(batch) marks it so
+            return torch.nn.Parameter(torch.Tensor.detach(plain), self.requires_grad)
+        return plain
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return self._plain().__reduce_ex__(protocol)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
+        if id(self) not in memo:
+            plain = self._plain()
+            if type(plain) is torch.Tensor and not plain.is_leaf:
+                plain = torch.Tensor.detach(plain)  # deepcopy takes leaves only, as for tensors
+            memo[id(self)] = copy.deepcopy(plain, memo)
+        return memo[id(self)]
+
+    def __repr__(self, *, tensor_contents: Any = None) -> Any:  # type: ignore[override]
+        return repr(self._plain())
 
 
 class _CollatedList(list):

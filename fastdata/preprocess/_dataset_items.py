@@ -7,7 +7,7 @@ An image is a PIL image (any mode; converted to RGB as torchvision's loader does
 kept gray), a uint8 ndarray ``(H, W, 3)``, ``(H, W, 1)`` or ``(H, W)``, or a uint8 tensor
 ``(3, H, W)``, ``(1, H, W)`` or ``(H, W)``. A mask is a single-channel PIL image or an
 integer ``(H, W)`` array/tensor with values 0-255, the image's size. A label is an integer
-(Python, NumPy, or a one-element integer array/tensor). Anything else raises a
+(Python, NumPy, or a one-element integer array/tensor) in ``0..2**63 - 1``. Anything else raises a
 :class:`DatasetTypeError`/:class:`DatasetValueError` naming the index and what it
 found. torch is never imported here: a dataset of tensors has imported it already.
 """
@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from PIL import Image
 
+from fastdata._labels import check_label
 from fastdata.errors import DecodeError, PreprocessError
 
 IMAGE_KEYS = ("image", "img")
@@ -225,12 +226,12 @@ def _mask_pixels(value: Any, index: int, image_hw: tuple[int, int]) -> np.ndarra
 
 def _label_value(value: Any, index: int) -> int:
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
-        return int(value)
+        return check_label(int(value), where(index), DatasetValueError)
     shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
     if shape is not None and dtype is not None and int(np.prod(shape)) == 1:
         array = _to_numpy(value, index, "label") if not isinstance(value, np.ndarray) else value
         if array.dtype.kind in "iu":
-            return int(array.reshape(()))
+            return check_label(int(array.reshape(())), where(index), DatasetValueError)
     raise DatasetTypeError(
         f"{where(index)}: the label is a {_describe(value)} ({value!r:.40}); expected an "
         "integer (int, NumPy integer or a one-element integer tensor)"

@@ -327,6 +327,10 @@ def test_a_class_defined_on_stdin_is_read_in_the_parent_where_forking_is_unsafe(
     assert "and CUDA is initialised in this process" in done.stderr
 
 
+# The one label rule, as every source states it.
+_LABEL_RANGE = r"dataset\[5\] has label {}; labels must be integers in 0\.\.9223372036854775807$"
+
+
 @pytest.mark.parametrize(
     ("item", "error", "message"),
     [
@@ -360,6 +364,14 @@ def test_a_class_defined_on_stdin_is_read_in_the_parent_where_forking_is_unsafe(
         ),
         ((pixels(0), "cat"), DatasetTypeError, r"dataset\[5\]: the label is a str \('cat'\)"),
         ((pixels(0), 1.5), DatasetTypeError, r"the label is a float"),
+        ((pixels(0), -1), DatasetValueError, _LABEL_RANGE.format(r"-1")),
+        ((pixels(0), 2**63), DatasetValueError, _LABEL_RANGE.format(r"9223372036854775808")),
+        (
+            (pixels(0), np.uint64(2**63)),
+            DatasetValueError,
+            _LABEL_RANGE.format(r"9223372036854775808"),
+        ),
+        ((pixels(0), torch.tensor([-2])), DatasetValueError, _LABEL_RANGE.format(r"-2")),
         (
             (pixels(0), 1, np.zeros((5, 5), np.uint8)),
             DatasetValueError,

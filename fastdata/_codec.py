@@ -11,6 +11,12 @@ backend: ``cpu``, ``dali``, ``nvjpeg``): a JPEG's orientation tag is applied, so
 out as the photo is displayed (OpenCV's and ``PIL.ImageOps.exif_transpose``'s rule).
 :func:`orient` applies the same flip/rotation to other arrays (a segmentation mask).
 
+Bit depth: pixels are 8 bits. A 16-bit image (PNG, TIFF; PIL modes ``I;16``...) keeps its
+high byte (``value >> 8``), OpenCV's rule for such files, whether it is decoded from a file
+or handed over as a PIL image (:func:`pil_pixels`). 32-bit integer and floating-point images
+(PIL modes ``I`` and ``F``) have no one 8-bit reading (their range is the producer's
+choice) and are refused, naming the mode, on every path.
+
 Limits: an image whose header claims more than ``max_pixels`` pixels (default
 :data:`DEFAULT_MAX_PIXELS`, PIL's limit) is refused before any pixel is decoded, and a JPEG
 whose data ends before its frame is complete (a corrupt or lying frame header) is an
@@ -67,6 +73,60 @@ _HARMLESS = "extraneous bytes before marker"
 # Start and end of the formats fastdata stores (JPEG, PNG): bytes that start so and do not
 # decode are damaged (truncated when the end is missing), not of an unknown kind.
 _FORMAT_ENDS = {b"\xff\xd8": b"\xff\xd9", b"\x89PNG\r\n\x1a\n": b"IEND\xaeB`\x82"}
+
+
+# PIL modes of 16-bit pixels (native, little- and big-endian), and of wider ones.
+_SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
+_WIDE_MODES = {"I": "32-bit integer", "F": "32-bit floating-point"}
+
+
+def wide_mode_message(mode: str) -> str:
+    """Why an image of PIL mode ``I`` or ``F`` is refused, and what to do instead."""
+    return (
+        f"PIL mode {mode} ({_WIDE_MODES[mode]} pixels) has no one 8-bit reading: scale the "
+        "image to uint8 (or to 16 bits, PIL mode I;16) first"
+    )
+
+
+def pil_pixels(image: Image.Image) -> np.ndarray:
+    """The uint8 pixels of a PIL image, by the rule files are decoded with.
+
+    ``L`` and ``RGB`` as they are; ``1`` as ``L``; 16-bit modes (``I;16``, ``I;16B``...)
+    as ``L`` keeping the high byte (``value >> 8``, as OpenCV reads a 16-bit PNG or TIFF);
+    every other mode converted to ``RGB`` as torchvision's loader does (``P``, ``RGBA``,
+    ``CMYK``...).
+
+    Returns:
+        ``(H, W)`` uint8 for one channel, ``(H, W, 3)`` uint8 RGB otherwise.
+
+    Raises:
+        ValueError: The mode is ``I`` or ``F`` (no 8-bit rule), or PIL cannot convert it
+            to RGB (the message names the mode).
+    """
+    mode = image.mode
+    if mode in ("L", "RGB"):
+        return np.asarray(image)
+    if mode in _SIXTEEN_BIT_MODES:
+        return (np.asarray(image).astype(np.uint16) >> 8).astype(np.uint8)
+    if mode in _WIDE_MODES:
+        raise ValueError(wide_mode_message(mode))
+    try:
+        return np.asarray(image.convert("L" if mode == "1" else "RGB"))
+    except ValueError as exc:  # a mode PIL cannot convert (OSError: a corrupt file)
+        raise ValueError(
+            f"PIL cannot convert mode {mode} to RGB ({exc}): convert the image to RGB or L first"
+        ) from exc
+
+
+def _wide_mode(buf: np.ndarray) -> str | None:
+    """``I`` or ``F`` when PIL reads ``buf`` as an image of that mode (OpenCV cannot)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Image.open(io.BytesIO(buf.tobytes())) as pil:
+                return pil.mode if pil.mode in _WIDE_MODES else None
+    except Exception:  # not an image PIL knows either
+        return None
 
 
 class JpegHeader(NamedTuple):
@@ -341,6 +401,9 @@ def decode_reduced(
     except cv2.error as exc:  # e.g. a size over OpenCV's own limit
         raise DecodeError(f"not a decodable image (OpenCV: {_first_line(exc)})", source) from exc
     if image is None:
+        mode = None if header is not None else _wide_mode(buf)
+        if mode is not None:
+            raise DecodeError(wide_mode_message(mode), source, "not_an_image")
         raise DecodeError(
             "not a decodable image (corrupt, truncated or unknown format)",
             source,

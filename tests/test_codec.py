@@ -17,6 +17,7 @@ from fastdata._codec import (
     jpeg_header,
     jpeg_size,
     orient,
+    pil_pixels,
     reduction_factors,
     reduction_for,
 )
@@ -212,3 +213,28 @@ def test_decode_errors_say_why_in_reason() -> None:
             decode_image(data, max_pixels=1000, source="big")
         assert caught.value.reason == "too_large" and caught.value.source == "big"
         assert str(caught.value) == f"{caught.value.message}: big"
+
+
+def test_sixteen_bit_pixels_keep_their_high_byte_decoded_or_handed_over_as_pil() -> None:
+    gray = np.random.default_rng(3).integers(0, 65536, (9, 11), dtype=np.uint16)
+    encoded = cv2.imencode(".png", gray)[1].tobytes()
+    pil = Image.open(io.BytesIO(encoded))
+    assert pil.mode == "I;16"
+    expected = (gray >> 8).astype(np.uint8)
+    np.testing.assert_array_equal(decode_image(encoded, grayscale=True), expected)
+    np.testing.assert_array_equal(pil_pixels(pil), expected)
+    big_endian = Image.frombuffer("I;16B", (11, 9), gray.astype(">u2").tobytes())
+    np.testing.assert_array_equal(pil_pixels(big_endian), expected)
+
+
+@pytest.mark.parametrize("mode", ["I", "F"])
+def test_wide_images_are_refused_naming_the_mode(mode: str) -> None:
+    pixels = np.full((6, 5), 3, np.int32 if mode == "I" else np.float32)
+    stream = io.BytesIO()
+    Image.fromarray(pixels).save(stream, format="TIFF")
+    message = rf"PIL mode {mode} \(32-bit .*\) has no one 8-bit reading"
+    with pytest.raises(DecodeError, match=rf"{message}.*: wide\.tiff$") as caught:
+        decode_image(stream.getvalue(), source="wide.tiff")
+    assert caught.value.reason == "not_an_image"
+    with pytest.raises(ValueError, match=message):
+        pil_pixels(Image.open(stream))

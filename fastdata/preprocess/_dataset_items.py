@@ -3,8 +3,10 @@
 An item is ``(image, label)``, ``(image, label, mask)``, ``(image, mask)``, a bare image,
 or a dict with an image under ``"image"``/``"img"``, optionally a label under
 ``"label"``/``"labels"``/``"target"`` and a mask under ``"mask"`` (other keys ignored).
-An image is a PIL image (any mode; converted to RGB as torchvision's loader does, ``L``
-kept gray), a uint8 ndarray ``(H, W, 3)``, ``(H, W, 1)`` or ``(H, W)``, or a uint8 tensor
+An image is a PIL image (any mode but ``I`` and ``F``, read by
+:func:`fastdata._codec.pil_pixels`, the rule files are decoded with: ``L`` and 16-bit modes
+gray, 16 bits keeping their high byte; other modes converted to RGB as torchvision's
+loader does), a uint8 ndarray ``(H, W, 3)``, ``(H, W, 1)`` or ``(H, W)``, or a uint8 tensor
 ``(3, H, W)``, ``(1, H, W)`` or ``(H, W)``. A mask is a single-channel PIL image or an
 integer ``(H, W)`` array/tensor with values 0-255, the image's size. A label is an integer
 (Python, NumPy, or a one-element integer array/tensor) in ``0..2**63 - 1``. Anything else raises a
@@ -22,6 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from PIL import Image
 
+from fastdata._codec import pil_pixels
 from fastdata._labels import check_label
 from fastdata.errors import DecodeError, PreprocessError
 
@@ -141,16 +144,12 @@ def _to_numpy(value: Any, index: int, part: str) -> np.ndarray:
 def _image_pixels(value: Any, index: int) -> np.ndarray:
     """``(H, W, 3)`` or ``(H, W, 1)`` uint8, C-contiguous."""
     if isinstance(value, Image.Image):
-        if value.mode in ("L", "RGB"):
-            pixels = np.asarray(value)
-        else:  # P, RGBA, CMYK, 1...: what torchvision's loader does, convert("RGB")
-            try:
-                pixels = np.asarray(value.convert("L" if value.mode == "1" else "RGB"))
-            except ValueError as exc:  # a mode PIL cannot convert (OSError: a corrupt file)
-                raise DatasetValueError(
-                    f"{where(index)}: the image is a {_describe(value)}, which PIL cannot "
-                    f"convert to RGB ({exc}); convert it to RGB or L in the dataset"
-                ) from exc
+        try:
+            pixels = pil_pixels(value)  # the decoders' rule: 16 bits keep the high byte
+        except ValueError as exc:  # I or F, or a mode PIL cannot convert (OSError: corrupt)
+            raise DatasetValueError(
+                f"{where(index)}: the image is a {_describe(value)}; {exc}"
+            ) from exc
     else:
         is_tensor = not isinstance(value, np.ndarray)
         array = _to_numpy(value, index, "image")

@@ -39,9 +39,9 @@ from typing import NamedTuple
 
 import cv2
 import numpy as np
-import simplejpeg
 from PIL import Image
 
+from fastdata._turbojpeg import JpegPlan, decode_turbo
 from fastdata.errors import DecodeError, DecodeReason
 
 _REDUCED_COLOR = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2,
@@ -64,12 +64,6 @@ _ORIENTATION_TAG = 0x0112
 # PIL's Image.MAX_IMAGE_PIXELS (a 1 GiB RGBA image): above it PIL warns of a decompression
 # bomb. An 89.5-megapixel RGB image is 268 MB decoded.
 DEFAULT_MAX_PIXELS = 89_478_485
-# simplejpeg's messages for data that ends early or is damaged (libjpeg "warnings" that
-# OpenCV would decode into grey blocks); other rejections fall back to OpenCV, and so do
-# stray bytes before a marker (harmless, common in camera files).
-_TRUNCATED = "Premature end of JPEG file"
-_CORRUPT = ("Corrupt JPEG data", _TRUNCATED)
-_HARMLESS = "extraneous bytes before marker"
 # Start and end of the formats fastdata stores (JPEG, PNG): bytes that start so and do not
 # decode are damaged (truncated when the end is missing), not of an unknown kind.
 _FORMAT_ENDS = {b"\xff\xd8": b"\xff\xd9", b"\x89PNG\r\n\x1a\n": b"IEND\xaeB`\x82"}
@@ -332,6 +326,7 @@ def decode_image(
     exif_orientation: bool = True,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     source: str = "<bytes>",
+    damaged: list[DecodeError] | None = None,
 ) -> np.ndarray:
     """Decode an encoded image (JPEG, PNG, BMP, WebP, TIFF…) to uint8 pixels.
 
@@ -346,13 +341,17 @@ def decode_image(
             default, and keeps the pixels aligned with the frame header's size.
         max_pixels: Refuse an image whose header claims more pixels (``None``: no limit).
         source: Where the bytes came from, for the error message.
+        damaged: ``None`` (default): a JPEG whose data is damaged (libjpeg warns, see
+            :mod:`fastdata._turbojpeg`) is a ``DecodeError``. A list: such an image is
+            decoded anyway and a ``DecodeError`` with ``kept=True`` describing the damage is
+            appended to it (``on_error="warn"``).
 
     Returns:
         ``(H, W, 3)`` uint8 RGB, or ``(H, W)`` uint8 when ``grayscale``.
 
     Raises:
         DecodeError: The bytes are not a decodable image (corrupt, truncated, empty, or
-            larger than ``max_pixels``).
+            larger than ``max_pixels``), or a damaged JPEG when ``damaged`` is ``None``.
     """
     buf = np.frombuffer(data, dtype=np.uint8) if isinstance(data, bytes) else data
     header = jpeg_header(buf)
@@ -370,6 +369,7 @@ def decode_image(
         exif_orientation=exif_orientation,
         source=source,
         max_pixels=max_pixels,
+        damaged=damaged,
     )
 
 
@@ -382,6 +382,7 @@ def decode_reduced(
     exif_orientation: bool,
     source: str,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    damaged: list[DecodeError] | None = None,
 ) -> np.ndarray:
     """:func:`decode_image` for callers that already parsed the header (``None``: not a
     JPEG) and chose the reduction ``factor`` (1, 2, 4 or 8; JPEGs only)."""
@@ -390,8 +391,11 @@ def decode_reduced(
     if header is not None:
         check_pixels((header.height, header.width), max_pixels, source)
         if header.components != 4:
-            fast = _decode_simplejpeg(buf, header, factor, grayscale, source)
+            # the smallest libjpeg scale that is at least 1/factor is 1/factor itself
+            plan = JpegPlan(-(-header.height // factor), -(-header.width // factor), grayscale)
+            fast = decode_turbo(buf, plan, source, damaged)
             if fast is not None:
+                fast = fast[:, :, 0] if grayscale else fast
                 return orient(fast, header.orientation) if exif_orientation else fast
     flag = (_REDUCED_GRAY if grayscale else _REDUCED_COLOR)[factor]
     if not exif_orientation:
@@ -426,29 +430,3 @@ def _undecodable_reason(buf: np.ndarray) -> DecodeReason:
 def _first_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     return lines[-1] if lines else type(exc).__name__
-
-
-def _decode_simplejpeg(
-    buf: np.ndarray, header: JpegHeader, factor: int, grayscale: bool, source: str
-) -> np.ndarray | None:
-    """The JPEG at ``1/factor`` scale as stored, or ``None`` when simplejpeg cannot handle
-    it (then OpenCV decides).
-
-    Raises:
-        DecodeError: The data is damaged or ends early (e.g. a frame header claiming a
-            larger image than the data holds): OpenCV would return grey blocks.
-    """
-    try:
-        image = simplejpeg.decode_jpeg(
-            buf,
-            colorspace="GRAY" if grayscale else "RGB",
-            # the smallest libjpeg scale that is at least 1/factor is 1/factor itself
-            min_height=-(-header.height // factor),
-            min_width=-(-header.width // factor),
-        )
-    except ValueError as exc:
-        if str(exc).startswith(_CORRUPT) and _HARMLESS not in str(exc):
-            reason: DecodeReason = "truncated" if _TRUNCATED in str(exc) else "corrupt"
-            raise DecodeError(f"corrupt or truncated JPEG ({exc})", source, reason) from exc
-        return None
-    return image[:, :, 0] if grayscale else image

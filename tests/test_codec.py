@@ -22,7 +22,7 @@ from fastdata._codec import (
     reduction_for,
 )
 from fastdata.errors import DecodeError
-from tests.decode.conftest import encode, exif_rotated_jpeg, rgb_jpeg, smooth_rgb
+from tests.decode.conftest import damaged_jpeg, encode, exif_rotated_jpeg, rgb_jpeg, smooth_rgb
 
 
 def _jpeg(height: int, width: int, quality: int = 95) -> tuple[np.ndarray, bytes]:
@@ -238,3 +238,25 @@ def test_wide_images_are_refused_naming_the_mode(mode: str) -> None:
     assert caught.value.reason == "not_an_image"
     with pytest.raises(ValueError, match=message):
         pil_pixels(Image.open(stream))
+
+
+def test_damaged_entropy_data_is_an_error_or_kept_and_reported(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    data = damaged_jpeg()
+    assert cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR) is not None
+    capfd.readouterr()  # OpenCV decoded it, printing libjpeg's warning
+    with pytest.raises(DecodeError, match=r"Corrupt JPEG data: .*: x\.jpg$") as caught:
+        decode_image(data, source="x.jpg")
+    assert caught.value.reason == "corrupt" and not caught.value.kept
+    damaged: list[DecodeError] = []
+    for min_side in (None, 16):  # full size, and a reduced decode
+        image = decode_image(data, source="x.jpg", damaged=damaged, min_side=min_side)
+        assert image.shape == ((64, 96, 3) if min_side is None else (16, 24, 3))
+    assert [(error.kept, error.reason, error.source) for error in damaged] == [
+        (True, "corrupt", "x.jpg")
+    ] * 2
+    assert "Corrupt JPEG data" not in capfd.readouterr().err  # nothing printed on stderr
+    good: list[DecodeError] = []
+    decode_image(rgb_jpeg(48, 64), damaged=good)
+    assert good == []

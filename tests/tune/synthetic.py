@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,6 +14,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
+from fastdata.tune._measure import LoaderConfig, Measurement, Window, predict_bytes
 
 
 def burn_cpu(seconds: float) -> None:
@@ -165,6 +167,53 @@ def virtual_step(clock: VirtualClock, seconds: float) -> Any:
         clock.spend(blocked_s=seconds)
 
     return step
+
+
+class ModelledWindows:
+    """Stands in for ``run_window``: each configuration delivers the batches per second a
+    model says, so a test of the search holds however loaded the machine is (throughput on
+    real clocks is what ``benchmarks/bench_autotune.py`` measures).
+
+    Args:
+        rate: Batches per second of a configuration (the whole loop: reading and step).
+        step_s: Seconds per batch the step takes (the rest of a batch's time is waiting).
+        batch_bytes: Bytes of one batch.
+        worker_bytes: Unique memory of one worker process, bytes.
+    """
+
+    def __init__(
+        self,
+        rate: Callable[[LoaderConfig], float],
+        *,
+        step_s: float = 0.0,
+        batch_bytes: int = 1 << 10,
+        worker_bytes: int = 32 << 20,
+    ) -> None:
+        self.rate, self.step_s = rate, step_s
+        self.batch_bytes, self.worker_bytes = batch_bytes, worker_bytes
+
+    def __call__(self, dataset: Any, batch_size: int, config: LoaderConfig, **_: Any) -> Window:
+        if config.num_threads is not None:  # as the real window does
+            dataset.num_threads = config.num_threads
+        per_s = self.rate(config)
+        workers = config.num_workers > 0
+        measurement = Measurement(
+            config=config,
+            batches_per_s=per_s,
+            spread=0.0,
+            wait_s=max(0.0, 1 / per_s - self.step_s),
+            step_s=self.step_s,
+            startup_s=0.0,
+            predicted_bytes=predict_bytes(config, self.batch_bytes, self.worker_bytes),
+            worker_bytes=self.worker_bytes if workers else None,
+            num_batches=10,
+        )
+        return Window(measurement, self.batch_bytes)
+
+    def install(self, monkeypatch: Any) -> None:
+        from fastdata.tune import _search  # noqa: PLC0415 - patched here only
+
+        monkeypatch.setattr(_search, "run_window", self)
 
 
 def passthrough(batch: Any) -> Any:

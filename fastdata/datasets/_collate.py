@@ -18,37 +18,27 @@ from torch.utils.data import default_collate
 from torch.utils.data._utils.collate import default_collate_fn_map
 
 
-class _CollatedRow(torch.Tensor):
-    """``batch[0]`` of a marked one-field batch: what the default collate dispatches on."""
+class _Marked(torch.Tensor):
+    """A tensor marked for the default collate that otherwise works as a plain one.
 
-    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
-
-
-class _CollatedTensor(torch.Tensor):
-    """Marks a batch tensor ``__getitems__`` already collated (first field, or the only one).
-
-    Operations on it return plain tensors, except indexing, which returns a
-    :class:`_CollatedRow` so that the default collate recognises a one-field batch too, and
-    ``detach()``, which keeps the type as ``torch.nn.Parameter(batch)`` requires. Copies,
-    pickles and ``torch.save`` give plain tensors (a parameter made from a batch gives a
-    plain ``Parameter``), so the private type never reaches a file or another process.
+    Operations on it return plain tensors, except ``detach()``, which keeps the type as
+    ``torch.nn.Parameter(value)`` requires. Copies, pickles and ``torch.save`` give plain
+    tensors (a parameter made from one gives a plain ``Parameter``), so the private type
+    never reaches a file or another process.
     """
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         with torch._C.DisableTorchFunctionSubclass():
             out = func(*args, **(kwargs or {}))
-        if type(out) is torch.Tensor:
-            if func is torch.Tensor.__getitem__:
-                return out.as_subclass(_CollatedRow)
-            if func is torch.Tensor.detach:
-                return out.as_subclass(cls)
+        if func is torch.Tensor.detach and type(out) is torch.Tensor:
+            return out.as_subclass(cls)
         return out
 
     def _plain(self) -> torch.Tensor:
         """The same memory as a plain tensor, or a plain ``Parameter`` if this is one."""
         plain = self.as_subclass(torch.Tensor)
-        if getattr(self, "_is_param", False):  # torch.nn.Parameter(batch) marks it so
+        if getattr(self, "_is_param", False):  # torch.nn.Parameter(value) marks it so
             return torch.nn.Parameter(torch.Tensor.detach(plain), self.requires_grad)
         return plain
 
@@ -65,6 +55,25 @@ class _CollatedTensor(torch.Tensor):
 
     def __repr__(self, *, tensor_contents: Any = None) -> Any:  # type: ignore[override]
         return repr(self._plain())
+
+
+class _CollatedRow(_Marked):
+    """``batch[0]`` of a marked one-field batch: what the default collate dispatches on."""
+
+
+class _CollatedTensor(_Marked):
+    """Marks a batch tensor ``__getitems__`` already collated (first field, or the only one).
+
+    As :class:`_Marked`; indexing it returns a :class:`_CollatedRow`, so that the default
+    collate recognises a one-field batch too.
+    """
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = super().__torch_function__(func, types, args, kwargs)
+        if func is torch.Tensor.__getitem__ and type(out) is torch.Tensor:
+            return out.as_subclass(_CollatedRow)
+        return out
 
 
 class _CollatedList(list):

@@ -138,6 +138,10 @@ def test_a_batch_from_getitems_works_as_any_tensor(raw_shards: Reference) -> Non
     assert type(copy.deepcopy(model).frozen) is torch.nn.Parameter
     np.testing.assert_array_equal(images.numpy(), raw_shards.images[0:4])
     assert repr(images) == repr(expected)
+    sample = images[1]  # a sample of the batch works the same
+    assert torch.equal(torch.nn.Parameter(sample, requires_grad=False), expected[1])
+    for copied in (copy.deepcopy(sample), _saved_and_loaded(sample)):
+        assert type(copied) is torch.Tensor and torch.equal(copied, expected[1])
     del images, _labels
     for start in (4, 8, 12):  # later batches of the shape never write into the parameter
         dataset.__getitems__(list(range(start, start + 4)))

@@ -390,13 +390,16 @@ def decode_reduced(
         raise DecodeError("empty image data", source, "empty")
     if header is not None:
         check_pixels((header.height, header.width), max_pixels, source)
+        # the smallest libjpeg scale that is at least 1/factor is 1/factor itself
+        min_hw = (-(-header.height // factor), -(-header.width // factor))
         if header.components != 4:
-            # the smallest libjpeg scale that is at least 1/factor is 1/factor itself
-            plan = JpegPlan(-(-header.height // factor), -(-header.width // factor), grayscale)
+            plan = JpegPlan(*min_hw, "GRAY" if grayscale else "RGB")
             fast = decode_turbo(buf, plan, source, damaged)
             if fast is not None:
                 fast = fast[:, :, 0] if grayscale else fast
                 return orient(fast, header.orientation) if exif_orientation else fast
+        else:  # OpenCV converts CMYK/YCCK; its libjpeg would keep damaged data silently
+            decode_turbo(buf, JpegPlan(*min_hw, "CMYK"), source, damaged)
     flag = (_REDUCED_GRAY if grayscale else _REDUCED_COLOR)[factor]
     if not exif_orientation:
         flag |= cv2.IMREAD_IGNORE_ORIENTATION

@@ -41,7 +41,7 @@ class JpegPlan(NamedTuple):
 
     min_height: int
     min_width: int
-    grayscale: bool
+    colorspace: str  # "RGB", "GRAY", or "CMYK" (to check a CMYK file OpenCV then decodes)
 
 
 def decode_turbo(
@@ -58,13 +58,13 @@ def decode_turbo(
             ``None`` to refuse damaged images.
 
     Returns:
-        ``(H, W, 3)`` RGB or ``(H, W, 1)`` gray uint8, or ``None``.
+        ``(H, W, C)`` uint8 in ``plan.colorspace`` (``C`` = 3, 1 or 4), or ``None``.
 
     Raises:
         DecodeError: The data is truncated, or damaged and ``damaged`` is ``None``.
     """
     options = {
-        "colorspace": "GRAY" if plan.grayscale else "RGB",
+        "colorspace": plan.colorspace,
         "min_height": plan.min_height,
         "min_width": plan.min_width,
     }

@@ -260,3 +260,16 @@ def test_damaged_entropy_data_is_an_error_or_kept_and_reported(
     good: list[DecodeError] = []
     decode_image(rgb_jpeg(48, 64), damaged=good)
     assert good == []
+
+
+def test_a_damaged_cmyk_jpeg_is_judged_as_any_other() -> None:
+    data = damaged_jpeg(mode="CMYK")
+    with pytest.raises(DecodeError, match=r"Corrupt JPEG data: .*: x\.jpg$"):
+        decode_image(data, source="x.jpg")
+    damaged: list[DecodeError] = []
+    image = decode_image(data, source="x.jpg", damaged=damaged)  # OpenCV converts CMYK
+    bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    np.testing.assert_array_equal(image, cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
+    assert [error.kept for error in damaged] == [True]
+    cmyk = encode(Image.fromarray(smooth_rgb(30, 40)).convert("CMYK"))
+    assert decode_image(cmyk, damaged=damaged).shape == (30, 40, 3) and len(damaged) == 1

@@ -3,8 +3,10 @@
 JPEGs go through simplejpeg (libjpeg-turbo's TurboJPEG API): it decodes straight to RGB,
 without ``cv2.imdecode``'s separate BGR-to-RGB pass, to the same bytes (both are
 libjpeg-turbo with its default IDCT and upsampling). Everything else goes through OpenCV:
-other formats, CMYK/YCCK JPEGs, JPEGs whose EXIF orientation must be applied, and JPEGs
-that simplejpeg rejects.
+other formats, CMYK/YCCK JPEGs (checked by simplejpeg first), and JPEGs that simplejpeg
+rejects. A JPEG whose data libjpeg warns about is judged by one rule
+(:mod:`fastdata._turbojpeg`): an error, or kept and reported when the caller asks
+(``damaged=``, the ``on_error="warn"`` policy).
 
 EXIF orientation: one rule everywhere (preprocessing, ``RAMDataset`` and every decoder
 backend: ``cpu``, ``dali``, ``nvjpeg``): a JPEG's orientation tag is applied, so pixels come
@@ -20,9 +22,9 @@ choice) and are refused, naming the mode, on every path.
 Limits: an image whose header claims more than ``max_pixels`` pixels (default
 :data:`DEFAULT_MAX_PIXELS`, PIL's limit) is refused before any pixel is decoded, and a JPEG
 whose data ends before its frame is complete (a corrupt or lying frame header) is an
-error, not a grey image. Any exception a decoding library raises on the bytes becomes a
-:class:`DecodeError`, so callers apply their ``on_error`` policy; ``MemoryError`` is not
-converted.
+error under every policy, not a grey image. Any exception a decoding library raises on the
+bytes becomes a :class:`DecodeError`, so callers apply their ``on_error`` policy;
+``MemoryError`` is not converted.
 
 For JPEGs that are at least twice the wanted size, libjpeg-turbo can decode at 1/2, 1/4 or
 1/8 scale straight from the DCT coefficients, which costs a fraction of a full decode.

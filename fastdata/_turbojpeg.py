@@ -18,6 +18,7 @@ returns the image. fastdata decodes strictly and judges each warning:
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 import numpy as np
@@ -28,6 +29,7 @@ from fastdata.errors import DecodeError
 _TRUNCATED = "Premature end of JPEG file"
 _CORRUPT = "Corrupt JPEG data"
 _STRAY = "extraneous bytes before marker"
+_MARKER = re.compile(r"before marker 0x([0-9a-fA-F]{2})")
 # libjpeg warnings that say nothing about the pixels.
 _HARMLESS = ("unknown JFIF revision number", "Invalid SOS parameters for sequential JPEG")
 # Markers that only follow entropy-coded data: bytes left before them are damaged data.
@@ -72,13 +74,13 @@ def decode_turbo(
         return simplejpeg.decode_jpeg(buf, **options)
     except ValueError as exc:
         warning = str(exc)
+        if _TRUNCATED in warning:
+            raise DecodeError(f"corrupt or truncated JPEG ({exc})", source, "truncated") from exc
         image: np.ndarray | None
         try:  # a warning decodes leniently; an error (an unsupported file) does not
             image = simplejpeg.decode_jpeg(buf, strict=False, **options)
         except ValueError:
             image = None
-        if _TRUNCATED in warning:
-            raise DecodeError(f"corrupt or truncated JPEG ({exc})", source, "truncated") from exc
         harmless = _harmless(warning, buf)
         if image is None:  # not decodable by simplejpeg even leniently (stray header bytes)
             if warning.startswith(_CORRUPT) and not harmless:
@@ -99,7 +101,8 @@ def _harmless(warning: str, buf: np.ndarray) -> bool:
         return True
     if _STRAY not in warning:
         return False
-    marker = int(warning.rsplit("0x", 1)[-1][:2], 16) if "0x" in warning else -1
+    named = _MARKER.search(warning)
+    marker = int(named.group(1), 16) if named else -1
     return marker not in _AFTER_SCAN_MARKERS and _stray_bytes_before_scan(buf)
 
 

@@ -3,20 +3,28 @@
 JPEGs go through simplejpeg (libjpeg-turbo's TurboJPEG API): it decodes straight to RGB,
 without ``cv2.imdecode``'s separate BGR-to-RGB pass, to the same bytes (both are
 libjpeg-turbo with its default IDCT and upsampling). Everything else goes through OpenCV:
-other formats, CMYK/YCCK JPEGs, JPEGs whose EXIF orientation must be applied, and JPEGs
-that simplejpeg rejects.
+other formats, CMYK/YCCK JPEGs (checked by simplejpeg first), and JPEGs that simplejpeg
+rejects. A JPEG whose data libjpeg warns about is judged by one rule
+(:mod:`fastdata._turbojpeg`): an error, or kept and reported when the caller asks
+(``damaged=``, the ``on_error="warn"`` policy).
 
 EXIF orientation: one rule everywhere (preprocessing, ``RAMDataset`` and every decoder
 backend: ``cpu``, ``dali``, ``nvjpeg``): a JPEG's orientation tag is applied, so pixels come
 out as the photo is displayed (OpenCV's and ``PIL.ImageOps.exif_transpose``'s rule).
 :func:`orient` applies the same flip/rotation to other arrays (a segmentation mask).
 
+Bit depth: pixels are 8 bits. A 16-bit image (PNG, TIFF; PIL modes ``I;16``...) keeps its
+high byte (``value >> 8``), OpenCV's rule for such files, whether it is decoded from a file
+or handed over as a PIL image (:func:`pil_pixels`). 32-bit integer and floating-point images
+(PIL modes ``I`` and ``F``) have no one 8-bit reading (their range is the producer's
+choice) and are refused, naming the mode, on every path.
+
 Limits: an image whose header claims more than ``max_pixels`` pixels (default
 :data:`DEFAULT_MAX_PIXELS`, PIL's limit) is refused before any pixel is decoded, and a JPEG
 whose data ends before its frame is complete (a corrupt or lying frame header) is an
-error, not a grey image. Any exception a decoding library raises on the bytes becomes a
-:class:`DecodeError`, so callers apply their ``on_error`` policy; ``MemoryError`` is not
-converted.
+error under every policy, not a grey image. Any exception a decoding library raises on the
+bytes becomes a :class:`DecodeError`, so callers apply their ``on_error`` policy;
+``MemoryError`` is not converted.
 
 For JPEGs that are at least twice the wanted size, libjpeg-turbo can decode at 1/2, 1/4 or
 1/8 scale straight from the DCT coefficients, which costs a fraction of a full decode.
@@ -33,9 +41,9 @@ from typing import NamedTuple
 
 import cv2
 import numpy as np
-import simplejpeg
 from PIL import Image
 
+from fastdata._turbojpeg import JpegPlan, decode_turbo
 from fastdata.errors import DecodeError, DecodeReason
 
 _REDUCED_COLOR = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2,
@@ -58,15 +66,63 @@ _ORIENTATION_TAG = 0x0112
 # PIL's Image.MAX_IMAGE_PIXELS (a 1 GiB RGBA image): above it PIL warns of a decompression
 # bomb. An 89.5-megapixel RGB image is 268 MB decoded.
 DEFAULT_MAX_PIXELS = 89_478_485
-# simplejpeg's messages for data that ends early or is damaged (libjpeg "warnings" that
-# OpenCV would decode into grey blocks); other rejections fall back to OpenCV, and so do
-# stray bytes before a marker (harmless, common in camera files).
-_TRUNCATED = "Premature end of JPEG file"
-_CORRUPT = ("Corrupt JPEG data", _TRUNCATED)
-_HARMLESS = "extraneous bytes before marker"
 # Start and end of the formats fastdata stores (JPEG, PNG): bytes that start so and do not
 # decode are damaged (truncated when the end is missing), not of an unknown kind.
 _FORMAT_ENDS = {b"\xff\xd8": b"\xff\xd9", b"\x89PNG\r\n\x1a\n": b"IEND\xaeB`\x82"}
+
+
+# PIL modes of 16-bit pixels (native, little- and big-endian), and of wider ones.
+_SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
+_WIDE_MODES = {"I": "32-bit integer", "F": "32-bit floating-point"}
+
+
+def wide_mode_message(mode: str) -> str:
+    """Why an image of PIL mode ``I`` or ``F`` is refused, and what to do instead."""
+    return (
+        f"PIL mode {mode} ({_WIDE_MODES[mode]} pixels) has no one 8-bit reading: scale the "
+        "image to uint8 (or to 16 bits, PIL mode I;16) first"
+    )
+
+
+def pil_pixels(image: Image.Image) -> np.ndarray:
+    """The uint8 pixels of a PIL image, by the rule files are decoded with.
+
+    ``L`` and ``RGB`` as they are; ``1`` as ``L``; 16-bit modes (``I;16``, ``I;16B``...)
+    as ``L`` keeping the high byte (``value >> 8``, as OpenCV reads a 16-bit PNG or TIFF);
+    every other mode converted to ``RGB`` as torchvision's loader does (``P``, ``RGBA``,
+    ``CMYK``...).
+
+    Returns:
+        ``(H, W)`` uint8 for one channel, ``(H, W, 3)`` uint8 RGB otherwise.
+
+    Raises:
+        ValueError: The mode is ``I`` or ``F`` (no 8-bit rule), or PIL cannot convert it
+            to RGB (the message names the mode).
+    """
+    mode = image.mode
+    if mode in ("L", "RGB"):
+        return np.asarray(image)
+    if mode in _SIXTEEN_BIT_MODES:
+        return (np.asarray(image).astype(np.uint16) >> 8).astype(np.uint8)
+    if mode in _WIDE_MODES:
+        raise ValueError(wide_mode_message(mode))
+    try:
+        return np.asarray(image.convert("L" if mode == "1" else "RGB"))
+    except ValueError as exc:  # a mode PIL cannot convert (OSError: a corrupt file)
+        raise ValueError(
+            f"PIL cannot convert mode {mode} to RGB ({exc}): convert the image to RGB or L first"
+        ) from exc
+
+
+def _wide_mode(buf: np.ndarray) -> str | None:
+    """``I`` or ``F`` when PIL reads ``buf`` as an image of that mode (OpenCV cannot)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Image.open(io.BytesIO(buf.tobytes())) as pil:
+                return pil.mode if pil.mode in _WIDE_MODES else None
+    except Exception:  # not an image PIL knows either
+        return None
 
 
 class JpegHeader(NamedTuple):
@@ -296,6 +352,7 @@ def decode_image(
     exif_orientation: bool = True,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     source: str = "<bytes>",
+    damaged: list[DecodeError] | None = None,
 ) -> np.ndarray:
     """Decode an encoded image (JPEG, PNG, BMP, WebP, TIFF…) to uint8 pixels.
 
@@ -310,13 +367,17 @@ def decode_image(
             default, and keeps the pixels aligned with the frame header's size.
         max_pixels: Refuse an image whose header claims more pixels (``None``: no limit).
         source: Where the bytes came from, for the error message.
+        damaged: ``None`` (default): a JPEG whose data is damaged (libjpeg warns, see
+            :mod:`fastdata._turbojpeg`) is a ``DecodeError``. A list: such an image is
+            decoded anyway and a ``DecodeError`` with ``kept=True`` describing the damage is
+            appended to it (``on_error="warn"``).
 
     Returns:
         ``(H, W, 3)`` uint8 RGB, or ``(H, W)`` uint8 when ``grayscale``.
 
     Raises:
         DecodeError: The bytes are not a decodable image (corrupt, truncated, empty, or
-            larger than ``max_pixels``).
+            larger than ``max_pixels``), or a damaged JPEG when ``damaged`` is ``None``.
     """
     buf = np.frombuffer(data, dtype=np.uint8) if isinstance(data, bytes) else data
     header = jpeg_header(buf)
@@ -334,6 +395,7 @@ def decode_image(
         exif_orientation=exif_orientation,
         source=source,
         max_pixels=max_pixels,
+        damaged=damaged,
     )
 
 
@@ -346,6 +408,7 @@ def decode_reduced(
     exif_orientation: bool,
     source: str,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    damaged: list[DecodeError] | None = None,
 ) -> np.ndarray:
     """:func:`decode_image` for callers that already parsed the header (``None``: not a
     JPEG) and chose the reduction ``factor`` (1, 2, 4 or 8; JPEGs only)."""
@@ -353,10 +416,16 @@ def decode_reduced(
         raise DecodeError("empty image data", source, "empty")
     if header is not None:
         check_pixels((header.height, header.width), max_pixels, source)
+        # the smallest libjpeg scale that is at least 1/factor is 1/factor itself
+        min_hw = (-(-header.height // factor), -(-header.width // factor))
         if header.components != 4:
-            fast = _decode_simplejpeg(buf, header, factor, grayscale, source)
+            plan = JpegPlan(*min_hw, "GRAY" if grayscale else "RGB")
+            fast = decode_turbo(buf, plan, source, damaged)
             if fast is not None:
+                fast = fast[:, :, 0] if grayscale else fast
                 return orient(fast, header.orientation) if exif_orientation else fast
+        else:  # OpenCV converts CMYK/YCCK; its libjpeg would keep damaged data silently
+            decode_turbo(buf, JpegPlan(*min_hw, "CMYK"), source, damaged)
     flag = (_REDUCED_GRAY if grayscale else _REDUCED_COLOR)[factor]
     if not exif_orientation:
         flag |= cv2.IMREAD_IGNORE_ORIENTATION
@@ -365,6 +434,9 @@ def decode_reduced(
     except cv2.error as exc:  # e.g. a size over OpenCV's own limit
         raise DecodeError(f"not a decodable image (OpenCV: {_first_line(exc)})", source) from exc
     if image is None:
+        mode = None if header is not None else _wide_mode(buf)
+        if mode is not None:
+            raise DecodeError(wide_mode_message(mode), source, "not_an_image")
         raise DecodeError(
             "not a decodable image (corrupt, truncated or unknown format)",
             source,
@@ -387,29 +459,3 @@ def _undecodable_reason(buf: np.ndarray) -> DecodeReason:
 def _first_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     return lines[-1] if lines else type(exc).__name__
-
-
-def _decode_simplejpeg(
-    buf: np.ndarray, header: JpegHeader, factor: int, grayscale: bool, source: str
-) -> np.ndarray | None:
-    """The JPEG at ``1/factor`` scale as stored, or ``None`` when simplejpeg cannot handle
-    it (then OpenCV decides).
-
-    Raises:
-        DecodeError: The data is damaged or ends early (e.g. a frame header claiming a
-            larger image than the data holds): OpenCV would return grey blocks.
-    """
-    try:
-        image = simplejpeg.decode_jpeg(
-            buf,
-            colorspace="GRAY" if grayscale else "RGB",
-            # the smallest libjpeg scale that is at least 1/factor is 1/factor itself
-            min_height=-(-header.height // factor),
-            min_width=-(-header.width // factor),
-        )
-    except ValueError as exc:
-        if str(exc).startswith(_CORRUPT) and _HARMLESS not in str(exc):
-            reason: DecodeReason = "truncated" if _TRUNCATED in str(exc) else "corrupt"
-            raise DecodeError(f"corrupt or truncated JPEG ({exc})", source, reason) from exc
-        return None
-    return image[:, :, 0] if grayscale else image

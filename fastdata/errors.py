@@ -7,7 +7,7 @@ import logging
 import warnings
 from enum import Enum
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ class DecodeError(FastDataError):
         source: What was being decoded: a file path or a ``shard:index`` description.
         reason: The kind of failure, for programs (see ``reason`` below; default
             ``"corrupt"``).
+        kept: The sample was kept despite the failure (see ``kept`` below).
 
     Attributes:
         message: What is wrong, for people, e.g. ``"corrupt or truncated JPEG (...)"``.
@@ -57,22 +58,33 @@ class DecodeError(FastDataError):
             allows), ``"not_an_image"`` (no decoder recognises the bytes, or the file is
             not of a kind the caller takes, such as an RGB mask), ``"mismatch"`` (decodable,
             but not the size, shape or dtype its record says).
+        kept: ``True`` for a damaged image that decoded and was kept (``on_error="warn"``:
+            libjpeg warned about its data); the error then only reports it.
 
     Raises:
         ValueError: ``reason`` is not one of :data:`DECODE_REASONS`.
     """
 
-    def __init__(self, message: str, source: str, reason: DecodeReason = "corrupt") -> None:
+    def __init__(
+        self, message: str, source: str, reason: DecodeReason = "corrupt", *, kept: bool = False
+    ) -> None:
         if reason not in DECODE_REASONS:
             raise ValueError(f"reason must be one of {DECODE_REASONS}, got {reason!r}")
         self.message = message
         self.source = source
         self.reason: DecodeReason = reason
+        self.kept = kept
         super().__init__(f"{message}: {source}")
 
-    def __reduce__(self) -> tuple[type[DecodeError], tuple[str, str, DecodeReason]]:
+    def __reduce__(self) -> tuple[Any, ...]:
         # Errors cross process boundaries (DataLoader and preprocessing workers).
-        return type(self), (self.message, self.source, self.reason)
+        return _rebuild_decode_error, (
+            type(self),
+            self.message,
+            self.source,
+            self.reason,
+            self.kept,
+        )
 
     def with_source(self, source: str) -> DecodeError:
         """The same failure described at ``source`` (e.g. a ``shard:index`` instead of the
@@ -81,9 +93,15 @@ class DecodeError(FastDataError):
         Args:
             source: Where the sample is, as the caller's users know it.
         """
-        error = DecodeError(self.message, source, self.reason)
+        error = DecodeError(self.message, source, self.reason, kept=self.kept)
         error.__cause__ = self
         return error
+
+
+def _rebuild_decode_error(
+    kind: type[DecodeError], message: str, source: str, reason: DecodeReason, kept: bool
+) -> DecodeError:
+    return kind(message, source, reason, kept=kept)
 
 
 class PreprocessError(FastDataError):
@@ -108,6 +126,11 @@ class OnError(str, Enum):
     A batch that lost samples is smaller; preprocessing records every input it left out in
     the manifest's ``skipped`` list, whichever of ``"warn"`` and ``"skip"``. Arguments
     accept the member or its string.
+
+    A JPEG whose data is damaged but decodes (libjpeg warns and makes up the rest of the
+    image) is an error under ``"raise"`` and left out under ``"skip"``; ``"warn"`` keeps
+    it and reports it (``"kept a damaged sample: ..."``). Data that ends early is an error
+    under every policy.
     """
 
     RAISE = "raise"
@@ -161,9 +184,19 @@ class OnError(str, Enum):
             stacklevel: The warning's stack level as seen from the caller (1: the line that
                 called this method).
 
+        A :class:`DecodeError` whose ``kept`` is true is a damaged sample the caller kept
+        (under ``"warn"`` only): it is reported as kept, never raised.
+
         Raises:
             Exception: ``error`` itself, under ``"raise"``.
         """
+        if isinstance(error, DecodeError) and error.kept:
+            if self is OnError.WARN and log is not None:
+                log.warning("kept a damaged sample: %s", error)
+            elif self is OnError.WARN:
+                message = f"kept a damaged sample: {error}"
+                warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)
+            return
         if self is OnError.RAISE:
             raise error
         if self is OnError.SKIP:

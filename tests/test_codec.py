@@ -17,11 +17,12 @@ from fastdata._codec import (
     jpeg_header,
     jpeg_size,
     orient,
+    pil_pixels,
     reduction_factors,
     reduction_for,
 )
 from fastdata.errors import DecodeError
-from tests.decode.conftest import encode, exif_rotated_jpeg, rgb_jpeg, smooth_rgb
+from tests.decode.conftest import damaged_jpeg, encode, exif_rotated_jpeg, rgb_jpeg, smooth_rgb
 
 
 def _jpeg(height: int, width: int, quality: int = 95) -> tuple[np.ndarray, bytes]:
@@ -212,3 +213,63 @@ def test_decode_errors_say_why_in_reason() -> None:
             decode_image(data, max_pixels=1000, source="big")
         assert caught.value.reason == "too_large" and caught.value.source == "big"
         assert str(caught.value) == f"{caught.value.message}: big"
+
+
+def test_sixteen_bit_pixels_keep_their_high_byte_decoded_or_handed_over_as_pil() -> None:
+    gray = np.random.default_rng(3).integers(0, 65536, (9, 11), dtype=np.uint16)
+    encoded = cv2.imencode(".png", gray)[1].tobytes()
+    pil = Image.open(io.BytesIO(encoded))
+    assert pil.mode == "I;16"
+    expected = (gray >> 8).astype(np.uint8)
+    np.testing.assert_array_equal(decode_image(encoded, grayscale=True), expected)
+    np.testing.assert_array_equal(pil_pixels(pil), expected)
+    big_endian = Image.frombuffer("I;16B", (11, 9), gray.astype(">u2").tobytes())
+    np.testing.assert_array_equal(pil_pixels(big_endian), expected)
+
+
+@pytest.mark.parametrize("mode", ["I", "F"])
+def test_wide_images_are_refused_naming_the_mode(mode: str) -> None:
+    pixels = np.full((6, 5), 3, np.int32 if mode == "I" else np.float32)
+    stream = io.BytesIO()
+    Image.fromarray(pixels).save(stream, format="TIFF")
+    message = rf"PIL mode {mode} \(32-bit .*\) has no one 8-bit reading"
+    with pytest.raises(DecodeError, match=rf"{message}.*: wide\.tiff$") as caught:
+        decode_image(stream.getvalue(), source="wide.tiff")
+    assert caught.value.reason == "not_an_image"
+    with pytest.raises(ValueError, match=message):
+        pil_pixels(Image.open(stream))
+
+
+def test_damaged_entropy_data_is_an_error_or_kept_and_reported(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    data = damaged_jpeg()
+    assert cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR) is not None
+    capfd.readouterr()  # OpenCV decoded it, printing libjpeg's warning
+    with pytest.raises(DecodeError, match=r"Corrupt JPEG data: .*: x\.jpg$") as caught:
+        decode_image(data, source="x.jpg")
+    assert caught.value.reason == "corrupt" and not caught.value.kept
+    damaged: list[DecodeError] = []
+    for min_side in (None, 16):  # full size, and a reduced decode
+        image = decode_image(data, source="x.jpg", damaged=damaged, min_side=min_side)
+        assert image.shape == ((64, 96, 3) if min_side is None else (16, 24, 3))
+    assert [(error.kept, error.reason, error.source) for error in damaged] == [
+        (True, "corrupt", "x.jpg")
+    ] * 2
+    assert "Corrupt JPEG data" not in capfd.readouterr().err  # nothing printed on stderr
+    good: list[DecodeError] = []
+    decode_image(rgb_jpeg(48, 64), damaged=good)
+    assert good == []
+
+
+def test_a_damaged_cmyk_jpeg_is_judged_as_any_other() -> None:
+    data = damaged_jpeg(mode="CMYK")
+    with pytest.raises(DecodeError, match=r"Corrupt JPEG data: .*: x\.jpg$"):
+        decode_image(data, source="x.jpg")
+    damaged: list[DecodeError] = []
+    image = decode_image(data, source="x.jpg", damaged=damaged)  # OpenCV converts CMYK
+    bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    np.testing.assert_array_equal(image, cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
+    assert [error.kept for error in damaged] == [True]
+    cmyk = encode(Image.fromarray(smooth_rgb(30, 40)).convert("CMYK"))
+    assert decode_image(cmyk, damaged=damaged).shape == (30, 40, 3) and len(damaged) == 1

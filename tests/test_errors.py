@@ -102,3 +102,18 @@ def test_decode_error_with_source_keeps_message_and_reason() -> None:
 def test_decode_error_refuses_an_unknown_reason() -> None:
     with pytest.raises(ValueError, match=r"reason must be one of .*, got 'broken'"):
         DecodeError("bad", "x", "broken")  # type: ignore[arg-type]
+
+
+def test_a_kept_damaged_sample_is_reported_as_kept_never_raised(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    note = DecodeError("corrupt or truncated JPEG (Corrupt JPEG data: ...)", "x.jpg", kept=True)
+    copy = pickle.loads(pickle.dumps(note.with_source("dataset[3]")))
+    assert (copy.kept, copy.source, copy.reason) == (True, "dataset[3]", "corrupt")
+    with pytest.warns(RuntimeWarning, match=r"^kept a damaged sample: corrupt .*: x\.jpg$"):
+        OnError.WARN.handle(note)
+    with caplog.at_level(logging.DEBUG):
+        OnError.RAISE.handle(note)
+        OnError.SKIP.handle(note)
+        OnError.WARN.handle(note, log=logging.getLogger("fastdata.test"))
+    assert [r.getMessage() for r in caplog.records] == [f"kept a damaged sample: {note}"]

@@ -236,24 +236,30 @@ class BatchedDataset(Dataset):
             return [torch.from_numpy(np.array(item)) for item in raw]  # copies out of the map
         decoded: list[Any] = [None] * len(raw)
         failures: list[tuple[int, DecodeError]] = []
+        policy = OnError.RAISE if single else self.on_error
 
         def body(start: int, stop: int) -> None:
             for k in range(start, stop):
+                # "warn" keeps a damaged JPEG that decodes (reported below); others refuse it
+                damaged: list[DecodeError] | None = [] if policy is OnError.WARN else None
                 try:
                     decoded[k] = decode_image(
                         raw[k],
                         min_side=self.decode_min_side,
                         max_pixels=self.max_pixels,
                         source=name,
+                        damaged=damaged,
                     )
                 except DecodeError as exc:
                     failures.append((k, exc))
+                failures.extend((k, note) for note in damaged or ())
 
         parallel_for(pool[0], len(raw), body, tasks=pool[1])
         for k, exc in sorted(failures, key=lambda item: item[0]):
-            error = exc.with_source(self.store.source(int(indices[k])))
-            (OnError.RAISE if single else self.on_error).handle(error, stacklevel=4)
-            keep[k] = False
+            index = int(indices[k])
+            error = exc.with_source(f"dataset[{index}], {self.store.source(index)}")
+            policy.handle(error, stacklevel=4)
+            keep[k] = keep[k] and error.kept
         return decoded
 
     def _transform_fields(

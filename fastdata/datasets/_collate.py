@@ -10,6 +10,7 @@ and both give back plain tensors and lists.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -17,23 +18,59 @@ from torch.utils.data import default_collate
 from torch.utils.data._utils.collate import default_collate_fn_map
 
 
-class _CollatedRow(torch.Tensor):
-    """``batch[0]`` of a marked one-field batch: what the default collate dispatches on."""
+class _Marked(torch.Tensor):
+    """A tensor marked for the default collate that otherwise works as a plain one.
 
-    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
-
-
-class _CollatedTensor(torch.Tensor):
-    """Marks a batch tensor ``__getitems__`` already collated (first field, or the only one).
-
-    Operations on it return plain tensors, except indexing, which returns a
-    :class:`_CollatedRow` so that the default collate recognises a one-field batch too.
+    Operations on it return plain tensors, except ``detach()``, which keeps the type as
+    ``torch.nn.Parameter(value)`` requires. Copies, pickles and ``torch.save`` give plain
+    tensors (a parameter made from one gives a plain ``Parameter``), so the private type
+    never reaches a file or another process.
     """
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         with torch._C.DisableTorchFunctionSubclass():
             out = func(*args, **(kwargs or {}))
+        if func is torch.Tensor.detach and type(out) is torch.Tensor:
+            return out.as_subclass(cls)
+        return out
+
+    def _plain(self) -> torch.Tensor:
+        """The same memory as a plain tensor, or a plain ``Parameter`` if this is one."""
+        plain = self.as_subclass(torch.Tensor)
+        if getattr(self, "_is_param", False):  # torch.nn.Parameter(value) marks it so
+            return torch.nn.Parameter(torch.Tensor.detach(plain), self.requires_grad)
+        return plain
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return self._plain().__reduce_ex__(protocol)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
+        if id(self) not in memo:
+            plain = self._plain()
+            if type(plain) is torch.Tensor and not plain.is_leaf:
+                plain = torch.Tensor.detach(plain)  # deepcopy takes leaves only, as for tensors
+            memo[id(self)] = copy.deepcopy(plain, memo)
+        return memo[id(self)]
+
+    def __repr__(self, *, tensor_contents: Any = None) -> Any:  # type: ignore[override]
+        return repr(self._plain())
+
+
+class _CollatedRow(_Marked):
+    """``batch[0]`` of a marked one-field batch: what the default collate dispatches on."""
+
+
+class _CollatedTensor(_Marked):
+    """Marks a batch tensor ``__getitems__`` already collated (first field, or the only one).
+
+    As :class:`_Marked`; indexing it returns a :class:`_CollatedRow`, so that the default
+    collate recognises a one-field batch too.
+    """
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = super().__torch_function__(func, types, args, kwargs)
         if func is torch.Tensor.__getitem__ and type(out) is torch.Tensor:
             return out.as_subclass(_CollatedRow)
         return out

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from fastdata._codec import DEFAULT_MAX_PIXELS, resolve_max_pixels
+from fastdata._labels import label_array
 from fastdata.datasets._base import BatchedDataset
 from fastdata.datasets._loading import load_arrays, load_files, load_shards
 from fastdata.datasets._store import RAMStore, known_fields
@@ -35,7 +36,7 @@ class RAMDataset(BatchedDataset):
 
     Args:
         image_paths: Image files (any format OpenCV reads); their bytes are kept as is.
-        targets: One integer label per image (``None``: images only).
+        targets: One integer label per image, in ``0..2**63 - 1`` (``None``: images only).
         transform: As for :class:`ShardDataset`.
         layout: As for :class:`ShardDataset`.
         decode: As for :class:`ShardDataset`. ``decode=False`` returns the file bytes as
@@ -81,7 +82,7 @@ class RAMDataset(BatchedDataset):
             raise ValueError(
                 f"image_paths must be a non-empty sequence of paths, got {image_paths!r}"
             )
-        labels = None if targets is None else _labels(targets, len(image_paths))
+        labels = None if targets is None else label_array(targets, len(image_paths))
         store = load_files(
             image_paths, labels, override_memory_check=not check_memory, show_progress=show_progress
         )
@@ -135,14 +136,14 @@ class RAMDataset(BatchedDataset):
 
         Args:
             images: ``(N, H, W, C)`` or ``(N, H, W)`` uint8.
-            targets: ``N`` integer labels (returned as int64), or ``None``.
+            targets: ``N`` integer labels in ``0..2**63 - 1`` (returned as int64), or ``None``.
             masks: Optional ``(N, H, W)`` uint8, returned after the labels.
         """
         image_array = _uint8(images, "images", (3, 4))
         arrays = {"image": image_array}
         layouts = {"image": "NHWC"[1 : image_array.ndim] if image_array.ndim == 4 else "HW"}
         if targets is not None:
-            arrays["label"] = _labels(targets, len(image_array))
+            arrays["label"] = label_array(targets, len(image_array))
             layouts["label"] = ""
         if masks is not None:
             arrays["mask"] = _uint8(masks, "masks", (3,))
@@ -173,17 +174,6 @@ class RAMDataset(BatchedDataset):
         )
         dataset.max_pixels = limit
         return dataset
-
-
-def _labels(targets: Sequence[int] | np.ndarray | torch.Tensor, count: int) -> np.ndarray:
-    labels = np.asarray(targets.numpy() if isinstance(targets, torch.Tensor) else targets)
-    if labels.ndim != 1 or len(labels) != count:
-        raise ValueError(
-            f"targets must be {count} labels (one per image), got shape {labels.shape}"
-        )
-    if labels.size and not np.issubdtype(labels.dtype, np.integer):
-        raise TypeError(f"targets must be integers, got dtype {labels.dtype}")
-    return labels.astype(np.int64)
 
 
 def _uint8(array: np.ndarray | torch.Tensor, name: str, ndims: tuple[int, ...]) -> np.ndarray:

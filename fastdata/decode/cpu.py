@@ -109,13 +109,14 @@ def decode_jpeg_box(
     grayscale: bool,
     source: str,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    damaged: list[DecodeError] | None = None,
 ) -> None:
     """Decode a JPEG at ``1/factor`` scale, turned as its EXIF orientation says, and
     resample its ``box`` (full-resolution pixels of the displayed image, e.g. from
     :func:`crop_boxes` on ``header.oriented_hw``; ``factor`` from
     :func:`fastdata._codec.reduction_factors`) into ``out``.
     A JPEG whose header claims more than ``max_pixels`` pixels is refused (``None``: no
-    limit)."""
+    limit); a damaged one as ``damaged`` says (see :func:`fastdata._codec.decode_image`)."""
     image = decode_reduced(
         data,
         header,
@@ -124,6 +125,7 @@ def decode_jpeg_box(
         exif_orientation=True,
         source=source,
         max_pixels=max_pixels,
+        damaged=damaged,
     )
     source_hw = header.oriented_hw
     decoded_hw = (image.shape[0], image.shape[1])
@@ -155,13 +157,15 @@ def decode_crop(
     grayscale: bool = False,
     source: str = "<bytes>",
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    damaged: list[DecodeError] | None = None,
 ) -> np.ndarray:
     """Decode one image, cut its crop box and resize it to ``out_hw``.
 
     A JPEG's EXIF orientation is applied before the crop box is placed, the rule of
     preprocessing and ``RAMDataset`` (see :mod:`fastdata._codec`): the box is drawn on the
     image as displayed. An image whose header claims more than ``max_pixels`` pixels is
-    refused before decoding (``None``: no limit).
+    refused before decoding (``None``: no limit); a damaged JPEG as ``damaged`` says (see
+    :func:`fastdata._codec.decode_image`).
 
     Returns:
         ``(H, W, C)`` uint8 RGB (C = 1 when ``grayscale``).
@@ -172,13 +176,23 @@ def decode_crop(
     out = np.empty((*out_hw, 1 if grayscale else 3), dtype=np.uint8)
     header = jpeg_header(data)
     if header is None:  # not a JPEG: decode first, then place the box on real pixels
-        image = decode_image(data, grayscale=grayscale, source=source, max_pixels=max_pixels)
+        image = decode_image(
+            data, grayscale=grayscale, source=source, max_pixels=max_pixels, damaged=damaged
+        )
         resize_crop(image, crop_box(image.shape[:2], out_hw, crop, draws), out)
         return out
     box = crop_box(header.oriented_hw, out_hw, crop, draws)
     factor = int(reduction_factors(np.array([[box.height, box.width]]), out_hw)[0])
     decode_jpeg_box(
-        data, header, box, factor, out, grayscale=grayscale, source=source, max_pixels=max_pixels
+        data,
+        header,
+        box,
+        factor,
+        out,
+        grayscale=grayscale,
+        source=source,
+        max_pixels=max_pixels,
+        damaged=damaged,
     )
     return out
 
@@ -248,8 +262,11 @@ class CpuDecoder(Decoder):
             max_pixels=max_pixels,
         )
         self.num_threads = resolve_num_threads(num_threads)
-        # The decode errors of the last batch, whatever on_error did with them.
+        # The decode errors of the last batch, whatever on_error did with them (a damaged
+        # JPEG that was kept is among them, with ``kept`` true).
         self.last_errors: list[DecodeError] = []
+        # Keep a damaged JPEG that decodes ("warn"; see fastdata._turbojpeg).
+        self.keep_damaged = self.on_error is OnError.WARN
         self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="fastdata-decode")
         self._pinned = self.device.type == "cuda"
 
@@ -270,6 +287,9 @@ class CpuDecoder(Decoder):
         for row, index in enumerate(jpegs):
             plan[index] = (Box(*boxes[row].tolist()), int(factors[row]))
         errors: list[DecodeError | None] = [None] * count
+        damaged: list[list[DecodeError] | None] = [
+            [] if self.keep_damaged else None for _ in range(count)
+        ]
 
         def work(first: int) -> None:
             for index in range(first, count, self.num_threads):
@@ -285,6 +305,7 @@ class CpuDecoder(Decoder):
                             grayscale=self.grayscale,
                             source=source,
                             max_pixels=self.max_pixels,
+                            damaged=damaged[index],
                         )
                     else:
                         box, factor = planned
@@ -297,6 +318,7 @@ class CpuDecoder(Decoder):
                             grayscale=self.grayscale,
                             source=source,
                             max_pixels=self.max_pixels,
+                            damaged=damaged[index],
                         )
                 except DecodeError as error:
                     errors[index] = error
@@ -308,10 +330,11 @@ class CpuDecoder(Decoder):
         else:
             list(self._pool.map(work, range(self.num_threads)))
         kept = [i for i, error in enumerate(errors) if error is None]
-        self.last_errors = [error for error in errors if error is not None]
-        for error in errors:
-            if error is not None:
-                self.on_error.handle(error, stacklevel=2)
+        self.last_errors = []  # in batch order; a damaged JPEG that was kept says so
+        for error, notes in zip(errors, damaged, strict=True):
+            self.last_errors.extend([error] if error is not None else notes or [])
+        for error in self.last_errors:
+            self.on_error.handle(error, stacklevel=2)
         pixels = batch if len(kept) == count else torch.from_numpy(out[kept])
         # to the device without blocking the host (a pageable copy would wait for all work
         # queued on the current stream)

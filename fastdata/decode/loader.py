@@ -93,6 +93,7 @@ class _DecodeInWorkers:
         # The main process's crop draws seed the workers' (mixed with each worker's seed,
         # which DataLoader draws afresh each epoch).
         self.seed = decoder.derive_seed()
+        self.keep_damaged = decoder.keep_damaged  # reported as kept by this process's policy
         self._decoder: CpuDecoder | None = None
         self._pid = -1
 
@@ -109,6 +110,7 @@ class _DecodeInWorkers:
                 num_threads=1,
                 seed=(self.seed + worker_seed) % 2**62,
             )
+            decoder.keep_damaged = self.keep_damaged
             self._decoder, self._pid = decoder, os.getpid()
         return self._decoder
 

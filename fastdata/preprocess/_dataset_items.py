@@ -3,11 +3,13 @@
 An item is ``(image, label)``, ``(image, label, mask)``, ``(image, mask)``, a bare image,
 or a dict with an image under ``"image"``/``"img"``, optionally a label under
 ``"label"``/``"labels"``/``"target"`` and a mask under ``"mask"`` (other keys ignored).
-An image is a PIL image (any mode; converted to RGB as torchvision's loader does, ``L``
-kept gray), a uint8 ndarray ``(H, W, 3)``, ``(H, W, 1)`` or ``(H, W)``, or a uint8 tensor
+An image is a PIL image (any mode but ``I`` and ``F``, read by
+:func:`fastdata._codec.pil_pixels`, the rule files are decoded with: ``L`` and 16-bit modes
+gray, 16 bits keeping their high byte; other modes converted to RGB as torchvision's
+loader does), a uint8 ndarray ``(H, W, 3)``, ``(H, W, 1)`` or ``(H, W)``, or a uint8 tensor
 ``(3, H, W)``, ``(1, H, W)`` or ``(H, W)``. A mask is a single-channel PIL image or an
 integer ``(H, W)`` array/tensor with values 0-255, the image's size. A label is an integer
-(Python, NumPy, or a one-element integer array/tensor). Anything else raises a
+(Python, NumPy, or a one-element integer array/tensor) in ``0..2**63 - 1``. Anything else raises a
 :class:`DatasetTypeError`/:class:`DatasetValueError` naming the index and what it
 found. torch is never imported here: a dataset of tensors has imported it already.
 """
@@ -22,6 +24,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from PIL import Image
 
+from fastdata._codec import pil_pixels
+from fastdata._labels import check_label
 from fastdata.errors import DecodeError, PreprocessError
 
 IMAGE_KEYS = ("image", "img")
@@ -157,16 +161,12 @@ def _image_pixels(value: Any, index: int, max_pixels: int | None) -> np.ndarray:
     """
     if isinstance(value, Image.Image):
         _check_pixels(value.height, value.width, index, max_pixels)
-        if value.mode in ("L", "RGB"):
-            pixels = np.asarray(value)
-        else:  # P, RGBA, CMYK, 1...: what torchvision's loader does, convert("RGB")
-            try:
-                pixels = np.asarray(value.convert("L" if value.mode == "1" else "RGB"))
-            except ValueError as exc:  # a mode PIL cannot convert (OSError: a corrupt file)
-                raise DatasetValueError(
-                    f"{where(index)}: the image is a {_describe(value)}, which PIL cannot "
-                    f"convert to RGB ({exc}); convert it to RGB or L in the dataset"
-                ) from exc
+        try:
+            pixels = pil_pixels(value)  # the decoders' rule: 16 bits keep the high byte
+        except ValueError as exc:  # I or F, or a mode PIL cannot convert (OSError: corrupt)
+            raise DatasetValueError(
+                f"{where(index)}: the image is a {_describe(value)}; {exc}"
+            ) from exc
     else:
         is_tensor = not isinstance(value, np.ndarray)
         array = _to_numpy(value, index, "image")
@@ -243,12 +243,12 @@ def _mask_pixels(value: Any, index: int, image_hw: tuple[int, int]) -> np.ndarra
 
 def _label_value(value: Any, index: int) -> int:
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
-        return int(value)
+        return check_label(int(value), where(index), DatasetValueError)
     shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
     if shape is not None and dtype is not None and int(np.prod(shape)) == 1:
         array = _to_numpy(value, index, "label") if not isinstance(value, np.ndarray) else value
         if array.dtype.kind in "iu":
-            return int(array.reshape(()))
+            return check_label(int(array.reshape(())), where(index), DatasetValueError)
     raise DatasetTypeError(
         f"{where(index)}: the label is a {_describe(value)} ({value!r:.40}); expected an "
         "integer (int, NumPy integer or a one-element integer tensor)"

@@ -11,9 +11,9 @@ Four kinds, each documented in the README:
   0-based number), other columns are ignored. Relative paths are resolved against the
   list's folder. Labels are integers when every label is one; when none is, they are
   class names mapped to ``0..K-1`` in sorted order (kept as ``class_names``); a mix, an
-  empty or a negative label is an error naming the row. A file listed in two rows with two
-  labels is an error naming both rows; listed twice with the same label, it is stored
-  twice (a warning counts such rows).
+  empty label or one outside ``0..2**63 - 1`` is an error naming the row. A file listed in
+  two rows with two labels is an error naming both rows; listed twice with the same label,
+  it is stored twice (a warning counts such rows).
 - ``segmentation``: images in ``SRC`` and masks in a second folder (or beside the images
   with ``mask_suffix``), matched by file stem (plus ``mask_suffix``); extensions may differ.
 - ``npy``: a folder of ``.npy`` arrays (e.g. 3-D volumes) that all share shape and dtype.
@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fastdata._labels import check_label
 from fastdata.errors import OnError, PreprocessError
 
 logger = logging.getLogger(__name__)
@@ -50,7 +51,6 @@ PATH_COLUMN_NAMES = ("path", "file", "filename", "file_name", "filepath", "file_
 LABEL_COLUMN_NAMES = ("label", "labels", "class", "class_name", "class_id", "category",
                       "category_id", "target", "label_id", "y")  # fmt: skip
 _INT_LABEL = re.compile(r"[+-]?[0-9]+")
-_INT64_MAX = np.iinfo(np.int64).max
 _JOB_DIR = ".fastdata-job"
 _MANIFEST = "index.json"
 
@@ -426,13 +426,7 @@ def _parse_labels(path: Path, raw: list[tuple[int, str]]) -> tuple[list[int], li
     if all(is_int):
         labels = []
         for number, label in raw:
-            value = int(label)
-            if not 0 <= value <= _INT64_MAX:
-                raise PreprocessError(
-                    f"{path}: row {number} has label {label!r}; integer labels must be in "
-                    f"0..{_INT64_MAX}"
-                )
-            labels.append(value)
+            labels.append(check_label(int(label), f"{path}: row {number}", PreprocessError))
         return labels, []
     if any(is_int):
         # the minority breaks the pattern: name its first row, and a row of the majority

@@ -39,6 +39,10 @@ class SampleFailure:
     reason: str
 
 
+# The key of a sample's values under which a damaged JPEG that was kept carries what libjpeg
+# said (not a field: no field name starts with a NUL).
+DAMAGED_NOTE = "\0damaged"
+
 SampleResult = Union[tuple[dict[str, Any], dict[str, PixelStats]], SampleFailure]  # noqa: UP007
 
 
@@ -191,20 +195,27 @@ def _process_image(item: SourceItem, job: ShardJob) -> SampleResult:
     if header is not None:
         hw = header.oriented_hw
         min_side = max(decode_min_side(s, options.resize, *hw) for s in options.sizes)
+    # "warn" keeps a damaged JPEG that decodes, and says so; other policies refuse it
+    damaged: list[DecodeError] | None = [] if options.on_error is OnError.WARN else None
     image = decode_image(
         data,
         min_side=min_side,
         grayscale=options.grayscale,
         max_pixels=options.max_pixels,
         source=item.path,
+        damaged=damaged,
     )
+
     if image.ndim == 2:
         image = image[..., None]
     mask = None
     if item.mask is not None:
         full_hw = header.oriented_hw if header is not None else image.shape[:2]
         mask = _read_mask(item.mask, header, full_hw, options.max_pixels)
-    return process_pixels(image, mask, job, item.path, item.mask or "")
+    result = process_pixels(image, mask, job, item.path, item.mask or "")
+    if damaged:  # reported where the shard is written (worker processes do not log)
+        result[0][DAMAGED_NOTE] = damaged[0].message
+    return result
 
 
 def process_pixels(
@@ -322,6 +333,10 @@ def write_shard(task: ShardTask, job: ShardJob, results: Iterable[SampleResult])
                     skipped.append({"path": result.path, "reason": result.reason})
                     continue
                 sample, stats = result
+                note = sample.pop(DAMAGED_NOTE, None)
+                if note is not None:
+                    kept = DecodeError(note, str(sample.get("path", "")), kept=True)
+                    on_error.handle(kept, log=logger)
                 writer.append(sample)
                 totals = merge_fields(totals, stats)
             info = writer.close()

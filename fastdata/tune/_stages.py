@@ -17,8 +17,9 @@ from fastdata._batch import map_tensors
 def _run_delays_ns() -> dict[str, int]:
     """Nanoseconds each thread of this process has waited for a CPU (Linux schedstat).
 
-    Time spent runnable but not running is CPU contention, not I/O: counting it keeps the
-    CPU-versus-I/O verdict right on a loaded machine. Empty where schedstat is missing.
+    Time spent runnable but not running is neither the reads' own CPU work nor waiting on
+    storage: it is other processes holding the CPUs. Measured apart, it keeps the verdict
+    right on a loaded machine. Empty where schedstat is missing.
     """
     delays: dict[str, int] = {}
     for stat in Path("/proc/self/task").glob("*/schedstat"):
@@ -47,6 +48,11 @@ def synchronize(device: torch.device | None) -> None:
         torch.cuda.synchronize(device)
 
 
+# What the reads spend most of their time on: their own CPU work, waiting for a CPU that
+# other processes hold, or waiting on something else (storage, the network, a sleep).
+INPUT_KINDS = ("cpu", "contention", "io")
+
+
 @dataclass(frozen=True)
 class StageTimes:
     """Mean seconds per batch of each stage, measured in the calling process.
@@ -55,15 +61,43 @@ class StageTimes:
         fetch_s: Reading the samples (``__getitems__`` or ``__getitem__`` per index).
         collate_s: The loader's ``collate_fn``.
         to_device_s: Copying the batch to the device, ``None`` when no device was given.
-        cpu_share: Share of fetch and collate wall time spent on, or waiting for, a CPU
-            (process CPU time plus run-queue delay, over wall time; capped at 1). Low means
-            the reads wait on storage (I/O).
+        cpu_s: CPU time this process used during fetch and collate (all its threads).
+        run_wait_s: Time this process's threads were runnable but waited for a CPU during
+            fetch and collate (run-queue delay; 0 where Linux schedstat is missing).
     """
 
     fetch_s: float
     collate_s: float
     to_device_s: float | None
-    cpu_share: float
+    cpu_s: float
+    run_wait_s: float
+
+    @property
+    def _thread_s(self) -> float:
+        """Thread time to share out: the wall time, or more when threads overlapped."""
+        return max(self.fetch_s + self.collate_s, self.cpu_s + self.run_wait_s, 1e-12)
+
+    @property
+    def cpu_share(self) -> float:
+        """Share of fetch and collate spent on a CPU."""
+        return self.cpu_s / self._thread_s
+
+    @property
+    def contention_share(self) -> float:
+        """Share of fetch and collate spent waiting for a CPU other processes held."""
+        return self.run_wait_s / self._thread_s
+
+    @property
+    def io_share(self) -> float:
+        """Share of fetch and collate spent off the CPUs and not waiting for one: on
+        storage, the network or a sleep."""
+        return max(0.0, 1.0 - self.cpu_share - self.contention_share)
+
+    @property
+    def input_kind(self) -> str:
+        """The largest share: ``"cpu"``, ``"contention"`` or ``"io"``."""
+        shares = (self.cpu_share, self.contention_share, self.io_share)
+        return INPUT_KINDS[shares.index(max(shares))]
 
 
 def time_stages(
@@ -81,7 +115,7 @@ def time_stages(
     if not index_lists:
         return None
     fetch_s = collate_s = copy_s = 0.0
-    cpu_s = wall_s = 0.0
+    cpu_s = run_wait_s = 0.0
     getitems = getattr(dataset, "__getitems__", None)
     for indices in index_lists:
         cpu0, delays0, t0 = time.process_time(), _run_delays_ns(), time.perf_counter()
@@ -89,8 +123,8 @@ def time_stages(
         t1 = time.perf_counter()
         batch = loader.collate_fn(samples if loader.batch_sampler is not None else samples[0])
         t2 = time.perf_counter()
-        cpu_s += time.process_time() - cpu0 + _run_delay_since_s(delays0)
-        wall_s += t2 - t0
+        cpu_s += time.process_time() - cpu0
+        run_wait_s += _run_delay_since_s(delays0)
         fetch_s += t1 - t0
         collate_s += t2 - t1
         if device is not None:
@@ -103,5 +137,6 @@ def time_stages(
         fetch_s=fetch_s / count,
         collate_s=collate_s / count,
         to_device_s=copy_s / count if device is not None else None,
-        cpu_share=min(1.0, cpu_s / wall_s) if wall_s > 0 else 1.0,
+        cpu_s=cpu_s / count,
+        run_wait_s=run_wait_s / count,
     )

@@ -19,8 +19,6 @@ from fastdata.tune._stages import StageTimes, synchronize, time_stages
 
 # The loop is input-bound when it waits for data at least this share of the time.
 INPUT_BOUND_SHARE = 0.2
-# Inside the input pipeline, a CPU share below this means the reads wait on storage.
-IO_CPU_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -35,8 +33,10 @@ class ProfileReport:
         stages: Per-batch fetch / collate / host-to-device times replayed in this process,
             or ``None`` for an iterable dataset.
         bound: ``"input"`` or ``"compute"``.
-        input_kind: For an input-bound loop, ``"cpu"`` or ``"io"`` (``None`` if unknown or
-            compute-bound).
+        input_kind: For an input-bound loop, what the reads spend most of their time on:
+            ``"cpu"`` (their own work), ``"contention"`` (waiting for a CPU that other
+            processes hold: a busy machine) or ``"io"`` (storage, network); ``None`` if
+            unknown or compute-bound.
         advice: The next thing to try.
     """
 
@@ -57,11 +57,12 @@ class ProfileReport:
 
     @property
     def verdict(self) -> str:
-        """``"input-bound (CPU)"``, ``"input-bound (I/O)"``, ``"input-bound"`` (kind unknown)
-        or ``"compute-bound"``."""
+        """``"input-bound (CPU)"``, ``"input-bound (CPU contention)"``,
+        ``"input-bound (I/O)"``, ``"input-bound"`` (kind unknown) or ``"compute-bound"``."""
         if self.bound == "compute":
             return "compute-bound"
-        kind = {"cpu": " (CPU)", "io": " (I/O)"}.get(self.input_kind or "", "")
+        kinds = {"cpu": " (CPU)", "contention": " (CPU contention)", "io": " (I/O)"}
+        kind = kinds.get(self.input_kind or "", "")
         return f"input-bound{kind}"
 
     def _lines(self) -> list[str]:
@@ -80,8 +81,9 @@ class ProfileReport:
             )
             lines.append(
                 f"per batch in one process: fetch {stage.fetch_s * 1e3:.1f} ms, collate "
-                f"{stage.collate_s * 1e3:.1f} ms{copy}; CPU share of fetch+collate "
-                f"{stage.cpu_share:.0%}"
+                f"{stage.collate_s * 1e3:.1f} ms{copy}; of fetch+collate "
+                f"{stage.cpu_share:.0%} on a CPU, {stage.contention_share:.0%} waiting for one "
+                f"(other processes), {stage.io_share:.0%} waiting on storage or sleeping"
             )
         lines.append(f"next: {self.advice}")
         return lines
@@ -127,6 +129,13 @@ def _advice(
             f"process receiving batches (one shared-memory copy each); read in-process with "
             f"threads (num_workers=0 and dataset.num_threads) or use larger batches"
         )
+    if kind == "contention" and stages is not None:
+        return (
+            f"the machine is busy: the reads waited for a CPU "
+            f"{stages.contention_share:.0%} of their time while other processes held the "
+            f"{cpus} usable CPUs; more workers would wait as well: free CPUs (fewer jobs at "
+            f"once) or cheapen the reads (fastdata preprocess, decode on the GPU)"
+        )
     if kind == "io":
         return (
             f"the reads wait on storage ({sizing}): more workers or in-process threads than "
@@ -161,7 +170,8 @@ def profile(
     time in ``step`` (followed by a CUDA synchronize when ``device`` is a CUDA device) is
     compute. Then ``probe_batches`` batches of the loader's own sampler are replayed in this
     process to time each stage (fetch, collate, copy to ``device``) and to tell whether the
-    reads spend their time on a CPU or waiting on storage.
+    reads spend their time on a CPU, waiting for a CPU other processes hold (a busy machine:
+    Linux run-queue delay), or waiting on storage.
 
     Args:
         loader: The DataLoader to profile (iterated once from the start).
@@ -277,10 +287,8 @@ def _time_loop(
 
 
 def _diagnose(wait_s: float, step_s: float, stages: StageTimes | None) -> tuple[str, str | None]:
-    """``("input" | "compute", "cpu" | "io" | None)``: what bounds the loop, and for an
-    input-bound loop whether the reads spend their time on a CPU or waiting on storage."""
+    """``("input" | "compute", "cpu" | "contention" | "io" | None)``: what bounds the loop,
+    and for an input-bound loop what the reads spend most of their time on."""
     bound = "input" if wait_s >= INPUT_BOUND_SHARE * (wait_s + step_s) else "compute"
-    kind = None
-    if bound == "input" and stages is not None:
-        kind = "cpu" if stages.cpu_share >= IO_CPU_SHARE else "io"
+    kind = stages.input_kind if bound == "input" and stages is not None else None
     return bound, kind

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+import io
+import pickle
+
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -99,3 +104,45 @@ def test_per_sample_transform_mistakes_are_clear_errors(raw_shards: Reference) -
     not_tensor = ShardDataset(raw_shards.path, transform=lambda x: x.tolist())
     with pytest.raises(TypeError, match="returned list; a per-sample transform must return"):
         not_tensor.__getitems__([0, 1])
+
+
+def _saved_and_loaded(value: object) -> object:
+    stream = io.BytesIO()
+    torch.save(value, stream)
+    stream.seek(0)
+    return torch.load(stream)  # weights_only: only plain tensors and parameters load
+
+
+def test_a_batch_from_getitems_works_as_any_tensor(raw_shards: Reference) -> None:
+    dataset = ShardDataset(raw_shards.path, fields=("image", "label"), layout="HWC")
+    images, _labels = dataset.__getitems__([0, 1, 2, 3])
+    expected = torch.from_numpy(raw_shards.images[0:4])
+    frozen = torch.nn.Parameter(images, requires_grad=False)
+    trained = torch.nn.Parameter(images.float())
+    assert isinstance(frozen, torch.nn.Parameter) and not frozen.requires_grad
+    assert torch.equal(frozen, expected) and frozen.data_ptr() == images.data_ptr()
+    model = torch.nn.Module()
+    model.frozen, model.trained = frozen, trained
+    model.register_buffer("held", images)
+    for copied in (
+        copy.deepcopy(images),
+        pickle.loads(pickle.dumps(images)),
+        _saved_and_loaded(images),
+        images.detach().clone(),
+    ):
+        assert type(copied) is torch.Tensor and torch.equal(copied, expected)
+    for param in (copy.deepcopy(frozen), pickle.loads(pickle.dumps(frozen))):
+        assert type(param) is torch.nn.Parameter and torch.equal(param, expected)
+    state = _saved_and_loaded(model.state_dict())
+    assert isinstance(state, dict) and torch.equal(state["frozen"], expected)
+    assert type(copy.deepcopy(model).frozen) is torch.nn.Parameter
+    np.testing.assert_array_equal(images.numpy(), raw_shards.images[0:4])
+    assert repr(images) == repr(expected)
+    sample = images[1]  # a sample of the batch works the same
+    assert torch.equal(torch.nn.Parameter(sample, requires_grad=False), expected[1])
+    for copied in (copy.deepcopy(sample), _saved_and_loaded(sample)):
+        assert type(copied) is torch.Tensor and torch.equal(copied, expected[1])
+    del images, _labels
+    for start in (4, 8, 12):  # later batches of the shape never write into the parameter
+        dataset.__getitems__(list(range(start, start + 4)))
+    assert torch.equal(frozen, expected) and torch.equal(model.held, expected)

@@ -51,6 +51,16 @@ def test_bad_inputs(image_files: tuple[list[Path], Reference]) -> None:
         RAMDataset(paths, [0, 1, 2])
     with pytest.raises(TypeError, match="targets must be integers, got dtype float64"):
         RAMDataset(paths, np.zeros(NUM_SAMPLES))
+    rule = r"targets\[{}\] has label {}; labels must be integers in 0\.\.9223372036854775807$"
+    for bad in (-1, 2**63, 2**70):
+        targets = [0] * NUM_SAMPLES
+        targets[4] = bad
+        with pytest.raises(ValueError, match=rule.format(4, bad)):
+            RAMDataset(paths, targets)
+    with pytest.raises(ValueError, match=rule.format(2, 2**64 - 1)):
+        RAMDataset(paths, np.array([0, 1, 2**64 - 1] + [0] * (NUM_SAMPLES - 3), np.uint64))
+    with pytest.raises(ValueError, match=rule.format(1, -5)):
+        RAMDataset.from_arrays(ref.images, torch.tensor([0, -5] + [0] * (NUM_SAMPLES - 2)))
     with pytest.raises(FileNotFoundError, match=r"image_paths\[1\] cannot be read: .*missing\.png"):
         RAMDataset([paths[0], paths[0].parent / "missing.png"], [0, 1])
     with pytest.raises(ValueError, match=r"images must be a uint8 array with 3 or 4 dimensions"):

@@ -14,7 +14,8 @@ from fastdata.datasets import RAMDataset, ShardDataset, _buffers, passthrough_co
 from fastdata.errors import DecodeError, OnError
 from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
 from fastdata.transforms import CenterCrop
-from tests.datasets.conftest import NUM_SAMPLES, Reference, write_shards
+from tests.datasets.conftest import NUM_SAMPLES, SIZE, Reference, write_shards
+from tests.decode.conftest import damaged_jpeg
 
 
 def test_masks_labels_and_hwc_layout(raw_shards: Reference) -> None:
@@ -119,6 +120,46 @@ def test_on_error_policies(corrupt_shards: Reference) -> None:
     assert images.shape[0] == 2
     with pytest.raises(DecodeError, match=r"shard-00000\.h5:5"):
         ShardDataset(corrupt_shards.path, on_error="skip")[5]  # nothing to drop it from
+
+
+@pytest.fixture
+def damaged_shards(encoded_shards: Reference) -> Reference:
+    """The encoded set with sample 5 a JPEG whose entropy-coded data is damaged (libjpeg
+    decodes it with a warning)."""
+    fields = [
+        FieldSpec("image", "encoded", "uint8", encoding="jpeg"),
+        FieldSpec("label", "array", "int64"),
+    ]
+    samples = [
+        {"image": damaged_jpeg(*SIZE) if i == 5 else data, "label": int(encoded_shards.labels[i])}
+        for i, data in enumerate(encoded_shards.jpegs)
+    ]
+    encoded_shards.path = write_shards(encoded_shards.path.parent / "damaged", fields, samples)
+    return encoded_shards
+
+
+def test_a_damaged_jpeg_is_an_error_or_left_out_or_kept_with_a_warning(
+    damaged_shards: Reference, tmp_path: Path
+) -> None:
+    indices = [4, 5, 6]
+    where = r"dataset\[5\], .*shard-00000\.h5:5$"
+    with pytest.raises(DecodeError, match=rf"Corrupt JPEG data: .*: {where}"):
+        ShardDataset(damaged_shards.path).__getitems__(indices)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "skip" is quiet
+        _, labels = ShardDataset(damaged_shards.path, on_error="skip").__getitems__(indices)
+    np.testing.assert_array_equal(labels.numpy(), damaged_shards.labels[[4, 6]])
+    with pytest.warns(RuntimeWarning, match=rf"kept a damaged sample: .*{where}"):
+        images, labels = ShardDataset(damaged_shards.path, on_error="warn").__getitems__(indices)
+    np.testing.assert_array_equal(labels.numpy(), damaged_shards.labels[indices])
+    np.testing.assert_array_equal(_hwc(images)[[0, 2]], damaged_shards.images[[4, 6]])
+    paths = []
+    for i, data in enumerate([damaged_shards.jpegs[4], damaged_jpeg(*SIZE)]):
+        paths.append(tmp_path / f"{i}.jpg")
+        paths[-1].write_bytes(data)
+    files = RAMDataset(paths, [0, 1], show_progress=False)
+    with pytest.raises(DecodeError, match=r"Corrupt JPEG data: .*: dataset\[1\], .*1\.jpg$"):
+        files.__getitems__([0, 1])
 
 
 def test_on_error_takes_the_policy_type_and_every_spelling(corrupt_shards: Reference) -> None:

@@ -45,6 +45,24 @@ def exif_rotated_jpeg(height: int, width: int, seed: int = 0, *, orientation: in
     return encode(Image.fromarray(smooth_rgb(height, width, seed)), quality=95, exif=exif)
 
 
+def damaged_jpeg(height: int = 64, width: int = 96, seed: int = 0, mode: str = "RGB") -> bytes:
+    """A real JPEG whose entropy-coded data is damaged in the middle (bytes after the SOS
+    segment flipped, no marker made or broken): libjpeg decodes it with a warning
+    (``Corrupt JPEG data: ... extraneous bytes before marker 0xd9``), OpenCV returns an
+    image. ``mode``: ``"RGB"`` or ``"CMYK"`` (a four-component JPEG)."""
+    noisy = smooth_rgb(height, width, seed).astype(np.int16)
+    noisy += np.random.default_rng(seed).integers(0, 40, noisy.shape, dtype=np.int16)
+    pixels = Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8)).convert(mode)
+    data = bytearray(encode(pixels, quality=90))
+    sos = data.index(b"\xff\xda")
+    scan = sos + 2 + ((data[sos + 2] << 8) | data[sos + 3])  # the first entropy-coded byte
+    middle = scan + (len(data) - scan) // 8
+    for pos in range(middle, middle + 8):
+        if 0xFF not in (data[pos - 1], data[pos]) and data[pos] ^ 0x5A != 0xFF:
+            data[pos] ^= 0x5A
+    return bytes(data)
+
+
 @pytest.fixture(scope="session")
 def images() -> dict[str, bytes]:
     """Named encoded images; ``good`` ones decode, ``bad`` ones do not."""

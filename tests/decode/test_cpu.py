@@ -18,7 +18,15 @@ from fastdata.decode._geometry import random_box
 from fastdata.decode.cpu import CpuDecoder
 from fastdata.errors import DecodeError, OnError
 from fastdata.ops import RandomResizedCrop
-from tests.decode.conftest import BAD, GOOD, encode, exif_rotated_jpeg, rgb_jpeg, smooth_rgb
+from tests.decode.conftest import (
+    BAD,
+    GOOD,
+    damaged_jpeg,
+    encode,
+    exif_rotated_jpeg,
+    rgb_jpeg,
+    smooth_rgb,
+)
 
 # A JPEG decode differs from the source pixels by its compression error; against a
 # reference (PIL full decode + OpenCV area resize), the reduced-size DCT decode adds at most
@@ -95,6 +103,24 @@ def test_on_error_warn(images: dict[str, bytes]) -> None:
     assert decoded.kept.tolist() == [1]
     empty = create_decoder("cpu", size=32, on_error="skip").decode([images["empty"]])
     assert empty.images.shape == (0, 3, 32, 32) and empty.kept.numel() == 0
+
+
+def test_a_damaged_jpeg_is_refused_or_left_out_or_kept_with_a_warning(
+    images: dict[str, bytes],
+) -> None:
+    batch = [images["color"], damaged_jpeg(), images["color"]]
+    for random_crop in (None, True):  # a whole image, and a box of one (reduced decode)
+        with pytest.raises(DecodeError, match=r"Corrupt JPEG data: .*: batch item 1$"):
+            create_decoder("cpu", size=32, random_crop=random_crop).decode(batch)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # quietly
+            skipped = create_decoder("cpu", size=32, on_error="skip").decode(batch)
+        assert skipped.kept.tolist() == [0, 2]
+        decoder = create_decoder("cpu", size=32, random_crop=random_crop, on_error="warn")
+        with pytest.warns(RuntimeWarning, match=r"kept a damaged sample: .*batch item 1$"):
+            kept = decoder.decode(batch)
+        assert kept.kept.tolist() == [0, 1, 2] and kept.images.shape == (3, 3, 32, 32)
+        assert [(e.source, e.kept) for e in decoder.last_errors] == [("batch item 1", True)]
 
 
 def test_decode_errors_carry_their_reason_whatever_the_policy(images: dict[str, bytes]) -> None:

@@ -18,7 +18,7 @@ from fastdata.decode import DecodedBatch, DecodingLoader, create_decoder
 from fastdata.decode.cpu import CpuDecoder
 from fastdata.errors import DecodeError
 from fastdata.shards import FieldSpec, Manifest, ShardReader, ShardWriter, save_manifest
-from tests.decode.conftest import rgb_jpeg
+from tests.decode.conftest import damaged_jpeg, rgb_jpeg
 
 FIELDS = [
     FieldSpec("image", "encoded", "uint8", encoding="jpeg"),
@@ -171,6 +171,31 @@ def test_decode_errors_from_workers_follow_on_error_here(shard_root: Path) -> No
         [104, 105, 106, 107],
         [108, 109, 108, 109],
     ]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_damaged_jpeg_decoded_in_workers_follows_on_error_here(
+    tmp_path: Path, num_workers: int
+) -> None:
+    blobs = [rgb_jpeg(60, 80, seed=i) for i in range(6)]
+    blobs[4] = damaged_jpeg(60, 80)
+    with ShardWriter(tmp_path / "shard-00000.h5", FIELDS) as writer:
+        for i, blob in enumerate(blobs):
+            writer.append({"image": blob, "label": 100 + i})
+        info = writer.close()
+    save_manifest(tmp_path, Manifest(fields=FIELDS, shards=[info]))
+    raising = DecodingLoader(_loader(tmp_path, num_workers), create_decoder("cpu", size=16))
+    with pytest.raises(DecodeError, match=r"Corrupt JPEG data: .*: batch item 0$"):
+        list(raising)
+    skipping = create_decoder("cpu", size=16, on_error="skip")
+    labels = [
+        labels.tolist() for _, labels in DecodingLoader(_loader(tmp_path, num_workers), skipping)
+    ]
+    assert labels == [[100, 101, 102, 103], [105]]
+    keeping = create_decoder("cpu", size=16, on_error="warn")
+    with pytest.warns(RuntimeWarning, match=r"kept a damaged sample: .*batch item 0$"):
+        batches = list(DecodingLoader(_loader(tmp_path, num_workers), keeping))
+    assert [labels.tolist() for _, labels in batches] == [[100, 101, 102, 103], [104, 105]]
 
 
 def test_random_crops_differ_between_workers(tmp_path: Path) -> None:

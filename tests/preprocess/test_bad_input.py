@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from fastdata.cli import main
 from fastdata.errors import OnError, PreprocessError
 from fastdata.preprocess import preprocess
 from fastdata.shards import ShardWriter
+from tests.decode.conftest import damaged_jpeg, rgb_jpeg
 
 TINY = PreprocessOptions(sizes=(16,))
 
@@ -303,3 +305,33 @@ def test_argument_validation(sample_imagefolder: Path, tmp_path: Path) -> None:
         preprocess(sample_imagefolder, tmp_path / "o", kind="tar")
     with pytest.raises(ValueError, match="masks/mask_suffix are only for kind='segmentation'"):
         preprocess(sample_imagefolder, tmp_path / "o", kind="imagefolder", masks=tmp_path)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_damaged_jpeg_is_an_error_skipped_or_kept_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, workers: int
+) -> None:
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    (src / "damaged.jpg").write_bytes(damaged_jpeg())
+    (src / "ok.jpg").write_bytes(rgb_jpeg(64, 96))
+    strict = PreprocessOptions(sizes=(16,), on_error="raise")
+    with pytest.raises(PreprocessError, match=r"damaged\.jpg: corrupt or truncated JPEG \(Corr"):
+        preprocess(
+            tmp_path / "src", tmp_path / "raise", strict, workers=workers, show_progress=False
+        )
+    skipped = preprocess(
+        tmp_path / "src", tmp_path / "skip", TINY, workers=workers, show_progress=False
+    )
+    assert (skipped.num_samples, skipped.num_skipped) == (1, 1)
+    assert [Path(s["path"]).name for s in load_manifest(tmp_path / "skip").skipped] == [
+        "damaged.jpg"
+    ]
+    keeping = PreprocessOptions(sizes=(16,), on_error="warn")
+    with caplog.at_level(logging.WARNING, logger="fastdata.preprocess"):
+        kept = preprocess(
+            tmp_path / "src", tmp_path / "warn", keeping, workers=workers, show_progress=False
+        )
+    assert (kept.num_samples, kept.num_skipped) == (2, 0)
+    reports = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+    assert len(reports) == 1 and re.match(r"kept a damaged sample: .*: .*damaged\.jpg$", reports[0])

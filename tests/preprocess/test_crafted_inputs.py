@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import io
 import struct
-import time
 import zlib
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 import pytest
+import simplejpeg
 import torch
 from PIL import Image
 
 from fastdata import PreprocessOptions, RAMDataset, ShardReader, load_manifest
+from fastdata._codec import DEFAULT_MAX_PIXELS, image_size
 from fastdata.decode import create_decoder
 from fastdata.errors import PreprocessError
 from fastdata.preprocess import _task as task_module
+from fastdata.preprocess import _transforms as transforms_module
 from fastdata.preprocess import list_source, preprocess
 from fastdata.preprocess._sources import SourceItem
 from fastdata.preprocess._task import SampleFailure, ShardJob, build_fields, process_sample
@@ -63,6 +66,25 @@ def _folder(tmp_path: Path, files: dict[str, bytes]) -> Path:
     return src.parent
 
 
+@pytest.fixture
+def decoded_sizes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """The header sizes of the images handed to a pixel decoder (OpenCV, simplejpeg) in this
+    process: an image over the limit must never reach one (however fast the machine)."""
+    sizes: list[tuple[int, int]] = []
+
+    def recording(decode: Any) -> Any:
+        def wrapper(data: Any, *args: Any, **kwargs: Any) -> Any:
+            size = image_size(np.frombuffer(data, np.uint8) if isinstance(data, bytes) else data)
+            sizes.append(size or (0, 0))
+            return decode(data, *args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(cv2, "imdecode", recording(cv2.imdecode))
+    monkeypatch.setattr(simplejpeg, "decode_jpeg", recording(simplejpeg.decode_jpeg))
+    return sizes
+
+
 def _reasons(out: Path) -> dict[str, str]:
     return {Path(s["path"]).name: s["reason"] for s in load_manifest(out).skipped}
 
@@ -70,13 +92,14 @@ def _reasons(out: Path) -> dict[str, str]:
 # --- lying headers and bombs (skipped like any undecodable file) ---------------------------
 
 
-def test_jpeg_with_lying_or_corrupt_frame_header_is_skipped_not_grey(tmp_path: Path) -> None:
+def test_jpeg_with_lying_or_corrupt_frame_header_is_skipped_not_grey(
+    tmp_path: Path, decoded_sizes: list[tuple[int, int]]
+) -> None:
     src = _folder(
         tmp_path, {"huge.jpg": _lying_jpeg(65500, 65500), "bigger.jpg": _lying_jpeg(480, 640)}
     )
-    started = time.perf_counter()
-    summary = preprocess(src, tmp_path / "o", TINY, show_progress=False)
-    assert time.perf_counter() - started < 30
+    summary = preprocess(src, tmp_path / "o", TINY, workers=1, show_progress=False)
+    assert decoded_sizes and max(h * w for h, w in decoded_sizes) <= DEFAULT_MAX_PIXELS
     assert (summary.num_samples, summary.num_skipped) == (1, 2)
     reasons = _reasons(tmp_path / "o")
     assert "65500x65500 = 4,290,250,000 pixels, over the limit" in reasons["huge.jpg"]
@@ -142,11 +165,12 @@ def test_ram_dataset_and_cpu_decoder_skip_decoder_errors(tmp_path: Path) -> None
 # --- max_pixels and crop before resize -----------------------------------------------------
 
 
-def test_max_pixels_is_read_from_the_header_and_configurable(tmp_path: Path) -> None:
+def test_max_pixels_is_read_from_the_header_and_configurable(
+    tmp_path: Path, decoded_sizes: list[tuple[int, int]]
+) -> None:
     src = _folder(tmp_path, {"wide.png": _png_header_only(30000, 30000)})
-    started = time.perf_counter()
-    summary = preprocess(src, tmp_path / "o", TINY, show_progress=False)
-    assert time.perf_counter() - started < 30
+    summary = preprocess(src, tmp_path / "o", TINY, workers=1, show_progress=False)
+    assert decoded_sizes and max(h * w for h, w in decoded_sizes) <= DEFAULT_MAX_PIXELS
     assert summary.num_skipped == 1
     assert "over the limit of 89,478,485" in _reasons(tmp_path / "o")["wide.png"]
     # a low limit refuses the ordinary 24x20 image too: nothing stored is an error
@@ -183,11 +207,20 @@ def test_an_output_size_over_the_pixel_limit_is_refused_at_once(
         PreprocessOptions(sizes=sizes, max_pixels=max_pixels)
 
 
-def test_thin_strip_is_cropped_before_resizing(tmp_path: Path) -> None:
+def test_thin_strip_is_cropped_before_resizing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     strip = np.random.default_rng(0).integers(0, 255, (1, 10000, 3), dtype=np.uint8)
-    started = time.perf_counter()
+    resized: list[tuple[int, ...]] = []
+    resize_to = transforms_module.resize_to
+
+    def recording(image: np.ndarray, *args: Any, **kwargs: Any) -> np.ndarray:
+        resized.append(image.shape)
+        return resize_to(image, *args, **kwargs)
+
+    monkeypatch.setattr(transforms_module, "resize_to", recording)
     got = transform(strip, 224, "shorter")
-    assert time.perf_counter() - started < 1.0  # the whole strip at 224 x 2,240,000: ~10 s
+    assert resized == [(1, 1, 3)]  # the centred square, not the strip (224 x 2,240,000: ~10 s)
     # the centre crop of the strip scaled to 224: the picture of its middle source pixels
     assert got.shape == (224, 224, 3)
     centre = strip[0, 4998:5002]

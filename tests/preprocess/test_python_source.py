@@ -5,6 +5,7 @@ The datasets live at module level so that spawned worker processes can unpickle 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import os
@@ -334,6 +335,10 @@ def test_a_class_defined_on_stdin_is_read_in_the_parent_where_forking_is_unsafe(
     assert "and CUDA is initialised in this process" in done.stderr
 
 
+# The one label rule, as every source states it.
+_LABEL_RANGE = r"dataset\[5\] has label {}; labels must be integers in 0\.\.9223372036854775807$"
+
+
 @pytest.mark.parametrize(
     ("item", "error", "message"),
     [
@@ -363,10 +368,18 @@ def test_a_class_defined_on_stdin_is_read_in_the_parent_where_forking_is_unsafe(
         (
             (Image.new("La", (8, 6)), 1),
             DatasetValueError,
-            r"dataset\[5\]: the image is a PIL image \(mode La, 8x6\), which PIL cannot conv",
+            r"dataset\[5\]: the image is a PIL image \(mode La, 8x6\); PIL cannot convert mo",
         ),
         ((pixels(0), "cat"), DatasetTypeError, r"dataset\[5\]: the label is a str \('cat'\)"),
         ((pixels(0), 1.5), DatasetTypeError, r"the label is a float"),
+        ((pixels(0), -1), DatasetValueError, _LABEL_RANGE.format(r"-1")),
+        ((pixels(0), 2**63), DatasetValueError, _LABEL_RANGE.format(r"9223372036854775808")),
+        (
+            (pixels(0), np.uint64(2**63)),
+            DatasetValueError,
+            _LABEL_RANGE.format(r"9223372036854775808"),
+        ),
+        ((pixels(0), torch.tensor([-2])), DatasetValueError, _LABEL_RANGE.format(r"-2")),
         (
             (pixels(0), 1, np.zeros((5, 5), np.uint8)),
             DatasetValueError,
@@ -670,3 +683,60 @@ def test_readme_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert len(reader) == 100 and reader.field("image").shape == (32, 32, 3)
     assert int(reader.read("label", 50)) == 1 and reader.read("image", 3)[0, 0, 0] == 6
     assert load_manifest(tmp_path / "out-gradients").class_names == ["dark", "light"]
+
+
+class OpenedFiles:
+    """Items ``(PIL.Image.open(path), 0)``, as a dataset over image files gives them."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.paths = paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> tuple[Image.Image, int]:
+        return Image.open(self.paths[index]), 0
+
+
+def _sixteen_bit_pngs(folder: Path) -> list[Path]:
+    """16-bit PNGs spanning 0..65535, gray and RGB (written by OpenCV, BGR order)."""
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(7)
+    paths = []
+    for k, shape in enumerate([(32, 34), (36, 32), (32, 34, 3), (34, 32, 3)]):
+        path = folder / f"{k:02d}.png"
+        cv2.imwrite(str(path), rng.integers(0, 65536, shape, dtype=np.uint16))
+        paths.append(path)
+    return paths
+
+
+def test_sixteen_bit_images_store_the_same_pixels_from_a_dataset_as_from_files(
+    tmp_path: Path,
+) -> None:
+    paths = _sixteen_bit_pngs(tmp_path / "src" / "only")
+    assert {Image.open(path).mode for path in paths} == {"I;16", "RGB"}
+    _run(OpenedFiles(paths), tmp_path / "dataset")
+    preprocess(tmp_path / "src", tmp_path / "files", OPTIONS, workers=1, show_progress=False)
+    from_dataset, _ = _stored(tmp_path / "dataset")
+    from_files, _ = _stored(tmp_path / "files")
+    np.testing.assert_array_equal(from_dataset, from_files)
+    assert len(np.unique(from_dataset)) > 100  # scaled to 8 bits, not clipped at 255
+
+
+@pytest.mark.parametrize(
+    ("pixels_of_mode", "mode"),
+    [(np.full((32, 34), 70000, np.int32), "I"), (np.full((32, 34), 0.5, np.float32), "F")],
+)
+def test_wide_images_are_refused_naming_the_mode_from_a_dataset_as_from_files(
+    tmp_path: Path, pixels_of_mode: np.ndarray, mode: str
+) -> None:
+    path = tmp_path / "src" / "only" / "wide.tiff"
+    path.parent.mkdir(parents=True)
+    Image.fromarray(pixels_of_mode).save(path)
+    assert Image.open(path).mode == mode
+    message = rf"PIL mode {mode} \(32-bit .* pixels\) has no one 8-bit reading"
+    with pytest.raises(DatasetValueError, match=rf"dataset\[0\]: .*{message}"):
+        _run(OpenedFiles([path]), tmp_path / "dataset")
+    with pytest.raises(PreprocessError, match=rf"wide\.tiff: {message}"):
+        strict = dataclasses.replace(OPTIONS, on_error="raise")
+        preprocess(tmp_path / "src", tmp_path / "files", strict, workers=1, show_progress=False)

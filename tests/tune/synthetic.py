@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -12,6 +14,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
+from fastdata.tune._measure import LoaderConfig, Measurement, Window, predict_bytes
 
 
 def burn_cpu(seconds: float) -> None:
@@ -104,6 +107,113 @@ class SleepStream(IterableDataset):
         for index in range(self.length):
             time.sleep(self.cost_s)
             yield torch.tensor([index])
+
+
+class VirtualClock:
+    """The clocks ``profile`` reads (wall, process CPU, run-queue delay), advanced only by
+    the datasets and steps below: a verdict measured on it is the same however loaded the
+    machine is. :meth:`install` points fastdata's tuning modules at it."""
+
+    def __init__(self) -> None:
+        self.wall_s = self.cpu_s = self.run_wait_s = 0.0
+
+    def spend(self, *, blocked_s: float = 0.0, cpu_s: float = 0.0, run_wait_s: float = 0.0) -> None:
+        """Pass time: ``blocked_s`` off the CPUs (storage, a sleep), ``cpu_s`` on one,
+        ``run_wait_s`` waiting for one."""
+        self.wall_s += blocked_s + cpu_s + run_wait_s
+        self.cpu_s += cpu_s
+        self.run_wait_s += run_wait_s
+
+    def install(self, monkeypatch: Any) -> None:
+        from fastdata.tune import _loop, _stages  # noqa: PLC0415 - patched here only
+
+        clocks = SimpleNamespace(perf_counter=lambda: self.wall_s, process_time=lambda: self.cpu_s)
+        monkeypatch.setattr(_loop, "time", clocks)
+        monkeypatch.setattr(_stages, "time", clocks)
+        monkeypatch.setattr(
+            _stages, "_run_delays_ns", lambda: {"main": round(self.run_wait_s * 1e9)}
+        )
+
+
+class VirtualDataset(Dataset):
+    """Samples whose cost is spent on a :class:`VirtualClock`: ``blocked_s`` waiting on
+    storage, ``cpu_s`` computing, ``run_wait_s`` waiting for a CPU, each per sample."""
+
+    def __init__(self, length: int, clock: VirtualClock, **cost_s: float) -> None:
+        self.length, self.clock, self.cost_s = length, clock, cost_s
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        self.clock.spend(**self.cost_s)
+        return torch.full((4,), index)
+
+
+class VirtualStream(IterableDataset):
+    """An iterable :class:`VirtualDataset`."""
+
+    def __init__(self, length: int, clock: VirtualClock, **cost_s: float) -> None:
+        self.samples = VirtualDataset(length, clock, **cost_s)
+
+    def __iter__(self) -> Any:
+        return (self.samples[index] for index in range(len(self.samples)))
+
+
+def virtual_step(clock: VirtualClock, seconds: float) -> Any:
+    """A consumer that spends ``seconds`` of wall time on ``clock``."""
+
+    def step(batch: Any) -> None:
+        clock.spend(blocked_s=seconds)
+
+    return step
+
+
+class ModelledWindows:
+    """Stands in for ``run_window``: each configuration delivers the batches per second a
+    model says, so a test of the search holds however loaded the machine is (throughput on
+    real clocks is what ``benchmarks/bench_autotune.py`` measures).
+
+    Args:
+        rate: Batches per second of a configuration (the whole loop: reading and step).
+        step_s: Seconds per batch the step takes (the rest of a batch's time is waiting).
+        batch_bytes: Bytes of one batch.
+        worker_bytes: Unique memory of one worker process, bytes.
+    """
+
+    def __init__(
+        self,
+        rate: Callable[[LoaderConfig], float],
+        *,
+        step_s: float = 0.0,
+        batch_bytes: int = 1 << 10,
+        worker_bytes: int = 32 << 20,
+    ) -> None:
+        self.rate, self.step_s = rate, step_s
+        self.batch_bytes, self.worker_bytes = batch_bytes, worker_bytes
+
+    def __call__(self, dataset: Any, batch_size: int, config: LoaderConfig, **_: Any) -> Window:
+        if config.num_threads is not None:  # as the real window does
+            dataset.num_threads = config.num_threads
+        per_s = self.rate(config)
+        workers = config.num_workers > 0
+        measurement = Measurement(
+            config=config,
+            batches_per_s=per_s,
+            spread=0.0,
+            wait_s=max(0.0, 1 / per_s - self.step_s),
+            step_s=self.step_s,
+            startup_s=0.0,
+            predicted_bytes=predict_bytes(config, self.batch_bytes, self.worker_bytes),
+            worker_bytes=self.worker_bytes if workers else None,
+            num_batches=10,
+        )
+        return Window(measurement, self.batch_bytes)
+
+    def install(self, monkeypatch: Any) -> None:
+        from fastdata.tune import _search  # noqa: PLC0415 - patched here only
+
+        monkeypatch.setattr(_search, "run_window", self)
 
 
 def passthrough(batch: Any) -> Any:

@@ -43,6 +43,9 @@ class ResumableDataLoader(DataLoader):
         super().__init__(dataset, *args, **kwargs)
         self._start: int | None = None  # sampler offset when the current iteration began
         self._taken = 0  # batches handed to the loop in the current iteration
+        sampler = self._shard_sampler()
+        if sampler is not None:
+            sampler._claim()  # iterations of it that this loader did not start are refused
 
     def _shard_sampler(self) -> ShardAwareDistributedSampler | None:
         for candidate in (self.sampler, getattr(self.batch_sampler, "sampler", None)):
@@ -60,8 +63,9 @@ class ResumableDataLoader(DataLoader):
         sampler = self._shard_sampler()
         self._start = sampler._pending_offset() if sampler is not None else 0
         self._taken = 0
-        if sampler is not None and self._batch_size() is not None:
-            sampler._attach(self, self._consumed_samples)
+        if sampler is not None:
+            counts = self._batch_size() is not None
+            sampler._admit(self, self._consumed_samples if counts else None)
         return _Counting(super().__iter__(), self)
 
     def _consumed_samples(self) -> int | None:

@@ -14,9 +14,9 @@ the first epoch, each node's page cache holds just the shards of its own ranks.
 
 The sampler is a ``torch.utils.data.DistributedSampler``, so frameworks that add a
 distributed sampler when there is none (Lightning's ``use_distributed_sampler``) leave it
-alone. Wrappers that shard its output a second time (Lightning's
-``DistributedSamplerWrapper``, Accelerate's ``prepare(dataloader)``) are detected when the
-iteration starts and refused with the fix.
+alone. Who iterates it is never guessed (no look at the call stack, no class names): a
+:class:`~fastdata.datasets.ResumableDataLoader` (``dataset.loader(...)``) declares itself
+when it is built and when each of its iterations starts (``datasets/_iteration.py``).
 """
 
 from __future__ import annotations
@@ -24,17 +24,22 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import sys
+import warnings
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
+from collections.abc import Callable, Mapping, Sequence, Sized
 from pathlib import Path
-from types import FrameType
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
+from fastdata.datasets._iteration import (
+    HANDED_OUT,
+    EpochIterator,
+    foreign_loader_error,
+    unreported_save_warning,
+)
 from fastdata.shards import Manifest, load_manifest
 
 # What a saved position means depends on every setting that shapes the order: a state
@@ -52,7 +57,6 @@ _SETTINGS = (
     "shard_layout",
 )
 _STATE_KEYS = (*_SETTINGS, "epoch", "num_consumed")
-_MAX_CALLER_FRAMES = 12  # how far up __iter__ looks for a wrapper or a DataLoader iterator
 PARTITIONS = ("epoch", "fixed")
 
 
@@ -123,10 +127,19 @@ class ShardAwareDistributedSampler(DistributedSampler):
     consumed; after ``load_state_dict()`` the next iteration yields the rest of that epoch
     only, then ``set_epoch`` goes on with full epochs. A state saved with other settings
     (seed, world size, shuffle, drop_last, window_shards, partition, shard layout) is
-    refused. With DataLoader workers, save the state through a loader that knows what the
-    loop took: :class:`~fastdata.datasets.ResumableDataLoader` (``dataset.loader(...)``)
-    or torchdata's ``StatefulDataLoader``; a plain ``DataLoader`` with workers prefetches,
-    and ``state_dict()`` then refuses to guess (pass ``num_consumed``).
+    refused. The sampler knows what the loop consumed only when told (it never inspects
+    who calls it): by the :class:`~fastdata.datasets.ResumableDataLoader`
+    (``dataset.loader(...)``) iterating it, which reports its exact count; by
+    ``num_consumed``; or, under torchdata's ``StatefulDataLoader``, through the state of
+    the sampler's iterator, which that loader takes as it hands each batch out. A
+    ``state_dict()`` taken under a plain ``DataLoader`` without ``num_consumed`` records the
+    samples handed out, ahead of the loop when workers prefetch: it is marked as such, the
+    sampler warns at its next step, and ``load_state_dict`` refuses it on its own.
+
+    Loaders: a sampler given to ``dataset.loader(...)`` serves that loader. With
+    ``num_replicas > 1`` an iteration that this loader did not start (another DataLoader
+    built around the same sampler, e.g. by ``accelerator.prepare(loader)``, which would
+    split its batches between the processes a second time) raises ``ValueError``.
 
     Args:
         dataset: Anything :func:`shard_sizes_of` accepts; indices are global sample indices
@@ -195,59 +208,49 @@ class ShardAwareDistributedSampler(DistributedSampler):
         self.shard_layout = _layout_digest(self.shard_sizes)
         self._resume_from: int | None = None  # samples the next iteration skips (resume)
         self._yielded = 0  # samples of this epoch handed out, skipped ones included
-        self._prefetching_workers = 0  # workers of the plain DataLoader iterating this epoch
         self._consumer: Callable[[], int | None] | None = None  # a loader's exact count
+        self._claimed = False  # given to a dataset.loader(...): it starts the iterations
+        self._admitted = False  # that loader started the next iteration
+        self._reported = 0  # a position known to be consumed (0, or a loaded state's)
+        self._unconfirmed_save = 0  # handed-out count a state_dict() recorded, unconfirmed
+        self._unconfirmed_load = False  # a loaded state awaits its iterator's position
 
     # -- torch Sampler ------------------------------------------------------------------
     def __len__(self) -> int:
         """``num_samples``: the per-rank sample count of an epoch (also a resumed one)."""
         return self.num_samples
 
-    def __iter__(self) -> Iterator[int]:
+    def __iter__(self) -> EpochIterator:
         """This rank's indices of the epoch, less those a loaded state says were consumed.
 
+        Returns:
+            An iterator with ``state_dict()`` / ``load_state_dict()`` (the position in the
+            epoch, for loaders that snapshot it as they hand batches out).
+
         Raises:
-            ValueError: A wrapper shards this sampler's output again (Lightning's
-                ``DistributedSamplerWrapper``, Accelerate's ``prepare(dataloader)``).
+            ValueError: This sampler serves a ``dataset.loader(...)`` and another loader
+                built around it iterates it with ``num_replicas > 1`` (e.g.
+                ``accelerator.prepare(loader)``, which splits its batches again).
         """
-        self._prefetching_workers = self._inspect_callers()
+        if self._admitted:
+            self._admitted = False
+        elif self._claimed:
+            if self.num_replicas > 1:
+                raise ValueError(foreign_loader_error(self.num_replicas))
+            self._consumer = None  # the loader's count is not this iteration's
         start = self._resume_from or 0
         self._resume_from = None
         self._yielded = start
-        return self._generate(self.rank_indices()[start:])
-
-    def _inspect_callers(self) -> int:
-        """Refuse a second sharding wrapper; return the worker count of a plain DataLoader
-        iterator driving this iteration (0 for none, for torchdata's, or single-process)."""
-        try:
-            frame: FrameType | None = sys._getframe(2)  # the caller of __iter__
-        except ValueError:  # called from the top of the stack
-            return 0
-        for _ in range(_MAX_CALLER_FRAMES):
-            if frame is None:
-                break
-            owner = frame.f_locals.get("self")
-            if owner is not None and owner is not self:
-                _refuse_double_sharding(owner, self.num_replicas)
-                if _is_loader_iterator(owner):
-                    if type(owner).__module__.startswith("torchdata"):
-                        return 0  # StatefulDataLoader snapshots the sampler at the right time
-                    return int(getattr(owner, "_num_workers", 0))
-            frame = frame.f_back
-        return 0
-
-    def _generate(self, indices: np.ndarray) -> Iterator[int]:
-        for index in indices.tolist():
-            self._yielded += 1
-            yield index
+        return EpochIterator(self, start)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next iteration yields (call on every rank)."""
         if epoch != self.epoch:
             self._resume_from = None
             self._yielded = 0
-            self._prefetching_workers = 0
             self._consumer = None
+            self._reported = 0
+            self._unconfirmed_load = False
         self.epoch = epoch
 
     # -- the order ----------------------------------------------------------------------
@@ -313,30 +316,27 @@ class ShardAwareDistributedSampler(DistributedSampler):
         Args:
             num_consumed: Samples of this epoch the training loop has consumed on this rank.
                 Defaults to the exact count of the :class:`ResumableDataLoader` iterating
-                this sampler, else the number the sampler has handed out: exact with
-                ``num_workers=0`` and under torchdata's ``StatefulDataLoader`` (which
-                saves this state when the batch is yielded).
+                this sampler. Without either, the state records the samples handed out
+                (``"position": "handed_out"``, unless none was): under torchdata's
+                ``StatefulDataLoader``, which also saves the iterator's state, that is what
+                the loop consumed; under any other loader the sampler cannot tell (workers
+                prefetch), so it warns at its next step and ``load_state_dict`` refuses
+                the state on its own.
 
         Raises:
-            ValueError: ``num_consumed`` is out of range, or is left out while a plain
-                ``DataLoader`` with workers (which prefetch ahead of the loop) iterates this
-                epoch: the handed-out count would skip the prefetched samples on resume.
+            ValueError: ``num_consumed`` is out of range.
         """
         consumed = num_consumed
         if consumed is None and self._consumer is not None:
             consumed = self._consumer()
+        reported = consumed is not None or self._yielded == self._reported
         if consumed is None:
-            if self._prefetching_workers and self._yielded:
-                raise ValueError(
-                    f"state_dict() cannot tell what the loop consumed: a DataLoader with "
-                    f"{self._prefetching_workers} workers prefetches ahead of it (handed out "
-                    f"{self._yielded}); iterate a fastdata ResumableDataLoader "
-                    "(dataset.loader(...)) or torchdata's StatefulDataLoader and save "
-                    "loader.state_dict(), or pass num_consumed=batches_done * batch_size"
-                )
             consumed = self._yielded
+        # Unreported: an iterator state_dict() right after (torchdata) confirms it.
+        self._unconfirmed_save = 0 if reported else consumed
         if not 0 <= consumed <= self.num_samples:
             raise ValueError(f"num_consumed must be in [0, {self.num_samples}], got {consumed}")
+        position = {} if reported else {"position": HANDED_OUT}
         return {
             "seed": self.seed,
             "epoch": self.epoch,
@@ -348,6 +348,7 @@ class ShardAwareDistributedSampler(DistributedSampler):
             "window_shards": self.window_shards,
             "shard_layout": self.shard_layout,
             "num_consumed": int(consumed),
+            **position,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -355,6 +356,10 @@ class ShardAwareDistributedSampler(DistributedSampler):
 
         A state from any rank of the same run is valid on every rank (all ranks consume
         the same count).
+
+        A state marked ``"position": "handed_out"`` (see :meth:`state_dict`) needs the
+        iterator state saved with it (torchdata restores it): the first step of an
+        iteration that did not get it raises ``ValueError``.
 
         Raises:
             ValueError: ``state`` lacks keys, or was saved with another seed, world size,
@@ -386,21 +391,44 @@ class ShardAwareDistributedSampler(DistributedSampler):
         self.epoch = int(state["epoch"])
         self._resume_from = consumed
         self._yielded = consumed
-        self._prefetching_workers = 0
         self._consumer = None
+        self._unconfirmed_save = 0
+        self._unconfirmed_load = state.get("position") == HANDED_OUT
+        self._reported = -1 if self._unconfirmed_load else consumed
 
     def _pending_offset(self) -> int:
         """Samples of the epoch the next iteration skips (set by :meth:`load_state_dict`)."""
         return self._resume_from or 0
 
-    def _attach(self, consumer: object, count: Callable[[], int | None]) -> None:
-        """Let ``consumer`` (a loader) answer :meth:`state_dict` with its exact count."""
+    # -- the loader channel (see fastdata.datasets._iteration) ---------------------------
+    def _claim(self) -> None:
+        """A ``dataset.loader(...)`` serves this sampler: only it starts iterations."""
+        self._claimed = True
+
+    def _admit(self, consumer: object, count: Callable[[], int | None] | None) -> None:
+        """``consumer`` (the claiming loader) starts the next iteration; ``count`` answers
+        :meth:`state_dict` with the samples its loop took (``None``: it cannot count)."""
+        self._admitted = True
+        self._unconfirmed_save = 0
+        if count is None:
+            self._consumer = None
+            return
         ref = weakref.ref(consumer)
 
         def consumed() -> int | None:
             return count() if ref() is not None else None
 
         self._consumer = consumed
+
+    def _confirm_saved_position(self) -> None:
+        """The iterator's state was saved with the last :meth:`state_dict` (torchdata)."""
+        self._unconfirmed_save = 0
+
+    def _check_saved_position(self) -> None:
+        """Warn, at the step after it, about a state no loader said the loop consumed."""
+        if self._unconfirmed_save:
+            count, self._unconfirmed_save = self._unconfirmed_save, 0
+            warnings.warn(unreported_save_warning(count), UserWarning, stacklevel=4)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -412,34 +440,6 @@ def _layout_digest(sizes: Sequence[int]) -> str:
     """A short fingerprint of the per-shard sample counts (the order depends on them)."""
     data = np.asarray(sizes, dtype="<i8").tobytes()
     return f"{len(sizes)}:{sum(sizes)}:{hashlib.sha256(data).hexdigest()[:16]}"
-
-
-def _is_loader_iterator(owner: object) -> bool:
-    return any(cls.__name__ == "_BaseDataLoaderIter" for cls in type(owner).__mro__)
-
-
-def _refuse_double_sharding(owner: object, num_replicas: int) -> None:
-    """Raise when ``owner`` (a caller of ``__iter__``) splits this sampler's output again."""
-    if num_replicas <= 1:
-        return
-    if isinstance(owner, DistributedSampler) and not isinstance(
-        owner, ShardAwareDistributedSampler
-    ):
-        if owner.num_replicas > 1:
-            raise ValueError(
-                f"ShardAwareDistributedSampler is wrapped by {type(owner).__name__}, which "
-                f"shards it a second time (each rank would see 1/{owner.num_replicas} of its "
-                "share): give the DataLoader the sampler itself; under Lightning, "
-                "Trainer(use_distributed_sampler=False) if your Lightning version still wraps it"
-            )
-    elif type(owner).__name__ == "BatchSamplerShard" and getattr(owner, "num_processes", 1) > 1:
-        raise ValueError(
-            "accelerator.prepare(dataloader) shards the batches of a DataLoader whose "
-            "ShardAwareDistributedSampler already gives each process its share (each would "
-            f"see 1/{owner.num_processes} of it): prepare only the model and optimizer, "  # type: ignore[attr-defined]
-            "keep the DataLoader out of prepare() and move batches with "
-            ".to(accelerator.device)"
-        )
 
 
 def _world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:

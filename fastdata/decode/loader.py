@@ -143,6 +143,11 @@ def _with_collate(loader: DataLoader[Any], collate: Callable[[Any], Any]) -> Dat
         options["batch_sampler"] = loader.batch_sampler
     else:
         options.update(sampler=loader.sampler, batch_size=None)
+    from fastdata.datasets import ResumableDataLoader  # noqa: PLC0415  (decode sits below datasets)
+
+    if isinstance(loader, ResumableDataLoader):
+        # the same kind: it serves the sampler the original was given (and counts the loop)
+        return ResumableDataLoader(loader.dataset, **options)
     return DataLoader(loader.dataset, **options)
 
 

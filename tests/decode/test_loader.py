@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from fastdata.datasets import ResumableDataLoader, ShardAwareDistributedSampler
 from fastdata.decode import DecodingLoader, create_decoder
 from fastdata.errors import DecodeError
 from fastdata.shards import FieldSpec, Manifest, ShardReader, ShardWriter, save_manifest
@@ -187,3 +188,15 @@ def test_decode_in_workers_can_be_turned_off(shard_root: Path) -> None:
     loader = DecodingLoader(_loader(shard_root, 2), decoder, decode_in_workers=False)
     assert not loader.decodes_in_workers
     assert sum(len(labels) for _, labels in loader) == 9
+
+
+def test_decoding_in_workers_serves_the_sampler_of_a_dataset_loader(shard_root: Path) -> None:
+    # rank 1 of 2: the worker loader serves the sampler the dataset.loader(...) was given
+    sampler = ShardAwareDistributedSampler([10], 2, 1, shuffle=False)
+    loader = ResumableDataLoader(
+        EncodedShards(shard_root), batch_size=2, sampler=sampler, num_workers=1
+    )
+    decoding = DecodingLoader(loader, create_decoder("cpu", size=32, on_error="skip"))
+    assert decoding.decodes_in_workers
+    labels = torch.cat([labels for _, labels in decoding]).tolist()
+    assert labels == [105, 106, 107, 108, 109]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -28,7 +28,15 @@ class ResumableDataLoader(DataLoader):
     :func:`passthrough_collate` (fastdata datasets return whole batches). The exact resume
     needs a :class:`ShardAwareDistributedSampler` (``sampler=`` with ``batch_size``, or
     inside a ``batch_sampler`` with a ``batch_size`` attribute); with any other sampler a
-    loaded state restarts the epoch from its beginning, with a warning.
+    loaded state restarts the epoch from its beginning, with a warning. It claims that
+    sampler: with several processes, another loader built around it cannot iterate it.
+
+    Epochs: each batch of indices it hands the dataset carries the epoch it belongs to
+    (:class:`EpochBatch`), in every worker process, persistent or not; a seeded fastdata
+    batch transform then draws per sample from ``(seed, epoch, index)``. The epoch is the
+    sampler's ``epoch`` when it has one (``DistributedSampler``,
+    :class:`ShardAwareDistributedSampler`: ``set_epoch``), else the one given to
+    :meth:`set_epoch`, else it counts this loader's iterations from 0.
 
     Example:
         >>> sampler = ShardAwareDistributedSampler(ds)                      # doctest: +SKIP
@@ -43,6 +51,8 @@ class ResumableDataLoader(DataLoader):
         super().__init__(dataset, *args, **kwargs)
         self._start: int | None = None  # sampler offset when the current iteration began
         self._taken = 0  # batches handed to the loop in the current iteration
+        self._epoch: int | None = None  # the epoch of the current (or last) iteration
+        self._given_epoch: int | None = None  # set_epoch's, for the next iteration
         sampler = self._shard_sampler()
         if sampler is not None:
             sampler._claim()  # iterations of it that this loader did not start are refused
@@ -59,7 +69,45 @@ class ResumableDataLoader(DataLoader):
             size = getattr(self.batch_sampler, "batch_size", None)
         return size if isinstance(size, int) else None
 
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch of the next iteration (passed on to the sampler's ``set_epoch``).
+
+        Raises:
+            TypeError: ``epoch`` is not an int.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int):
+            raise TypeError(f"epoch must be an int, got {epoch!r}")
+        self._given_epoch = epoch
+        for owner in {id(o): o for o in self._samplers()}.values():
+            method = getattr(owner, "set_epoch", None)
+            if callable(method):
+                method(epoch)
+
+    def _samplers(self) -> list[Any]:
+        batch_sampler = self.batch_sampler
+        return [self.sampler, getattr(batch_sampler, "sampler", None), batch_sampler]
+
+    def _next_epoch(self) -> int:
+        """The epoch the iteration starting now belongs to."""
+        for owner in self._samplers():
+            epoch = getattr(owner, "epoch", None)
+            if isinstance(epoch, int) and not isinstance(epoch, bool):
+                return epoch
+        if self._given_epoch is not None:
+            return self._given_epoch
+        return 0 if self._epoch is None else self._epoch + 1
+
+    @property
+    def _index_sampler(self) -> Any:
+        # What the DataLoader's iterator draws batches from: tag each with its epoch.
+        index_sampler = super()._index_sampler
+        if not self._auto_collation:
+            return index_sampler
+        return _EpochBatches(index_sampler, self)
+
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        self._epoch = self._next_epoch()
+        self._given_epoch = None
         sampler = self._shard_sampler()
         self._start = sampler._pending_offset() if sampler is not None else 0
         self._taken = 0
@@ -86,7 +134,7 @@ class ResumableDataLoader(DataLoader):
         state = None
         if sampler is not None:
             state = sampler.state_dict(num_consumed=self._consumed_samples())
-        return {"sampler": state, "num_batches": self._taken}
+        return {"sampler": state, "num_batches": self._taken, "epoch": self._epoch}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume: the next iteration yields the batches of the epoch not yet taken.
@@ -100,6 +148,8 @@ class ResumableDataLoader(DataLoader):
                 "state must be the mapping ResumableDataLoader.state_dict() returned, got "
                 f"{type(state).__name__}"
             )
+        if isinstance(state.get("epoch"), int):
+            self._given_epoch = state["epoch"]  # the resumed iteration's epoch
         sampler = self._shard_sampler()
         if state["sampler"] is None or sampler is None:
             if state.get("num_batches"):
@@ -111,6 +161,36 @@ class ResumableDataLoader(DataLoader):
         sampler.load_state_dict(state["sampler"])
         self._start = None
         self._taken = 0
+
+
+class EpochBatch(list[int]):
+    """A batch of dataset indices (a ``list``) that says which epoch it belongs to.
+
+    :class:`ResumableDataLoader` hands these to ``dataset.__getitems__`` (through the
+    worker processes' index queues: it pickles with its epoch).
+    """
+
+    def __init__(self, indices: Iterable[int], epoch: int) -> None:
+        super().__init__(indices)
+        self.epoch = epoch
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (EpochBatch, (list(self), self.epoch))
+
+
+class _EpochBatches:
+    """The loader's batch sampler, each batch tagged with the loader's current epoch."""
+
+    def __init__(self, batches: Any, loader: ResumableDataLoader) -> None:
+        self._batches = batches
+        self._loader = loader
+
+    def __iter__(self) -> Iterator[EpochBatch]:
+        epoch = self._loader._epoch or 0
+        return (EpochBatch(batch, epoch) for batch in self._batches)
+
+    def __len__(self) -> int:
+        return len(self._batches)
 
 
 class _Counting(Iterator[Any]):

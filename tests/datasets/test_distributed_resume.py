@@ -181,7 +181,7 @@ def test_resumable_loader_with_a_batch_sampler_and_other_samplers(
     next(iterator), next(iterator)
     assert loader.state_dict()["sampler"]["num_consumed"] == 10
     plain = ResumableDataLoader(range(10), batch_size=2)
-    assert plain.state_dict() == {"sampler": None, "num_batches": 0}
+    assert plain.state_dict() == {"sampler": None, "num_batches": 0, "epoch": None}
     plain.load_state_dict({"sampler": None, "num_batches": 2})
     assert "restarts from its beginning" in caplog.text
     with pytest.raises(TypeError, match="state must be the mapping"):

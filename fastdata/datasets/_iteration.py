@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:
     from fastdata.datasets.distributed import ShardAwareDistributedSampler
 
@@ -37,15 +39,17 @@ HANDED_OUT = "handed_out"
 class EpochIterator(Iterator[int]):
     """One iteration over the sampler's indices of the current epoch.
 
-    Yields this rank's global indices from ``start`` on. Its ``state_dict()`` /
-    ``load_state_dict()`` record and restore how many samples of the epoch it handed
-    out, for loaders that snapshot the iterator as they hand each batch out (torchdata).
+    Yields ``indices`` (this rank's global indices of the epoch not consumed before). Its
+    ``state_dict()`` / ``load_state_dict()`` record how many it handed out and confirm the
+    sampler state saved and loaded with it, for loaders that snapshot the iterator as they
+    hand each batch out (torchdata).
     """
 
-    def __init__(self, sampler: ShardAwareDistributedSampler, start: int) -> None:
+    def __init__(self, sampler: ShardAwareDistributedSampler, indices: np.ndarray) -> None:
         self._sampler = sampler
-        self._position = start  # samples of the epoch handed out, skipped ones included
-        self._indices: list[int] | None = None  # drawn at the first step (after a load)
+        self._source = indices
+        self._indices: list[int] | None = None  # made at the first step (after a load)
+        self._position = 0  # indices handed out
 
     def __iter__(self) -> EpochIterator:
         return self
@@ -55,47 +59,42 @@ class EpochIterator(Iterator[int]):
         if self._indices is None:
             if sampler._unconfirmed_load:
                 raise ValueError(unreported_position_error())
-            self._indices = sampler.rank_indices()[self._position :].tolist()
-            self._offset = self._position
+            self._indices = self._source.tolist()
         sampler._check_saved_position()
-        step = self._position - self._offset
-        if step >= len(self._indices):
+        if self._position >= len(self._indices):
             raise StopIteration
+        index = self._indices[self._position]
         self._position += 1
-        sampler._yielded = self._position
-        return self._indices[step]
+        sampler._yielded += 1
+        return index
 
     def state_dict(self) -> dict[str, int]:
-        """``{"epoch", "num_handed_out"}``: taken as a batch is handed out, exact."""
+        """``{"epoch", "num_handed_out"}``, taken with the sampler's state as a batch is
+        handed out: it confirms that the sampler's handed-out count is what was consumed."""
         self._sampler._confirm_saved_position()
         return {"epoch": self._sampler.epoch, "num_handed_out": self._position}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue the epoch after ``state["num_handed_out"]`` samples.
+        """Confirm the sampler state loaded just before (the positions it skips).
 
         Raises:
-            ValueError: ``state`` is not from :meth:`state_dict` of this epoch, or its
-                count is out of range.
+            ValueError: ``state`` is not from :meth:`state_dict` of this epoch, or comes
+                after this iterator's first step.
         """
         sampler = self._sampler
-        position = state.get("num_handed_out") if isinstance(state, Mapping) else None
+        count = state.get("num_handed_out") if isinstance(state, Mapping) else None
         if (
-            isinstance(position, bool)
-            or not isinstance(position, int)
+            isinstance(count, bool)
+            or not isinstance(count, int)
+            or count < 0
             or state.get("epoch") != sampler.epoch
         ):
             raise ValueError(
                 f"state must be an EpochIterator.state_dict() of epoch {sampler.epoch}, got "
                 f"{state!r}"
             )
-        if not 0 <= position <= sampler.num_samples:
-            raise ValueError(
-                f"num_handed_out must be in [0, {sampler.num_samples}], got {position}"
-            )
         if self._indices is not None:
             raise ValueError("load_state_dict() must come before the iterator's first step")
-        self._position = position
-        sampler._yielded = sampler._reported = position
         sampler._unconfirmed_load = False
 
 

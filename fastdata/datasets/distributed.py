@@ -40,6 +40,7 @@ from fastdata.datasets._iteration import (
     foreign_loader_error,
     unreported_save_warning,
 )
+from fastdata.datasets._positions import Ranges, consumed_ranges, remaining_positions
 from fastdata.shards import Manifest, load_manifest
 
 # What a saved position means depends on every setting that shapes the order: a state
@@ -56,7 +57,8 @@ _SETTINGS = (
     "window_shards",
     "shard_layout",
 )
-_STATE_KEYS = (*_SETTINGS, "epoch", "num_consumed")
+_STATE_KEYS = (*_SETTINGS, "epoch", "num_consumed")  # and "consumed_after" (optional)
+_MAX_EPOCH = 2**63 - 1
 PARTITIONS = ("epoch", "fixed")
 
 
@@ -129,9 +131,9 @@ class ShardAwareDistributedSampler(DistributedSampler):
     (seed, world size, shuffle, drop_last, window_shards, partition, shard layout) is
     refused. The sampler knows what the loop consumed only when told (it never inspects
     who calls it): by the :class:`~fastdata.datasets.ResumableDataLoader`
-    (``dataset.loader(...)``) iterating it, which reports its exact count; by
-    ``num_consumed``; or, under torchdata's ``StatefulDataLoader``, through the state of
-    the sampler's iterator, which that loader takes as it hands each batch out. A
+    (``dataset.loader(...)``) iterating it, which reports exactly what it handed to the
+    loop; by ``num_consumed``; or, under torchdata's ``StatefulDataLoader``, through the
+    state of the sampler's iterator, which that loader takes as it hands each batch out. A
     ``state_dict()`` taken under a plain ``DataLoader`` without ``num_consumed`` records the
     samples handed out, ahead of the loop when workers prefetch: it is marked as such, the
     sampler warns at its next step, and ``load_state_dict`` refuses it on its own.
@@ -206,14 +208,16 @@ class ShardAwareDistributedSampler(DistributedSampler):
             self.num_samples = math.ceil(total / num_replicas)
         self.total_size = self.num_samples * num_replicas
         self.shard_layout = _layout_digest(self.shard_sizes)
-        self._resume_from: int | None = None  # samples the next iteration skips (resume)
-        self._yielded = 0  # samples of this epoch handed out, skipped ones included
-        self._consumer: Callable[[], int | None] | None = None  # a loader's exact count
+        self._resume: Ranges | None = None  # consumed positions the next iteration skips
+        self._skipped: Ranges = []  # positions the current iteration skipped (a resume)
+        self._yielded = 0  # samples the current iteration handed out
+        self._stream: np.ndarray | None = None  # the indices the current iteration yields
         self._claimed = False  # given to a dataset.loader(...): it starts the iterations
         self._admitted = False  # that loader started the next iteration
-        self._reported = 0  # a position known to be consumed (0, or a loaded state's)
         self._unconfirmed_save = 0  # handed-out count a state_dict() recorded, unconfirmed
-        self._unconfirmed_load = False  # a loaded state awaits its iterator's position
+        self._unconfirmed_load = False  # a loaded state awaits its iterator's confirmation
+        self._consumer: Callable[[], Ranges | None] | None = None  # a loader's exact count
+        self._consumer_owner: weakref.ref[object] | None = None
 
     # -- torch Sampler ------------------------------------------------------------------
     def __len__(self) -> int:
@@ -224,8 +228,8 @@ class ShardAwareDistributedSampler(DistributedSampler):
         """This rank's indices of the epoch, less those a loaded state says were consumed.
 
         Returns:
-            An iterator with ``state_dict()`` / ``load_state_dict()`` (the position in the
-            epoch, for loaders that snapshot it as they hand batches out).
+            An iterator with ``state_dict()`` / ``load_state_dict()`` (how far it went, for
+            loaders that snapshot it as they hand batches out).
 
         Raises:
             ValueError: This sampler serves a ``dataset.loader(...)`` and another loader
@@ -237,19 +241,24 @@ class ShardAwareDistributedSampler(DistributedSampler):
         elif self._claimed:
             if self.num_replicas > 1:
                 raise ValueError(foreign_loader_error(self.num_replicas))
-            self._consumer = None  # the loader's count is not this iteration's
-        start = self._resume_from or 0
-        self._resume_from = None
-        self._yielded = start
-        return EpochIterator(self, start)
+            self._consumer = self._consumer_owner = None  # not the loader's iteration
+        done = self._resume or []
+        self._resume = None
+        self._skipped = done
+        self._yielded = 0
+        indices = self.rank_indices()
+        if done:
+            indices = indices[remaining_positions(self.num_samples, done)]
+        self._stream = indices
+        return EpochIterator(self, indices)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next iteration yields (call on every rank)."""
         if epoch != self.epoch:
-            self._resume_from = None
+            self._resume = None
+            self._skipped = []
             self._yielded = 0
-            self._consumer = None
-            self._reported = 0
+            self._consumer = self._consumer_owner = None
             self._unconfirmed_load = False
         self.epoch = epoch
 
@@ -314,29 +323,57 @@ class ShardAwareDistributedSampler(DistributedSampler):
         """Where this rank is in the epoch, for :meth:`load_state_dict`.
 
         Args:
-            num_consumed: Samples of this epoch the training loop has consumed on this rank.
-                Defaults to the exact count of the :class:`ResumableDataLoader` iterating
-                this sampler. Without either, the state records the samples handed out
-                (``"position": "handed_out"``, unless none was): under torchdata's
-                ``StatefulDataLoader``, which also saves the iterator's state, that is what
-                the loop consumed; under any other loader the sampler cannot tell (workers
-                prefetch), so it warns at its next step and ``load_state_dict`` refuses
-                the state on its own.
+            num_consumed: Samples of this epoch the training loop has consumed on this rank
+                (the first ones of the epoch's order). Defaults to what the
+                :class:`ResumableDataLoader` iterating this sampler handed to the loop.
+                Without either, the state records the samples handed out (``"position":
+                "handed_out"``, unless none was since the epoch began or a state was
+                loaded): under torchdata's ``StatefulDataLoader``, which also saves the
+                iterator's state, that is what the loop consumed; under any other loader
+                the sampler cannot tell (workers prefetch), so it warns at its next step
+                and ``load_state_dict`` refuses the state on its own.
+
+        Returns:
+            The settings that shape the order, ``epoch``, ``num_consumed`` (the consumed
+            samples at the head of the epoch's order) and ``consumed_after``: ``[start,
+            stop)`` ranges of positions past that head also consumed (a loader with
+            ``in_order=False`` hands batches out of order); ``[]`` otherwise.
 
         Raises:
+            TypeError: ``num_consumed`` is not an int.
             ValueError: ``num_consumed`` is out of range.
         """
-        consumed = num_consumed
-        if consumed is None and self._consumer is not None:
-            consumed = self._consumer()
-        reported = consumed is not None or self._yielded == self._reported
-        if consumed is None:
-            consumed = self._yielded
-        # Unreported: an iterator state_dict() right after (torchdata) confirms it.
-        self._unconfirmed_save = 0 if reported else consumed
-        if not 0 <= consumed <= self.num_samples:
-            raise ValueError(f"num_consumed must be in [0, {self.num_samples}], got {consumed}")
-        position = {} if reported else {"position": HANDED_OUT}
+        self._unconfirmed_save = 0
+        if num_consumed is not None:
+            head = _checked_int("num_consumed", num_consumed, 0, self.num_samples)
+            return self._state([(0, head)] if head else [])
+        done = self._consumer() if self._consumer is not None else None
+        if done is not None:
+            return self._state(done)
+        handed_out = self._handed_out()
+        state = self._state(handed_out)
+        known = (self._resume is not None or self._yielded == 0) and not self._unconfirmed_load
+        if not known:  # an iterator state_dict() right after (torchdata) confirms it
+            self._unconfirmed_save = max(sum(stop - start for start, stop in handed_out), 1)
+            state["position"] = HANDED_OUT
+        return state
+
+    def _handed_out(self) -> Ranges:
+        """Positions of the epoch consumed as far as this sampler knows: a loaded state not
+        yet iterated, else what was skipped plus what the current iteration handed out."""
+        if self._resume is not None:
+            return list(self._resume)
+        return consumed_ranges(self.num_samples, self._skipped, [(0, self._yielded)])
+
+    # -- the loader channel (see fastdata/datasets/_iteration.py) ------------------------
+    def _claim(self) -> None:
+        """A ``dataset.loader(...)`` serves this sampler: only it starts iterations."""
+        self._claimed = True
+
+    def _state(self, done: Ranges) -> dict[str, Any]:
+        """The state whose consumed positions are ``done`` (sorted disjoint ranges)."""
+        head = done[0][1] if done and done[0][0] == 0 else 0
+        after = done[1:] if head else done
         return {
             "seed": self.seed,
             "epoch": self.epoch,
@@ -347,8 +384,8 @@ class ShardAwareDistributedSampler(DistributedSampler):
             "drop_last": self.drop_last,
             "window_shards": self.window_shards,
             "shard_layout": self.shard_layout,
-            "num_consumed": int(consumed),
-            **position,
+            "num_consumed": head,
+            "consumed_after": [[start, stop] for start, stop in after],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -357,14 +394,13 @@ class ShardAwareDistributedSampler(DistributedSampler):
         A state from any rank of the same run is valid on every rank (all ranks consume
         the same count).
 
-        A state marked ``"position": "handed_out"`` (see :meth:`state_dict`) needs the
-        iterator state saved with it (torchdata restores it): the first step of an
-        iteration that did not get it raises ``ValueError``.
-
         Raises:
-            ValueError: ``state`` lacks keys, or was saved with another seed, world size,
-                partition, shuffle, drop_last, window_shards or shard layout (its order
-                would differ: the resume would repeat some samples and skip others).
+            TypeError: ``state`` is not a mapping, or a value has the wrong type (counts and
+                the epoch must be ints, not floats, strings or bools).
+            ValueError: ``state`` lacks keys, a count is out of range, or it was saved with
+                another seed, world size, partition, shuffle, drop_last, window_shards or
+                shard layout (its order would differ: the resume would repeat some samples
+                and skip others).
         """
         if not isinstance(state, Mapping):
             raise TypeError(
@@ -378,6 +414,7 @@ class ShardAwareDistributedSampler(DistributedSampler):
             )
         for key in _SETTINGS:
             mine = getattr(self, key)
+            _check_type(key, state[key], mine)
             if state[key] != mine:
                 raise ValueError(
                     f"state was saved with {key}={state[key]!r}, this sampler has "
@@ -385,40 +422,37 @@ class ShardAwareDistributedSampler(DistributedSampler):
                     "layout), world size and sampler settings (seed, shuffle, drop_last, "
                     "window_shards, partition)"
                 )
-        consumed = int(state["num_consumed"])
-        if not 0 <= consumed <= self.num_samples:
-            raise ValueError(f"num_consumed must be in [0, {self.num_samples}], got {consumed}")
-        self.epoch = int(state["epoch"])
-        self._resume_from = consumed
-        self._yielded = consumed
-        self._consumer = None
+        epoch = _checked_int("epoch", state["epoch"], 0, _MAX_EPOCH)
+        head = _checked_int("num_consumed", state["num_consumed"], 0, self.num_samples)
+        after = _checked_ranges(state.get("consumed_after", []), head, self.num_samples)
+        self.epoch = epoch
+        self._resume = ([(0, head)] if head else []) + after
+        self._skipped = []
+        self._yielded = 0
+        self._consumer = self._consumer_owner = None
         self._unconfirmed_save = 0
         self._unconfirmed_load = state.get("position") == HANDED_OUT
-        self._reported = -1 if self._unconfirmed_load else consumed
 
-    def _pending_offset(self) -> int:
-        """Samples of the epoch the next iteration skips (set by :meth:`load_state_dict`)."""
-        return self._resume_from or 0
+    def _pending_resume(self) -> Ranges:
+        """Positions of the epoch the next iteration skips (set by :meth:`load_state_dict`)."""
+        return list(self._resume or [])
 
-    # -- the loader channel (see fastdata.datasets._iteration) ---------------------------
-    def _claim(self) -> None:
-        """A ``dataset.loader(...)`` serves this sampler: only it starts iterations."""
-        self._claimed = True
-
-    def _admit(self, consumer: object, count: Callable[[], int | None] | None) -> None:
-        """``consumer`` (the claiming loader) starts the next iteration; ``count`` answers
-        :meth:`state_dict` with the samples its loop took (``None``: it cannot count)."""
+    def _attach(self, consumer: object, count: Callable[[], Ranges]) -> None:
+        """Let ``consumer`` (a loader) answer :meth:`state_dict` with the positions its
+        loop consumed, until the epoch changes or a state is loaded; it starts the next
+        iteration (a claimed sampler refuses the others, see :meth:`__iter__`)."""
         self._admitted = True
         self._unconfirmed_save = 0
-        if count is None:
-            self._consumer = None
-            return
         ref = weakref.ref(consumer)
 
-        def consumed() -> int | None:
+        def consumed() -> Ranges | None:
             return count() if ref() is not None else None
 
-        self._consumer = consumed
+        self._consumer, self._consumer_owner = consumed, ref
+
+    def _attached_to(self, consumer: object) -> bool:
+        """Whether ``consumer`` iterates the current epoch (its count is the state)."""
+        return self._consumer_owner is not None and self._consumer_owner() is consumer
 
     def _confirm_saved_position(self) -> None:
         """The iterator's state was saved with the last :meth:`state_dict` (torchdata)."""
@@ -432,8 +466,49 @@ class ShardAwareDistributedSampler(DistributedSampler):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_consumer"] = None  # a closure over a loader: not picklable, not needed
+        # a closure over a loader, and a weak reference: not picklable, not needed
+        state["_consumer"] = state["_consumer_owner"] = None
+        state["_stream"] = None  # the main process's record of what it yields
         return state
+
+
+def _checked_int(key: str, value: object, low: int, high: int) -> int:
+    """``value`` if it is an int (not a bool) in ``[low, high]``."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{key} must be an int, got {value!r} ({type(value).__name__})")
+    if not low <= value <= high:
+        raise ValueError(f"{key} must be in [{low}, {high}], got {value}")
+    return int(value)
+
+
+def _check_type(key: str, saved: object, mine: object) -> None:
+    """A saved setting has the type of this sampler's (a bool is not an int, 1.0 not 1)."""
+    if isinstance(mine, bool):
+        ok = isinstance(saved, bool | np.bool_)
+    elif isinstance(mine, int):
+        ok = isinstance(saved, int | np.integer) and not isinstance(saved, bool)
+    else:
+        ok = isinstance(saved, type(mine))
+    if not ok:
+        name = type(mine).__name__
+        article = "an" if name[0] in "aeiou" else "a"
+        raise TypeError(f"{key} must be {article} {name}, got {saved!r} ({type(saved).__name__})")
+
+
+def _checked_ranges(value: object, head: int, num_samples: int) -> Ranges:
+    """``consumed_after``: sorted, disjoint ``[start, stop)`` ranges in ``(head, num_samples]``."""
+    if not isinstance(value, list | tuple):
+        raise TypeError(f"consumed_after must be a list of [start, stop], got {value!r}")
+    ranges: Ranges = []
+    floor = head + 1  # past the head, and not touching the previous range
+    for item in value:
+        if not isinstance(item, list | tuple) or len(item) != 2:
+            raise TypeError(f"consumed_after must be a list of [start, stop], got {item!r}")
+        start = _checked_int("consumed_after start", item[0], floor, num_samples - 1)
+        stop = _checked_int("consumed_after stop", item[1], start + 1, num_samples)
+        ranges.append((start, stop))
+        floor = stop + 1
+    return ranges
 
 
 def _layout_digest(sizes: Sequence[int]) -> str:

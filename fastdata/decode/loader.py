@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from fastdata.datasets import ResumableDataLoader
 from fastdata.decode._base import Decoder
 from fastdata.decode.cpu import CpuDecoder
 from fastdata.errors import DecodeError
@@ -123,7 +124,7 @@ class _DecodeInWorkers:
 
 def _with_collate(loader: DataLoader[Any], collate: Callable[[Any], Any]) -> DataLoader[Any]:
     """A DataLoader like ``loader`` (same dataset, sampler objects and worker settings)
-    whose workers run ``collate``."""
+    whose workers run ``collate``; a ResumableDataLoader for one (its state is exact)."""
     options: dict[str, Any] = {
         "num_workers": loader.num_workers,
         "collate_fn": collate,
@@ -145,12 +146,8 @@ def _with_collate(loader: DataLoader[Any], collate: Callable[[Any], Any]) -> Dat
         options["batch_sampler"] = loader.batch_sampler
     else:
         options.update(sampler=loader.sampler, batch_size=None)
-    from fastdata.datasets import ResumableDataLoader  # noqa: PLC0415  (decode sits below datasets)
-
-    if isinstance(loader, ResumableDataLoader):
-        # the same kind: it serves the sampler the original was given (and counts the loop)
-        return ResumableDataLoader(loader.dataset, **options)
-    return DataLoader(loader.dataset, **options)
+    kind = ResumableDataLoader if isinstance(loader, ResumableDataLoader) else DataLoader
+    return kind(loader.dataset, **options)
 
 
 class DecodingLoader:
@@ -188,6 +185,11 @@ class DecodingLoader:
     Yields:
         batch (tuple): ``(images, *fields)``, images ``(K, C, H, W)`` uint8 on the decoder's
             device (channels_last), fields indexed alike.
+
+    Resuming: over a :class:`~fastdata.datasets.ResumableDataLoader` (``dataset.loader(...)``),
+    :meth:`state_dict` / :meth:`load_state_dict` resume mid-epoch exactly, workers or not:
+    the batches read ahead and not yet yielded are not counted as consumed (the inner
+    loader's and the sampler's ``state_dict()`` agree).
     """
 
     def __init__(
@@ -223,6 +225,35 @@ class DecodingLoader:
         """Number of input batches (an upper bound under ``last_batch="drop"``)."""
         return len(self.batches)  # type: ignore[arg-type]
 
+    def _resumable(self, method: str) -> ResumableDataLoader:
+        source = self._source()
+        if not isinstance(source, ResumableDataLoader):
+            raise TypeError(
+                f"DecodingLoader.{method}() needs batches from a fastdata ResumableDataLoader "
+                f"(dataset.loader(...)), got {type(self.batches).__name__}"
+            )
+        return source
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loop is in the epoch: the input loader's state, less the batches read
+        ahead and not yet yielded (see
+        :meth:`~fastdata.datasets.ResumableDataLoader.state_dict`).
+
+        Raises:
+            TypeError: The input is not a ``ResumableDataLoader``.
+        """
+        return self._resumable("state_dict").state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume: the next iteration yields the batches of the epoch not yet yielded.
+
+        Raises:
+            TypeError: The input is not a ``ResumableDataLoader``, or ``state`` is not one
+                of its states.
+            ValueError: Its sampler refuses ``state``.
+        """
+        self._resumable("load_state_dict").load_state_dict(state)
+
     def _source(self) -> Iterable[Any]:
         if not self.decodes_in_workers:
             return self.batches
@@ -235,8 +266,10 @@ class DecodingLoader:
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         full = [self.batch_size]  # the full batch size, once known (this pass only)
+        source = self._source()
+        batches = iter(source)
         if self.decodes_in_workers:
-            for batch in self._source():
+            for batch in batches:
                 if not isinstance(batch, _WorkerBatch):
                     raise TypeError(f"expected a batch decoded in a worker, got {type(batch)}")
                 for error in batch.errors:
@@ -247,15 +280,20 @@ class DecodingLoader:
         # Fields wait here while their images are decoded (a backend may start decoding
         # the next batch before it hands out this one).
         waiting: deque[tuple[list[Any], int]] = deque()
+        read_ahead = [0]  # batches read and not decoded yet: not consumed
+        if isinstance(source, ResumableDataLoader):
+            source.hold_back(lambda: read_ahead[0])
 
         def encoded_batches() -> Iterator[Sequence[Any]]:
-            for position, batch in enumerate(self.batches):
+            for position, batch in enumerate(batches):
                 encoded, fields = _split(batch, position)
                 waiting.append((fields, len(encoded)))
+                read_ahead[0] += 1
                 yield encoded
 
         for decoded in self.decoder.decode_stream(encoded_batches()):
             fields, total = waiting.popleft()
+            read_ahead[0] -= 1
             taken = [_select(field, decoded.kept, total, i + 1) for i, field in enumerate(fields)]
             yield from self._finish(decoded.images, taken, total, full)
 

@@ -70,7 +70,9 @@ class DevicePrefetcher:
     same one-ahead logic runs without streams.
 
     Iterating again starts a new pass over ``loader`` and drops the previous pass's
-    in-flight batch; breaking out of a loop early leaks nothing.
+    in-flight batch; breaking out of a loop early leaks nothing. Over a loader with
+    ``hold_back`` (a :class:`~fastdata.datasets.ResumableDataLoader`), the batch in flight
+    is left out of the loader's ``state_dict()``: a checkpoint resumes with it.
 
     Args:
         loader: Any iterable of batches, typically a ``torch.utils.data.DataLoader``.
@@ -163,7 +165,12 @@ class DevicePrefetcher:
         previous = self._active() if self._active is not None else None
         if previous is not None:
             previous.close()
-        iterator = _PrefetchIterator(self, iter(self.loader))
+        source = iter(self.loader)
+        taken = [0]  # batches taken from the loader and not handed out yet
+        hold_back = getattr(self.loader, "hold_back", None)
+        if callable(hold_back):  # a resumable loader: they are not consumed yet
+            hold_back(lambda: taken[0])
+        iterator = _PrefetchIterator(self, source, taken)
         self._active = weakref.ref(iterator)
         return iterator
 
@@ -234,9 +241,10 @@ class _Pending:
 class _PrefetchIterator:
     """One pass over the loader; holds at most one batch in flight."""
 
-    def __init__(self, owner: DevicePrefetcher, source: Iterator[Batch]) -> None:
+    def __init__(self, owner: DevicePrefetcher, source: Iterator[Batch], taken: list[int]) -> None:
         self._owner: DevicePrefetcher | None = owner
         self._source: Iterator[Batch] | None = source
+        self._taken = taken  # [batches taken from source and not handed out]
         self._pending: _Pending | None = None
         # An error raised while preparing the next batch: raised by the next __next__, after
         # the batch already prepared has been handed out.
@@ -256,6 +264,7 @@ class _PrefetchIterator:
             return
         try:
             host_batch = next(self._source)
+            self._taken[0] += 1
             self._pending = self._owner._start(host_batch)
         except StopIteration:
             self._source = None
@@ -281,6 +290,7 @@ class _PrefetchIterator:
         if current.done is not None:
             current.device_batch = None
             self._copying.append(current)
+        self._taken[0] -= 1
         self._advance()
         return batch
 

@@ -294,3 +294,52 @@ def test_the_sampler_pickles_while_a_loader_is_attached() -> None:
     assert copy.state_dict()["num_consumed"] == 4
     assert np.array_equal(copy.rank_indices(), sampler.rank_indices())
     assert torch.utils.data.get_worker_info() is None
+
+
+# -- a loaded state is checked, not coerced ------------------------------------------------
+@pytest.mark.parametrize(
+    ("key", "bad", "error", "match"),
+    [
+        ("num_consumed", 2.7, TypeError, r"num_consumed must be an int, got 2.7 \(float\)"),
+        ("num_consumed", "10", TypeError, r"num_consumed must be an int, got '10' \(str\)"),
+        ("num_consumed", True, TypeError, r"num_consumed must be an int, got True \(bool\)"),
+        ("num_consumed", 2**70, ValueError, r"num_consumed must be in \[0, 27\], got 1180"),
+        ("num_consumed", -1, ValueError, r"num_consumed must be in \[0, 27\], got -1"),
+        ("epoch", "1", TypeError, r"epoch must be an int, got '1' \(str\)"),
+        ("epoch", 1.9, TypeError, r"epoch must be an int, got 1.9 \(float\)"),
+        ("epoch", False, TypeError, r"epoch must be an int, got False \(bool\)"),
+        ("epoch", 2**70, ValueError, r"epoch must be in \[0, 9223372036854775807\], got 1180"),
+        ("epoch", -1, ValueError, r"epoch must be in \[0, 9223372036854775807\], got -1"),
+        ("seed", True, TypeError, r"seed must be an int, got True \(bool\)"),
+        ("seed", 1.0, TypeError, r"seed must be an int, got 1.0 \(float\)"),
+        ("shuffle", 1, TypeError, r"shuffle must be a bool, got 1 \(int\)"),
+        ("consumed_after", [[3, 5]], ValueError, r"consumed_after start must be in \[5, 26\]"),
+        ("consumed_after", [[8, 8]], ValueError, r"consumed_after stop must be in \[9, 27\]"),
+        ("consumed_after", [[8, 10], [11, 28]], ValueError, r"stop must be in \[12, 27\], got 28"),
+        ("consumed_after", [[8, 10], [10, 12]], ValueError, r"start must be in \[11, 26\]"),
+        ("consumed_after", [[8.0, 10]], TypeError, r"consumed_after start must be an int"),
+        ("consumed_after", [8, 10], TypeError, r"consumed_after must be a list of \[start, stop\]"),
+        ("consumed_after", "8-10", TypeError, r"consumed_after must be a list of \[start, stop\]"),
+    ],
+)
+def test_a_state_with_a_value_of_the_wrong_type_or_range_is_refused(
+    key: str, bad: object, error: type[Exception], match: str
+) -> None:
+    sampler = ShardAwareDistributedSampler(SIZES, 2, 0, seed=1)
+    state = sampler.state_dict(num_consumed=4)
+    with pytest.raises(error, match=match):
+        sampler.load_state_dict({**state, key: bad})
+    loader = ResumableDataLoader(range(TOTAL), batch_size=4, sampler=sampler)
+    with pytest.raises(error, match=match):
+        loader.load_state_dict({"sampler": {**state, key: bad}, "num_batches": 1})
+    # nothing loaded (the loader iterates: the sampler serves it alone)
+    assert sampler.epoch == 0 and [i for b in loader for i in b.tolist()] == _full(2, 0, 0, seed=1)
+
+
+def test_numpy_ints_are_ints_and_num_consumed_is_checked_when_saving() -> None:
+    sampler = ShardAwareDistributedSampler(SIZES, 2, 0, seed=1)
+    state = sampler.state_dict(num_consumed=np.int64(4))
+    sampler.load_state_dict({**state, "epoch": np.int64(3), "num_consumed": np.int32(8)})
+    assert sampler.epoch == 3 and list(sampler) == _full(2, 0, 3, seed=1)[8:]
+    with pytest.raises(TypeError, match=r"num_consumed must be an int, got 2.7 \(float\)"):
+        sampler.state_dict(num_consumed=2.7)  # type: ignore[arg-type]

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pickle
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +13,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from fastdata.datasets import ResumableDataLoader, ShardAwareDistributedSampler
-from fastdata.decode import DecodingLoader, create_decoder
+from fastdata.datasets import ResumableDataLoader, ShardAwareDistributedSampler, ShardDataset
+from fastdata.decode import DecodedBatch, DecodingLoader, create_decoder
+from fastdata.decode.cpu import CpuDecoder
 from fastdata.errors import DecodeError
 from fastdata.shards import FieldSpec, Manifest, ShardReader, ShardWriter, save_manifest
 from tests.decode.conftest import rgb_jpeg
@@ -200,3 +203,77 @@ def test_decoding_in_workers_serves_the_sampler_of_a_dataset_loader(shard_root: 
     assert decoding.decodes_in_workers
     labels = torch.cat([labels for _, labels in decoding]).tolist()
     assert labels == [105, 106, 107, 108, 109]
+
+
+# -- resuming --------------------------------------------------------------------------------
+class ReadingAhead(CpuDecoder):
+    """Decodes batch ``i`` only once batch ``i + 1`` was read (as DALI works ahead)."""
+
+    def decode_stream(self, batches: Iterable[Sequence[Any]]) -> Iterator[DecodedBatch]:
+        pending = None
+        for encoded in batches:
+            if pending is not None:
+                yield self.decode(pending)
+            pending = encoded
+        if pending is not None:
+            yield self.decode(pending)
+
+
+@pytest.fixture(scope="module")
+def labelled_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """22 small JPEGs in two shards, labels 0..21."""
+    root = tmp_path_factory.mktemp("labelled")
+    infos = []
+    for number, labels in enumerate((range(12), range(12, 22))):
+        with ShardWriter(root / f"shard-{number:05d}.h5", FIELDS) as writer:
+            for label in labels:
+                writer.append({"image": rgb_jpeg(24, 32, seed=label), "label": label})
+            infos.append(writer.close())
+    save_manifest(root, Manifest(fields=FIELDS, shards=infos))
+    return root
+
+
+def _resumable(root: Path, num_workers: int, decode_in_workers: bool) -> DecodingLoader:
+    dataset = ShardDataset(root, fields=("image", "label"), decode=False, num_threads=1)
+    sampler = ShardAwareDistributedSampler(dataset, 1, 0, seed=3)
+    sampler.set_epoch(1)
+    workers = {"num_workers": num_workers, "prefetch_factor": 2} if num_workers else {}
+    loader = dataset.loader(batch_size=4, sampler=sampler, **workers)
+    decoder = ReadingAhead(16, on_error="skip", num_threads=1)
+    return DecodingLoader(loader, decoder, decode_in_workers=decode_in_workers)
+
+
+@pytest.mark.parametrize(
+    ("num_workers", "decode_in_workers"),
+    [(0, True), (2, True), (2, False)],
+    ids=["no-workers", "decoded-in-workers", "workers-decoded-here"],
+)
+def test_state_dict_resumes_exactly_without_the_batches_read_ahead(
+    labelled_root: Path, num_workers: int, decode_in_workers: bool
+) -> None:
+    whole = [int(i) for _, labels in _resumable(labelled_root, num_workers, decode_in_workers)
+             for i in labels]  # fmt: skip
+    assert sorted(whole) == list(range(22))
+    first = _resumable(labelled_root, num_workers, decode_in_workers)
+    batches = iter(first)
+    head = [int(i) for _ in range(2) for i in next(batches)[1]]
+    state = first.state_dict()
+    assert (state["sampler"]["num_consumed"], state["num_batches"]) == (8, 2)
+    inner = first.batches
+    assert isinstance(inner, ResumableDataLoader) and isinstance(
+        inner.sampler, ShardAwareDistributedSampler
+    )
+    assert inner.state_dict()["sampler"] == state["sampler"]  # the inner loader agrees,
+    assert inner.sampler.state_dict() == state["sampler"]  # and so does the sampler
+    del batches
+
+    resumed = _resumable(labelled_root, num_workers, decode_in_workers)
+    resumed.load_state_dict(pickle.loads(pickle.dumps(state)))
+    tail = [int(i) for _, labels in resumed for i in labels]
+    assert head + tail == whole
+
+
+def test_state_dict_needs_a_resumable_loader(shard_root: Path) -> None:
+    decoder = create_decoder("cpu", size=16, on_error="skip")
+    with pytest.raises(TypeError, match=r"state_dict\(\) needs batches from a fastdata Resum"):
+        DecodingLoader(_loader(shard_root), decoder).state_dict()

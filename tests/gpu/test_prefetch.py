@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from fastdata.datasets import ResumableDataLoader, ShardAwareDistributedSampler
 from fastdata.gpu import DevicePrefetcher, DeviceRandomResizedCrop, MaskToLong, Normalize, to_device
 
 Pair = namedtuple("Pair", ["image", "label"])
@@ -266,3 +267,23 @@ def test_trains_under_ddp_with_a_distributed_sampler(tmp_path: Path) -> None:
         assert seen[:8] != seen[8:]
     finally:
         dist.destroy_process_group()
+
+
+def test_a_resumable_loaders_state_leaves_the_batch_in_flight_out() -> None:
+    def loader() -> ResumableDataLoader:
+        sampler = ShardAwareDistributedSampler([22], 1, 0, seed=4)
+        return ResumableDataLoader(Numbers(22), batch_size=4, sampler=sampler)
+
+    order = ShardAwareDistributedSampler([22], 1, 0, seed=4).rank_indices().tolist()
+    first = loader()
+    batches = iter(DevicePrefetcher(first, "cpu"))
+    head = [i for _ in range(2) for i in next(batches)[1].tolist()]
+    state = first.state_dict()
+    assert state["sampler"]["num_consumed"] == 8  # the third batch is in flight, not used
+    del batches  # an early break drops the batch in flight: still not consumed
+    assert first.state_dict() == state
+
+    resumed = loader()
+    resumed.load_state_dict(state)
+    tail = [i for _, labels in DevicePrefetcher(resumed, "cpu") for i in labels.tolist()]
+    assert head + tail == order

@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from fastdata._codec import DEFAULT_MAX_PIXELS, decode_image
+from fastdata._draws import batch_draws
 from fastdata._images import check_masks, stack_images
 from fastdata._layout import check_layout
 from fastdata._system import available_memory_bytes, usable_cpus
@@ -146,8 +147,15 @@ class BatchedDataset(Dataset):
             DataLoader's default collate hands it on untouched, as
             :func:`~fastdata.datasets.passthrough_collate` does (its first value is marked
             as collated; both collates return plain tensors).
+
+        A seeded batch transform draws per sample from ``(seed, epoch, index)`` when
+        ``indices`` carries the epoch it belongs to (an ``epoch`` attribute: the batches
+        of ``dataset.loader(...)`` do), else from its stream (see
+        :class:`~fastdata.transforms.BatchTransform`).
         """
-        batch = self._read(np.asarray(indices, dtype=np.int64).reshape(-1), single=False)
+        epoch = getattr(indices, "epoch", None)
+        array = np.asarray(indices, dtype=np.int64).reshape(-1)
+        batch = self._read(array, single=False, epoch=epoch if isinstance(epoch, int) else None)
         return mark_collated(batch if len(batch) > 1 else batch[0])
 
     def loader(self, batch_size: int = 1, **kwargs: Any) -> ResumableDataLoader:
@@ -170,7 +178,7 @@ class BatchedDataset(Dataset):
         return ResumableDataLoader(self, batch_size=batch_size, **kwargs)
 
     # -- reading ------------------------------------------------------------------------
-    def _read(self, indices: np.ndarray, single: bool) -> tuple[Any, ...]:
+    def _read(self, indices: np.ndarray, single: bool, epoch: int | None = None) -> tuple[Any, ...]:
         executor, tasks = self._pool()
         values: dict[str, Any] = {}
         keep = np.ones(len(indices), bool)
@@ -193,7 +201,11 @@ class BatchedDataset(Dataset):
                     values[name] = [v for v, k in zip(value, keep.tolist(), strict=True) if k]
                 else:
                     values[name] = value[torch.from_numpy(keep)]
-        self._transform_fields(values, executor, tasks)
+        if epoch is None:
+            self._transform_fields(values, executor, tasks)
+        else:  # draws keyed by (seed, epoch, index) for the samples kept
+            with batch_draws(epoch, indices[keep]):
+                self._transform_fields(values, executor, tasks)
         first = self.fields[0]
         return tuple(
             values[name]

@@ -41,7 +41,15 @@ class ResumableDataLoader(DataLoader):
     needs a :class:`ShardAwareDistributedSampler` (``sampler=``, or inside a
     ``batch_sampler`` that takes its indices in order, as ``BatchSampler`` does; one that
     reorders them across batches makes ``state_dict()`` raise); with any other sampler a
-    loaded state restarts the epoch from its beginning, with a warning.
+    loaded state restarts the epoch from its beginning, with a warning. It claims that
+    sampler: with several processes, another loader built around it cannot iterate it.
+
+    Epochs: each batch of indices it hands the dataset carries the epoch it belongs to
+    (``EpochBatch``), in every worker process, persistent or not; a seeded fastdata
+    batch transform then draws per sample from ``(seed, epoch, index)``. The epoch is the
+    sampler's ``epoch`` when it has one (``DistributedSampler``,
+    :class:`ShardAwareDistributedSampler`: ``set_epoch``), else the one given to
+    :meth:`set_epoch`, else it counts this loader's iterations from 0.
 
     Example:
         >>> sampler = ShardAwareDistributedSampler(ds)                      # doctest: +SKIP
@@ -55,6 +63,11 @@ class ResumableDataLoader(DataLoader):
             kwargs["collate_fn"] = passthrough_collate
         super().__init__(dataset, *args, **kwargs)
         self._pass: _Pass | None = None  # the current iteration's record
+        self._epoch: int | None = None  # the epoch of the current (or last) iteration
+        self._given_epoch: int | None = None  # set_epoch's, for the next iteration
+        sampler = self._shard_sampler()
+        if sampler is not None:
+            sampler._claim()  # iterations of it that this loader did not start are refused
 
     def _shard_sampler(self) -> ShardAwareDistributedSampler | None:
         for candidate in (self.sampler, getattr(self.batch_sampler, "sampler", None)):
@@ -62,11 +75,41 @@ class ResumableDataLoader(DataLoader):
                 return candidate
         return None
 
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch of the next iteration (passed on to the sampler's ``set_epoch``).
+
+        Raises:
+            TypeError: ``epoch`` is not an int.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int):
+            raise TypeError(f"epoch must be an int, got {epoch!r}")
+        self._given_epoch = epoch
+        for owner in {id(o): o for o in self._samplers()}.values():
+            method = getattr(owner, "set_epoch", None)
+            if callable(method):
+                method(epoch)
+
+    def _samplers(self) -> list[Any]:
+        batch_sampler = self.batch_sampler
+        return [self.sampler, getattr(batch_sampler, "sampler", None), batch_sampler]
+
+    def _next_epoch(self) -> int:
+        """The epoch the iteration starting now belongs to."""
+        for owner in self._samplers():
+            epoch = getattr(owner, "epoch", None)
+            if isinstance(epoch, int) and not isinstance(epoch, bool):
+                return epoch
+        if self._given_epoch is not None:
+            return self._given_epoch
+        return 0 if self._epoch is None else self._epoch + 1
+
     @property
     def _index_sampler(self) -> Any:
-        # What the iterator draws batches of indices from: recorded, to know which
-        # positions of the sampler's order each batch holds.
+        # What the iterator draws batches of indices from: each batch tagged with its
+        # epoch, and recorded, to know which positions of the sampler's order it holds.
         inner = super()._index_sampler
+        if self._auto_collation:
+            inner = _EpochBatches(inner, self)
         return _RecordedBatches(inner, self) if self._shard_sampler() is not None else inner
 
     def _get_iterator(self) -> Any:
@@ -76,6 +119,8 @@ class ResumableDataLoader(DataLoader):
         return super()._get_iterator()
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        self._epoch = self._next_epoch()
+        self._given_epoch = None
         sampler = self._shard_sampler()
         record = _Pass(sampler)
         self._pass = record
@@ -100,7 +145,8 @@ class ResumableDataLoader(DataLoader):
 
         Returns:
             ``{"sampler": ShardAwareDistributedSampler.state_dict() or None,
-            "num_batches": batches the loop took in this iteration of the epoch}``.
+            "num_batches": batches the loop took in this iteration of the epoch,
+            "epoch": the epoch of this iteration (None before the first)}``.
 
         Raises:
             ValueError: A ``batch_sampler`` reordered the sampler's indices across batches,
@@ -108,12 +154,15 @@ class ResumableDataLoader(DataLoader):
         """
         sampler = self._shard_sampler()
         record = self._pass
+        epoch = {"epoch": self._epoch}
         if sampler is None:
-            return {"sampler": None, "num_batches": record.taken() if record is not None else 0}
+            taken = record.taken() if record is not None else 0
+            return {"sampler": None, "num_batches": taken, **epoch}
         if record is None or not sampler._attached_to(self):
             # not iterating the sampler's current epoch (set_epoch, load_state_dict since)
-            return {"sampler": sampler.state_dict(), "num_batches": 0}
-        return {"sampler": sampler._state(record.consumed()), "num_batches": record.taken()}
+            return {"sampler": sampler.state_dict(), "num_batches": 0, **epoch}
+        consumed = sampler._state(record.consumed())
+        return {"sampler": consumed, "num_batches": record.taken(), **epoch}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume: the next iteration yields the batches of the epoch not yet taken.
@@ -137,6 +186,11 @@ class ResumableDataLoader(DataLoader):
         saved = state["sampler"]
         if saved is not None and not isinstance(saved, Mapping):
             raise TypeError(f"state['sampler'] must be a mapping or None, got {saved!r}")
+        epoch = state.get("epoch")
+        if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int)):
+            raise TypeError(f"epoch must be an int or None, got {epoch!r}")
+        if epoch is not None:
+            self._given_epoch = epoch  # the resumed iteration's epoch
         sampler = self._shard_sampler()
         if saved is None or sampler is None:
             if taken:
@@ -241,6 +295,37 @@ class _Pass:
     def _span(self, first: int, last: int) -> tuple[int, int]:
         """Stream offsets of batches ``first`` .. ``last``."""
         return (self.ends[first - 1] if first else 0, self.ends[last])
+
+
+class EpochBatch(list[int]):
+    """A batch of dataset indices (a ``list``) that says which epoch it belongs to.
+
+    :class:`ResumableDataLoader` hands these to ``dataset.__getitems__`` (through the
+    worker processes' index queues: it pickles with its epoch).
+    """
+
+    def __init__(self, indices: Iterable[int], epoch: int) -> None:
+        super().__init__(indices)
+        self.epoch = epoch
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (EpochBatch, (list(self), self.epoch))
+
+
+class _EpochBatches:
+    """The loader's batch sampler, each batch tagged with the loader's current epoch."""
+
+    def __init__(self, batches: Iterable[Any], owner: ResumableDataLoader) -> None:
+        self._batches = batches
+        self._owner = weakref.ref(owner)  # weak, as _RecordedBatches's owner
+
+    def __iter__(self) -> Iterator[EpochBatch]:
+        owner = self._owner()
+        epoch = owner._epoch if owner is not None and owner._epoch is not None else 0
+        return (EpochBatch(batch, epoch) for batch in self._batches)
+
+    def __len__(self) -> int:
+        return len(self._batches)  # type: ignore[arg-type]
 
 
 class _RecordedBatches:

@@ -14,9 +14,9 @@ the first epoch, each node's page cache holds just the shards of its own ranks.
 
 The sampler is a ``torch.utils.data.DistributedSampler``, so frameworks that add a
 distributed sampler when there is none (Lightning's ``use_distributed_sampler``) leave it
-alone. Wrappers that shard its output a second time (Lightning's
-``DistributedSamplerWrapper``, Accelerate's ``prepare(dataloader)``) are detected when the
-iteration starts and refused with the fix.
+alone. Who iterates it is never guessed (no look at the call stack, no class names): a
+:class:`~fastdata.datasets.ResumableDataLoader` (``dataset.loader(...)``) declares itself
+when it is built and when each of its iterations starts (``datasets/_iteration.py``).
 """
 
 from __future__ import annotations
@@ -24,17 +24,22 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import sys
+import warnings
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
+from collections.abc import Callable, Mapping, Sequence, Sized
 from pathlib import Path
-from types import FrameType
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
+from fastdata.datasets._iteration import (
+    HANDED_OUT,
+    EpochIterator,
+    foreign_loader_error,
+    unreported_save_warning,
+)
 from fastdata.datasets._positions import Ranges, consumed_ranges, remaining_positions
 from fastdata.shards import Manifest, load_manifest
 
@@ -54,7 +59,6 @@ _SETTINGS = (
 )
 _STATE_KEYS = (*_SETTINGS, "epoch", "num_consumed")  # and "consumed_after" (optional)
 _MAX_EPOCH = 2**63 - 1
-_MAX_CALLER_FRAMES = 12  # how far up __iter__ looks for a wrapper or a DataLoader iterator
 PARTITIONS = ("epoch", "fixed")
 
 
@@ -125,10 +129,19 @@ class ShardAwareDistributedSampler(DistributedSampler):
     consumed; after ``load_state_dict()`` the next iteration yields the rest of that epoch
     only, then ``set_epoch`` goes on with full epochs. A state saved with other settings
     (seed, world size, shuffle, drop_last, window_shards, partition, shard layout) is
-    refused. With DataLoader workers, save the state through a loader that knows what the
-    loop took: :class:`~fastdata.datasets.ResumableDataLoader` (``dataset.loader(...)``)
-    or torchdata's ``StatefulDataLoader``; a plain ``DataLoader`` with workers prefetches,
-    and ``state_dict()`` then refuses to guess (pass ``num_consumed``).
+    refused. The sampler knows what the loop consumed only when told (it never inspects
+    who calls it): by the :class:`~fastdata.datasets.ResumableDataLoader`
+    (``dataset.loader(...)``) iterating it, which reports exactly what it handed to the
+    loop; by ``num_consumed``; or, under torchdata's ``StatefulDataLoader``, through the
+    state of the sampler's iterator, which that loader takes as it hands each batch out. A
+    ``state_dict()`` taken under a plain ``DataLoader`` without ``num_consumed`` records the
+    samples handed out, ahead of the loop when workers prefetch: it is marked as such, the
+    sampler warns at its next step, and ``load_state_dict`` refuses it on its own.
+
+    Loaders: a sampler given to ``dataset.loader(...)`` serves that loader. With
+    ``num_replicas > 1`` an iteration that this loader did not start (another DataLoader
+    built around the same sampler, e.g. by ``accelerator.prepare(loader)``, which would
+    split its batches between the processes a second time) raises ``ValueError``.
 
     Args:
         dataset: Anything :func:`shard_sizes_of` accepts; indices are global sample indices
@@ -199,7 +212,10 @@ class ShardAwareDistributedSampler(DistributedSampler):
         self._skipped: Ranges = []  # positions the current iteration skipped (a resume)
         self._yielded = 0  # samples the current iteration handed out
         self._stream: np.ndarray | None = None  # the indices the current iteration yields
-        self._prefetching_workers = 0  # workers of the plain DataLoader iterating this epoch
+        self._claimed = False  # given to a dataset.loader(...): it starts the iterations
+        self._admitted = False  # that loader started the next iteration
+        self._unconfirmed_save = 0  # handed-out count a state_dict() recorded, unconfirmed
+        self._unconfirmed_load = False  # a loaded state awaits its iterator's confirmation
         self._consumer: Callable[[], Ranges | None] | None = None  # a loader's exact count
         self._consumer_owner: weakref.ref[object] | None = None
 
@@ -208,14 +224,24 @@ class ShardAwareDistributedSampler(DistributedSampler):
         """``num_samples``: the per-rank sample count of an epoch (also a resumed one)."""
         return self.num_samples
 
-    def __iter__(self) -> Iterator[int]:
+    def __iter__(self) -> EpochIterator:
         """This rank's indices of the epoch, less those a loaded state says were consumed.
 
+        Returns:
+            An iterator with ``state_dict()`` / ``load_state_dict()`` (how far it went, for
+            loaders that snapshot it as they hand batches out).
+
         Raises:
-            ValueError: A wrapper shards this sampler's output again (Lightning's
-                ``DistributedSamplerWrapper``, Accelerate's ``prepare(dataloader)``).
+            ValueError: This sampler serves a ``dataset.loader(...)`` and another loader
+                built around it iterates it with ``num_replicas > 1`` (e.g.
+                ``accelerator.prepare(loader)``, which splits its batches again).
         """
-        self._prefetching_workers = self._inspect_callers()
+        if self._admitted:
+            self._admitted = False
+        elif self._claimed:
+            if self.num_replicas > 1:
+                raise ValueError(foreign_loader_error(self.num_replicas))
+            self._consumer = self._consumer_owner = None  # not the loader's iteration
         done = self._resume or []
         self._resume = None
         self._skipped = done
@@ -224,32 +250,7 @@ class ShardAwareDistributedSampler(DistributedSampler):
         if done:
             indices = indices[remaining_positions(self.num_samples, done)]
         self._stream = indices
-        return self._generate(indices)
-
-    def _inspect_callers(self) -> int:
-        """Refuse a second sharding wrapper; return the worker count of a plain DataLoader
-        iterator driving this iteration (0 for none, for torchdata's, or single-process)."""
-        try:
-            frame: FrameType | None = sys._getframe(2)  # the caller of __iter__
-        except ValueError:  # called from the top of the stack
-            return 0
-        for _ in range(_MAX_CALLER_FRAMES):
-            if frame is None:
-                break
-            owner = frame.f_locals.get("self")
-            if owner is not None and owner is not self:
-                _refuse_double_sharding(owner, self.num_replicas)
-                if _is_loader_iterator(owner):
-                    if type(owner).__module__.startswith("torchdata"):
-                        return 0  # StatefulDataLoader snapshots the sampler at the right time
-                    return int(getattr(owner, "_num_workers", 0))
-            frame = frame.f_back
-        return 0
-
-    def _generate(self, indices: np.ndarray) -> Iterator[int]:
-        for index in indices.tolist():
-            self._yielded += 1
-            yield index
+        return EpochIterator(self, indices)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next iteration yields (call on every rank)."""
@@ -257,8 +258,8 @@ class ShardAwareDistributedSampler(DistributedSampler):
             self._resume = None
             self._skipped = []
             self._yielded = 0
-            self._prefetching_workers = 0
             self._consumer = self._consumer_owner = None
+            self._unconfirmed_load = False
         self.epoch = epoch
 
     # -- the order ----------------------------------------------------------------------
@@ -324,10 +325,13 @@ class ShardAwareDistributedSampler(DistributedSampler):
         Args:
             num_consumed: Samples of this epoch the training loop has consumed on this rank
                 (the first ones of the epoch's order). Defaults to what the
-                :class:`ResumableDataLoader` iterating this sampler handed to the loop, else
-                the number the sampler has handed out: exact with ``num_workers=0`` and
-                under torchdata's ``StatefulDataLoader`` (which saves this state when the
-                batch is yielded).
+                :class:`ResumableDataLoader` iterating this sampler handed to the loop.
+                Without either, the state records the samples handed out (``"position":
+                "handed_out"``, unless none was since the epoch began or a state was
+                loaded): under torchdata's ``StatefulDataLoader``, which also saves the
+                iterator's state, that is what the loop consumed; under any other loader
+                the sampler cannot tell (workers prefetch), so it warns at its next step
+                and ``load_state_dict`` refuses the state on its own.
 
         Returns:
             The settings that shape the order, ``epoch``, ``num_consumed`` (the consumed
@@ -337,25 +341,22 @@ class ShardAwareDistributedSampler(DistributedSampler):
 
         Raises:
             TypeError: ``num_consumed`` is not an int.
-            ValueError: ``num_consumed`` is out of range, or is left out while a plain
-                ``DataLoader`` with workers (which prefetch ahead of the loop) iterates this
-                epoch: the handed-out count would skip the prefetched samples on resume.
+            ValueError: ``num_consumed`` is out of range.
         """
+        self._unconfirmed_save = 0
         if num_consumed is not None:
             head = _checked_int("num_consumed", num_consumed, 0, self.num_samples)
             return self._state([(0, head)] if head else [])
         done = self._consumer() if self._consumer is not None else None
-        if done is None:
-            if self._prefetching_workers and self._yielded:
-                raise ValueError(
-                    f"state_dict() cannot tell what the loop consumed: a DataLoader with "
-                    f"{self._prefetching_workers} workers prefetches ahead of it (handed out "
-                    f"{self._yielded}); iterate a fastdata ResumableDataLoader "
-                    "(dataset.loader(...)) or torchdata's StatefulDataLoader and save "
-                    "loader.state_dict(), or pass num_consumed=batches_done * batch_size"
-                )
-            done = self._handed_out()
-        return self._state(done)
+        if done is not None:
+            return self._state(done)
+        handed_out = self._handed_out()
+        state = self._state(handed_out)
+        known = (self._resume is not None or self._yielded == 0) and not self._unconfirmed_load
+        if not known:  # an iterator state_dict() right after (torchdata) confirms it
+            self._unconfirmed_save = max(sum(stop - start for start, stop in handed_out), 1)
+            state["position"] = HANDED_OUT
+        return state
 
     def _handed_out(self) -> Ranges:
         """Positions of the epoch consumed as far as this sampler knows: a loaded state not
@@ -363,6 +364,11 @@ class ShardAwareDistributedSampler(DistributedSampler):
         if self._resume is not None:
             return list(self._resume)
         return consumed_ranges(self.num_samples, self._skipped, [(0, self._yielded)])
+
+    # -- the loader channel (see fastdata/datasets/_iteration.py) ------------------------
+    def _claim(self) -> None:
+        """A ``dataset.loader(...)`` serves this sampler: only it starts iterations."""
+        self._claimed = True
 
     def _state(self, done: Ranges) -> dict[str, Any]:
         """The state whose consumed positions are ``done`` (sorted disjoint ranges)."""
@@ -423,8 +429,9 @@ class ShardAwareDistributedSampler(DistributedSampler):
         self._resume = ([(0, head)] if head else []) + after
         self._skipped = []
         self._yielded = 0
-        self._prefetching_workers = 0
         self._consumer = self._consumer_owner = None
+        self._unconfirmed_save = 0
+        self._unconfirmed_load = state.get("position") == HANDED_OUT
 
     def _pending_resume(self) -> Ranges:
         """Positions of the epoch the next iteration skips (set by :meth:`load_state_dict`)."""
@@ -432,7 +439,10 @@ class ShardAwareDistributedSampler(DistributedSampler):
 
     def _attach(self, consumer: object, count: Callable[[], Ranges]) -> None:
         """Let ``consumer`` (a loader) answer :meth:`state_dict` with the positions its
-        loop consumed, until the epoch changes or a state is loaded."""
+        loop consumed, until the epoch changes or a state is loaded; it starts the next
+        iteration (a claimed sampler refuses the others, see :meth:`__iter__`)."""
+        self._admitted = True
+        self._unconfirmed_save = 0
         ref = weakref.ref(consumer)
 
         def consumed() -> Ranges | None:
@@ -443,6 +453,16 @@ class ShardAwareDistributedSampler(DistributedSampler):
     def _attached_to(self, consumer: object) -> bool:
         """Whether ``consumer`` iterates the current epoch (its count is the state)."""
         return self._consumer_owner is not None and self._consumer_owner() is consumer
+
+    def _confirm_saved_position(self) -> None:
+        """The iterator's state was saved with the last :meth:`state_dict` (torchdata)."""
+        self._unconfirmed_save = 0
+
+    def _check_saved_position(self) -> None:
+        """Warn, at the step after it, about a state no loader said the loop consumed."""
+        if self._unconfirmed_save:
+            count, self._unconfirmed_save = self._unconfirmed_save, 0
+            warnings.warn(unreported_save_warning(count), UserWarning, stacklevel=4)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -495,34 +515,6 @@ def _layout_digest(sizes: Sequence[int]) -> str:
     """A short fingerprint of the per-shard sample counts (the order depends on them)."""
     data = np.asarray(sizes, dtype="<i8").tobytes()
     return f"{len(sizes)}:{sum(sizes)}:{hashlib.sha256(data).hexdigest()[:16]}"
-
-
-def _is_loader_iterator(owner: object) -> bool:
-    return any(cls.__name__ == "_BaseDataLoaderIter" for cls in type(owner).__mro__)
-
-
-def _refuse_double_sharding(owner: object, num_replicas: int) -> None:
-    """Raise when ``owner`` (a caller of ``__iter__``) splits this sampler's output again."""
-    if num_replicas <= 1:
-        return
-    if isinstance(owner, DistributedSampler) and not isinstance(
-        owner, ShardAwareDistributedSampler
-    ):
-        if owner.num_replicas > 1:
-            raise ValueError(
-                f"ShardAwareDistributedSampler is wrapped by {type(owner).__name__}, which "
-                f"shards it a second time (each rank would see 1/{owner.num_replicas} of its "
-                "share): give the DataLoader the sampler itself; under Lightning, "
-                "Trainer(use_distributed_sampler=False) if your Lightning version still wraps it"
-            )
-    elif type(owner).__name__ == "BatchSamplerShard" and getattr(owner, "num_processes", 1) > 1:
-        raise ValueError(
-            "accelerator.prepare(dataloader) shards the batches of a DataLoader whose "
-            "ShardAwareDistributedSampler already gives each process its share (each would "
-            f"see 1/{owner.num_processes} of it): prepare only the model and optimizer, "  # type: ignore[attr-defined]
-            "keep the DataLoader out of prepare() and move batches with "
-            ".to(accelerator.device)"
-        )
 
 
 def _world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:

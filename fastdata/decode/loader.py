@@ -91,7 +91,9 @@ class _DecodeInWorkers:
             "max_pixels": decoder.max_pixels,
         }
         # The main process's crop draws seed the workers' (mixed with each worker's seed,
-        # which DataLoader draws afresh each epoch).
+        # which DataLoader draws afresh each epoch from torch's generator). The collate sees
+        # encoded bytes, not indices or epochs, so the per-sample (seed, epoch, index) keying
+        # of the datasets' transforms cannot apply here.
         self.seed = decoder.derive_seed()
         self.keep_damaged = decoder.keep_damaged  # reported as kept by this process's policy
         self._decoder: CpuDecoder | None = None

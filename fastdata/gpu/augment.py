@@ -83,6 +83,19 @@ class _SeededModule(nn.Module, ops.Executor):
             raise TypeError(f"seed must be an int, got {seed!r}")
         self._draws = UniformDraws(seed)
 
+    def set_epoch(self, epoch: int) -> None:
+        """Restart the seeded sequence from ``(seed, epoch)`` (no effect without a seed).
+
+        The module sees device batches, not sample indices, so its draws follow the batch
+        order: after ``set_epoch(e)`` they depend on the seed, ``e`` and the batches of
+        epoch ``e`` only, so a rerun or a resumed run draws epoch ``e`` alike.
+        ``DevicePrefetcher.set_epoch`` calls it.
+
+        Raises:
+            TypeError: ``epoch`` is not an int.
+        """
+        self._draws.set_epoch(epoch)
+
 
 class DeviceRandomHorizontalFlip(_SeededModule):
     """Flip each sample of a batch left-right with probability ``p``, on its device: the

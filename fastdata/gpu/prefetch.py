@@ -162,14 +162,22 @@ class DevicePrefetcher:
         return getattr(self.loader, name)
 
     def set_epoch(self, epoch: int) -> None:
-        """Call ``set_epoch(epoch)`` on the loader, its sampler(s) and dataset where they have it.
+        """Call ``set_epoch(epoch)`` on the loader, its sampler(s) and dataset, and on the
+        transform's modules, where they have it.
 
-        ``DistributedSampler`` needs this every epoch for a new shuffle order under DDP.
+        ``DistributedSampler`` needs this every epoch for a new shuffle order under DDP;
+        seeded device augmentations restart their draws from ``(seed, epoch)``.
         """
         owners: list[object] = [self.loader]
         for name in ("sampler", "batch_sampler", "dataset"):
             owners.append(getattr(self.loader, name, None))
         owners.append(getattr(getattr(self.loader, "batch_sampler", None), "sampler", None))
+        transforms = (
+            self.transform.values() if isinstance(self.transform, Mapping) else [self.transform]
+        )
+        for transform in transforms:
+            modules = transform.modules() if isinstance(transform, torch.nn.Module) else []
+            owners.extend(modules)
         seen: set[int] = set()
         for owner in owners:
             method = getattr(owner, "set_epoch", None)

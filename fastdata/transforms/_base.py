@@ -52,7 +52,11 @@ class BatchTransform:
     reproducible), or, when ``seed`` is given, from a generator seeded with ``seed`` plus
     7919 times the worker id: reproducible per worker whatever the global state. The
     decoders draw the same way (:class:`fastdata._draws.UniformDraws`), so one seed gives
-    one crop box in the decoder, here and in the device module.
+    one crop box in the decoder, here and in the device module. In a batch read through
+    ``dataset.loader(...)``, which tells the dataset the batch's epoch, a seeded
+    transform's draws are keyed per sample by ``(seed, epoch, index)`` instead
+    (:func:`fastdata._draws.batch_draws`): draw them in the calling thread, once per
+    batch.
     """
 
     batched = True

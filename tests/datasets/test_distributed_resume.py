@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pickle
+import warnings
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Sampler
 
 from fastdata.datasets import ResumableDataLoader, ShardAwareDistributedSampler
 
@@ -92,20 +94,51 @@ def test_len_is_the_epochs_count_before_during_and_after_a_resume() -> None:
 
 
 # -- DataLoader workers prefetch: the exact count comes from the loader --------------------
-def test_plain_loader_with_workers_refuses_to_guess_the_consumed_count() -> None:
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_plain_loaders_state_is_marked_warned_about_and_refused_alone(num_workers: int) -> None:
     sampler = ShardAwareDistributedSampler(SIZES, 1, 0, seed=2)
-    loader = DataLoader(range(TOTAL), batch_size=4, sampler=sampler, num_workers=2)
+    loader = DataLoader(range(TOTAL), batch_size=4, sampler=sampler, num_workers=num_workers)
     iterator = iter(loader)
     next(iterator)
-    with pytest.raises(ValueError, match="a DataLoader with 2 workers prefetches"):
-        sampler.state_dict()
-    assert sampler.state_dict(num_consumed=4)["num_consumed"] == 4  # explicit: fine
+    # handed out: 4 without workers, more with them (prefetched): the sampler cannot tell
+    state = sampler.state_dict()
+    assert state["position"] == "handed_out" and state["num_consumed"] >= 4
+    with pytest.warns(UserWarning, match=r"recorded the \d+ samples handed out"):
+        next(iterator)
+    fresh = ShardAwareDistributedSampler(SIZES, 1, 0, seed=2)
+    fresh.load_state_dict(state)
+    with pytest.raises(ValueError, match="records the samples handed out, not those the loop"):
+        next(iter(DataLoader(range(TOTAL), batch_size=4, sampler=fresh)))
+    # told what the loop consumed: exact, no mark, no warning
+    explicit = sampler.state_dict(num_consumed=8)
+    assert explicit["num_consumed"] == 8 and "position" not in explicit
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        next(iterator)
+    fresh.load_state_dict(explicit)
+    assert (
+        next(iter(DataLoader(range(TOTAL), batch_size=4, sampler=fresh))).tolist()
+        == (_full(1, 0, 0, seed=2)[8:12])
+    )
     del iterator
-    # without workers the handed-out count is exact
-    single = ShardAwareDistributedSampler(SIZES, 1, 0, seed=2)
-    batches = iter(DataLoader(range(TOTAL), batch_size=4, sampler=single))
-    next(batches), next(batches)
-    assert single.state_dict()["num_consumed"] == 8
+
+
+def test_a_loader_that_prefetches_any_other_way_is_not_trusted_either() -> None:
+    # a prefetching loop built on no torch class at all: nothing to recognise it by
+    sampler = ShardAwareDistributedSampler(SIZES, 2, 0, seed=3)
+    batches = iter(BatchSampler(sampler, 4, drop_last=False))
+    prefetched = [next(batches) for _ in range(3)]  # three batches ahead of the loop
+    consumed = prefetched.pop(0)
+    state = sampler.state_dict()
+    assert state["num_consumed"] == 12 and state["position"] == "handed_out"
+    assert sampler.state_dict(num_consumed=len(consumed))["num_consumed"] == 4
+
+
+def test_state_at_the_top_of_an_epoch_and_after_a_load_needs_no_report() -> None:
+    sampler = ShardAwareDistributedSampler(SIZES, 2, 0, seed=3)
+    assert "position" not in sampler.state_dict()  # nothing handed out yet
+    sampler.load_state_dict(sampler.state_dict(num_consumed=8))
+    assert sampler.state_dict() == sampler.state_dict(num_consumed=8)  # the loaded position
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -148,7 +181,7 @@ def test_resumable_loader_with_a_batch_sampler_and_other_samplers(
     next(iterator), next(iterator)
     assert loader.state_dict()["sampler"]["num_consumed"] == 10
     plain = ResumableDataLoader(range(10), batch_size=2)
-    assert plain.state_dict() == {"sampler": None, "num_batches": 0}
+    assert plain.state_dict() == {"sampler": None, "num_batches": 0, "epoch": None}
     plain.load_state_dict({"sampler": None, "num_batches": 2})
     assert "restarts from its beginning" in caplog.text
     with pytest.raises(TypeError, match="state must be the mapping"):
@@ -165,11 +198,15 @@ def test_torchdata_stateful_dataloader_resumes_exactly(num_workers: int) -> None
     sampler.set_epoch(1)
     loader = stateful.StatefulDataLoader(range(TOTAL), batch_size=4, sampler=sampler, **kwargs)
     head: list[int] = []
-    for step, batch in enumerate(loader):
-        head += batch.tolist()
-        if step == 3:
-            break
-    state = loader.state_dict()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step, batch in enumerate(loader):
+            head += batch.tolist()
+            if step == 3:
+                break
+        state = loader.state_dict()
+    # it saves the sampler's iterator with the sampler: the position is confirmed
+    assert not [w for w in caught if "handed out" in str(w.message)]
     fresh = ShardAwareDistributedSampler(SIZES, 2, 0, seed=8)
     resumed = stateful.StatefulDataLoader(range(TOTAL), batch_size=4, sampler=fresh, **kwargs)
     resumed.load_state_dict(state)
@@ -187,28 +224,66 @@ def test_is_a_distributed_sampler_so_lightning_does_not_wrap_it() -> None:
     assert (sampler.num_replicas, sampler.rank, len(sampler)) == (2, 0, 27)
 
 
-def test_lightning_distributed_sampler_wrapper_is_refused() -> None:
-    wrappers = pytest.importorskip("lightning.fabric.utilities.distributed")
+class _EveryOtherBatch(Sampler[list[int]]):
+    """What a framework does to split a DataLoader's batches between 2 processes."""
+
+    def __init__(self, batches: Sampler[list[int]], rank: int) -> None:
+        self.batches, self.rank = batches, rank
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return (b for k, b in enumerate(self.batches) if k % 2 == self.rank)
+
+    def __len__(self) -> int:
+        return len(self.batches) // 2  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["BatchSamplerShard", "RenamedShard"])
+def test_a_loader_rebuilt_around_the_sampler_is_refused_whatever_its_names(name: str) -> None:
     sampler = ShardAwareDistributedSampler(SIZES, 2, 0)
-    wrapped = wrappers.DistributedSamplerWrapper(sampler, num_replicas=2, rank=0)
-    with pytest.raises(ValueError, match="wrapped by DistributedSamplerWrapper, which shards"):
-        list(wrapped)
-    # one process: the wrapper splits nothing, and the sampler gives the whole epoch
-    alone = ShardAwareDistributedSampler(SIZES, 1, 0)
-    assert len(list(wrappers.DistributedSamplerWrapper(alone, num_replicas=2, rank=0))) == 27
+    loader = ResumableDataLoader(range(TOTAL), batch_size=4, sampler=sampler)
+    resharding = type(name, (_EveryOtherBatch,), {})(loader.batch_sampler, 0)
+    rebuilt = DataLoader(range(TOTAL), batch_sampler=resharding)
+    with pytest.raises(ValueError, match=r"another loader built around it iterates it"):
+        next(iter(rebuilt))
+    # the loader it was given to reads this rank's share
+    assert [i for b in loader for i in b.tolist()] == _full(2, 0, 0)
 
 
-def test_accelerate_prepare_dataloader_is_refused() -> None:
+def test_accelerate_prepare_of_the_loader_is_refused() -> None:
     accelerate = pytest.importorskip("accelerate")
     sampler = ShardAwareDistributedSampler(SIZES, 2, 0)
-    loader = DataLoader(range(TOTAL), batch_size=4, sampler=sampler)
+    loader = ResumableDataLoader(range(TOTAL), batch_size=4, sampler=sampler)
     prepared = accelerate.data_loader.prepare_data_loader(
         loader, num_processes=2, process_index=0, put_on_device=False
     )
-    with pytest.raises(ValueError, match=r"accelerator.prepare\(dataloader\) shards the batches"):
+    with pytest.raises(ValueError, match=r"accelerator.prepare\(dataloader\)"):
         next(iter(prepared))
-    # a loader kept out of prepare() reads this rank's share
     assert [i for b in loader for i in b.tolist()] == _full(2, 0, 0)
+
+
+def test_lightning_keeps_the_sampler_and_a_rebuilt_loader_serves_it() -> None:
+    data = pytest.importorskip("lightning.pytorch.utilities.data")
+    sampler = ShardAwareDistributedSampler(SIZES, 2, 1)
+    loader = ResumableDataLoader(range(TOTAL), batch_size=4, sampler=sampler, num_workers=0)
+    # what Lightning does when it re-instantiates a DataLoader (overfit, predict)
+    rebuilt = data._update_dataloader(loader, sampler)
+    assert type(rebuilt) is ResumableDataLoader and rebuilt.sampler is sampler
+    head = []
+    for step, batch in enumerate(rebuilt):
+        head += batch.tolist()
+        if step == 1:
+            break
+    assert rebuilt.state_dict()["sampler"]["num_consumed"] == 8
+    assert head == _full(2, 1, 0)[:8]
+
+
+def test_one_process_lets_another_loader_iterate_without_its_count() -> None:
+    sampler = ShardAwareDistributedSampler(SIZES, 1, 0)
+    loader = ResumableDataLoader(range(TOTAL), batch_size=4, sampler=sampler)
+    next(iter(loader))
+    other = iter(DataLoader(range(TOTAL), batch_size=4, sampler=sampler))
+    next(other), next(other)
+    assert sampler.state_dict()["position"] == "handed_out"  # not the first loader's 4
 
 
 def test_the_sampler_pickles_while_a_loader_is_attached() -> None:
@@ -257,7 +332,8 @@ def test_a_state_with_a_value_of_the_wrong_type_or_range_is_refused(
     loader = ResumableDataLoader(range(TOTAL), batch_size=4, sampler=sampler)
     with pytest.raises(error, match=match):
         loader.load_state_dict({"sampler": {**state, key: bad}, "num_batches": 1})
-    assert sampler.epoch == 0 and list(sampler) == _full(2, 0, 0, seed=1)  # nothing loaded
+    # nothing loaded (the loader iterates: the sampler serves it alone)
+    assert sampler.epoch == 0 and [i for b in loader for i in b.tolist()] == _full(2, 0, 0, seed=1)
 
 
 def test_numpy_ints_are_ints_and_num_consumed_is_checked_when_saving() -> None:

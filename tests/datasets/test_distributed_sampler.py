@@ -106,7 +106,7 @@ def test_resume_mid_epoch_neither_repeats_nor_skips() -> None:
     full = list(sampler)
     iterator = iter(sampler)
     head = [next(iterator) for _ in range(7)]
-    state = sampler.state_dict()
+    state = sampler.state_dict(num_consumed=len(head))
     assert state["num_consumed"] == 7 and state["epoch"] == 4
 
     resumed = ShardAwareDistributedSampler(SIZES, 3, 1, seed=5)

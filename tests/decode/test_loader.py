@@ -218,6 +218,18 @@ def test_decode_in_workers_can_be_turned_off(shard_root: Path) -> None:
     assert sum(len(labels) for _, labels in loader) == 9
 
 
+def test_decoding_in_workers_serves_the_sampler_of_a_dataset_loader(shard_root: Path) -> None:
+    # rank 1 of 2: the worker loader serves the sampler the dataset.loader(...) was given
+    sampler = ShardAwareDistributedSampler([10], 2, 1, shuffle=False)
+    loader = ResumableDataLoader(
+        EncodedShards(shard_root), batch_size=2, sampler=sampler, num_workers=1
+    )
+    decoding = DecodingLoader(loader, create_decoder("cpu", size=32, on_error="skip"))
+    assert decoding.decodes_in_workers
+    labels = torch.cat([labels for _, labels in decoding]).tolist()
+    assert labels == [105, 106, 107, 108, 109]
+
+
 # -- resuming --------------------------------------------------------------------------------
 class ReadingAhead(CpuDecoder):
     """Decodes batch ``i`` only once batch ``i + 1`` was read (as DALI works ahead)."""

@@ -96,6 +96,23 @@ def test_seed_restarts_the_sequence() -> None:
     assert torch.equal(first, crop.sample_boxes(8, 20, 20))
 
 
+def test_set_epoch_draws_each_epoch_from_the_seed_and_the_epoch_alone() -> None:
+    first, second = DeviceRandomResizedCrop(4, seed=9), DeviceRandomResizedCrop(4, seed=9)
+    first.sample_boxes(8, 20, 20)  # the run that went through epoch 0 first
+    first.set_epoch(1)
+    second.set_epoch(1)  # a resumed run starting at epoch 1
+    boxes = first.sample_boxes(8, 20, 20)
+    assert torch.equal(boxes, second.sample_boxes(8, 20, 20))
+    second.set_epoch(2)
+    assert not torch.equal(boxes, second.sample_boxes(8, 20, 20))
+    images = _images(32)
+    flips = [DeviceRandomHorizontalFlip(seed=5) for _ in range(2)]
+    for flip in flips:
+        flip.set_epoch(3)
+    assert torch.equal(flips[0](images), flips[1](images))
+    assert "seed=9" in repr(second)
+
+
 @pytest.mark.parametrize(
     ("build", "error", "match"),
     [

@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from fastdata.datasets import ResumableDataLoader, ShardAwareDistributedSampler
-from fastdata.gpu import DevicePrefetcher, MaskToLong, Normalize, to_device
+from fastdata.gpu import DevicePrefetcher, DeviceRandomResizedCrop, MaskToLong, Normalize, to_device
 
 Pair = namedtuple("Pair", ["image", "label"])
 
@@ -201,6 +201,16 @@ def test_set_epoch_reaches_distributed_sampler_and_dataset() -> None:
     assert orders[0] != orders[1]
     assert len(orders[0]) == len(orders[1]) == 8
     assert dataset.epochs == [0, 1]
+
+
+def test_set_epoch_reaches_the_seeded_device_augmentations() -> None:
+    crop = DeviceRandomResizedCrop(2, layout="HWC", seed=4)
+    loader = DataLoader(Numbers(8), batch_size=4)
+    prefetcher = to_device(loader, "cpu", transform={0: nn.Sequential(crop)})
+    prefetcher.set_epoch(3)
+    reference = DeviceRandomResizedCrop(2, layout="HWC", seed=4)
+    reference.set_epoch(3)
+    assert torch.equal(crop.sample_boxes(4, 9, 9), reference.sample_boxes(4, 9, 9))
 
 
 def test_dataloader_with_workers_early_break_then_full_pass() -> None:

@@ -1,0 +1,132 @@
+"""How a :class:`ShardAwareDistributedSampler` learns who iterates it and what the loop took.
+
+The sampler never inspects its callers. Three explicit channels tell it what it needs:
+
+- **The loader declares itself.** A :class:`~fastdata.datasets.ResumableDataLoader`
+  (``dataset.loader(...)``) claims its sampler when it is built, and admits each of its own
+  iterations just before starting it, handing over the exact count of samples the loop
+  took. With ``num_replicas > 1``, an iteration of a claimed sampler that its loader did
+  not admit is another loader built around the same sampler: a framework that rebuilds
+  the DataLoader to split its batches between processes (``accelerator.prepare(loader)``)
+  would shard it a second time, so it is refused, whatever that framework names its
+  classes.
+- **The caller says what was consumed**: ``state_dict(num_consumed=...)``.
+- **The iterator's own state** (the ``state_dict`` / ``load_state_dict`` protocol of
+  torchdata's ``StatefulDataLoader``, which snapshots the sampler's iterator each time it
+  hands a batch out): :class:`EpochIterator` records how many samples it handed out, which
+  at that moment is exactly what the loop will have consumed when that batch arrives.
+
+Anything else (a plain ``DataLoader``, with or without worker processes, that prefetch
+ahead of the loop) cannot say what the loop consumed: a ``state_dict()`` taken then
+records the samples handed out, marked as such; such a state only loads together with
+the iterator state that confirms it, and the sampler warns at its next step when none came.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from fastdata.datasets.distributed import ShardAwareDistributedSampler
+
+# Marks a state whose ``num_consumed`` counts the samples handed out, not those consumed.
+HANDED_OUT = "handed_out"
+
+
+class EpochIterator(Iterator[int]):
+    """One iteration over the sampler's indices of the current epoch.
+
+    Yields ``indices`` (this rank's global indices of the epoch not consumed before). Its
+    ``state_dict()`` / ``load_state_dict()`` record how many it handed out and confirm the
+    sampler state saved and loaded with it, for loaders that snapshot the iterator as they
+    hand each batch out (torchdata).
+    """
+
+    def __init__(self, sampler: ShardAwareDistributedSampler, indices: np.ndarray) -> None:
+        self._sampler = sampler
+        self._source = indices
+        self._indices: list[int] | None = None  # made at the first step (after a load)
+        self._position = 0  # indices handed out
+
+    def __iter__(self) -> EpochIterator:
+        return self
+
+    def __next__(self) -> int:
+        sampler = self._sampler
+        if self._indices is None:
+            if sampler._unconfirmed_load:
+                raise ValueError(unreported_position_error())
+            self._indices = self._source.tolist()
+        sampler._check_saved_position()
+        if self._position >= len(self._indices):
+            raise StopIteration
+        index = self._indices[self._position]
+        self._position += 1
+        sampler._yielded += 1
+        return index
+
+    def state_dict(self) -> dict[str, int]:
+        """``{"epoch", "num_handed_out"}``, taken with the sampler's state as a batch is
+        handed out: it confirms that the sampler's handed-out count is what was consumed."""
+        self._sampler._confirm_saved_position()
+        return {"epoch": self._sampler.epoch, "num_handed_out": self._position}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Confirm the sampler state loaded just before (the positions it skips).
+
+        Raises:
+            ValueError: ``state`` is not from :meth:`state_dict` of this epoch, or comes
+                after this iterator's first step.
+        """
+        sampler = self._sampler
+        count = state.get("num_handed_out") if isinstance(state, Mapping) else None
+        if (
+            isinstance(count, bool)
+            or not isinstance(count, int)
+            or count < 0
+            or state.get("epoch") != sampler.epoch
+        ):
+            raise ValueError(
+                f"state must be an EpochIterator.state_dict() of epoch {sampler.epoch}, got "
+                f"{state!r}"
+            )
+        if self._indices is not None:
+            raise ValueError("load_state_dict() must come before the iterator's first step")
+        sampler._unconfirmed_load = False
+
+
+def foreign_loader_error(num_replicas: int) -> str:
+    """The message for an iteration of a claimed sampler that its loader did not start."""
+    return (
+        "ShardAwareDistributedSampler was given to dataset.loader(...) but another "
+        "loader built around it iterates it: a framework that rebuilds the DataLoader to "
+        "split its batches between processes (accelerator.prepare(dataloader)) shards it a "
+        f"second time, and each of the {num_replicas} processes would see 1/{num_replicas} "
+        "of its share; iterate the dataset.loader(...) itself (keep it out of "
+        "accelerator.prepare() and move batches with .to(accelerator.device))"
+    )
+
+
+def unreported_position_error() -> str:
+    """The message for a loaded state that records only the samples handed out."""
+    return (
+        "the loaded sampler state records the samples handed out, not those the loop "
+        "consumed (state_dict() was called without num_consumed while a loader that does "
+        "not report what the loop took iterated the sampler); save "
+        "dataset.loader(...).state_dict() or torchdata's StatefulDataLoader.state_dict(), "
+        "or pass num_consumed=batches_done * batch_size to sampler.state_dict()"
+    )
+
+
+def unreported_save_warning(count: int) -> str:
+    """The warning for a ``state_dict()`` that no loader confirmed."""
+    return (
+        f"sampler.state_dict() was called without num_consumed while a loader that does not "
+        f"report what the loop took iterates the sampler: it recorded the {count} samples "
+        "handed out (DataLoader workers prefetch ahead of the loop), and loading it will be "
+        "refused; pass num_consumed=batches_done * batch_size, or save "
+        "dataset.loader(...).state_dict()"
+    )

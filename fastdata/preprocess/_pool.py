@@ -263,8 +263,11 @@ def _picklable(exc: BaseException) -> BaseException:
 
 # Starting workers changes process-wide state for a moment (``__main__``'s file and spec,
 # OpenCV's thread count) and restores it: one thread at a time, or a second thread would
-# save the first one's temporary values and restore those.
-_start_lock = threading.Lock()
+# save the first one's temporary values and restore those. Closing a pool's pipe ends holds
+# it too: a worker forked while another thread is inside ``Connection.close()`` (descriptor
+# closed, handle not yet cleared) would close that descriptor again, or whatever file has
+# taken its number since. Reentrant: a pool that fails to start closes itself.
+_start_lock = threading.RLock()
 _live_pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
 
 
@@ -568,17 +571,19 @@ class WorkerPool:
 
     def close(self) -> None:
         """Stop the workers (they finish the chunk in hand) and free the shared memory."""
-        for conn in self._conns:
-            with suppress(OSError):
-                conn.send(None)
-            conn.close()  # a worker blocked sending a result gets an error and exits
+        with _start_lock:
+            conns, self._conns = self._conns, []
+            for conn in conns:
+                with suppress(OSError):
+                    conn.send(None)
+                conn.close()  # a worker blocked sending a result gets an error and exits
         deadline = time.monotonic() + _JOIN_TIMEOUT_S
         for process in self._processes:
             process.join(max(0.0, deadline - time.monotonic()))
             if process.is_alive():
                 process.kill()
                 process.join()
-        self._conns, self._processes = [], []
+        self._processes = []
         self._free_slots()
 
 

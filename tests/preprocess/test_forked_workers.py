@@ -17,6 +17,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -514,3 +515,39 @@ def test_forked_workers_hold_no_pipe_end_of_another_pool(tmp_path: Path) -> None
     finally:
         second.close()
         first.close()
+
+
+def test_a_pool_forked_while_another_thread_closes_a_pool_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker forked while another thread is inside ``Connection.close()`` (its
+    descriptor closed, its handle not yet cleared) closed that descriptor again and died
+    with EBADF (or closed a file that had since taken the number). The window is held open
+    here: closing waits for the fork, which must wait for the close instead."""
+    src = tmp_path / "src" / "class_a"
+    src.mkdir(parents=True)
+    cv2.imwrite(str(src / "0.png"), np.zeros((8, 8, 3), np.uint8))
+    listing = list_source(tmp_path / "src")
+    options = PreprocessOptions(sizes=(8,))
+    job = ShardJob(str(tmp_path / "out"), options, build_fields(listing, options), listing.kind)
+    first = _pool.WorkerPool(1, job, "fork")
+    in_window, forked = threading.Event(), threading.Event()
+    close_fd = Connection._close  # type: ignore[attr-defined]
+
+    def close_then_wait(conn: Connection, _close: Any = close_fd) -> None:
+        _close(conn)  # the descriptor is closed; close() clears the handle after this
+        if threading.current_thread() is not threading.main_thread():
+            in_window.set()
+            forked.wait(3)  # with the fix, the fork waits for this close (3 s) instead
+
+    monkeypatch.setattr(Connection, "_close", close_then_wait)
+    closer = threading.Thread(target=first.close)
+    closer.start()
+    try:
+        assert in_window.wait(30)
+        second = _pool.WorkerPool(1, job, "fork")  # forks while (or after) `first` closes
+        forked.set()
+        second.close()
+    finally:
+        forked.set()
+        closer.join(30)

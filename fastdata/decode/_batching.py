@@ -155,12 +155,12 @@ def axis_weights(sizes: torch.Tensor, out_size: int, padded_size: int) -> torch.
     scale = size / out_size
     target = torch.arange(out_size, dtype=torch.float32, device=sizes.device).view(1, -1, 1)
     source = torch.arange(padded_size, dtype=torch.float32, device=sizes.device).view(1, 1, -1)
-    covered = torch.minimum(source + 1, (target + 1) * scale) - torch.maximum(
-        source, target * scale
-    )
-    tent = 1 - (source - ((target + 0.5) * scale - 0.5)).abs()
-    weights = torch.where(scale > 1, covered, tent).clamp_(min=0) * (source < size)
-    return weights / weights.sum(-1, keepdim=True)
+    # in place where possible: these are (N, out_size, padded_size) each
+    covered = torch.minimum(source + 1, (target + 1) * scale)
+    covered.sub_(torch.maximum(source, target * scale))
+    tent = (source - ((target + 0.5) * scale - 0.5)).abs_().neg_().add_(1)
+    weights = torch.where(scale > 1, covered, tent).clamp_(min=0).mul_(source < size)
+    return weights.div_(weights.sum(-1, keepdim=True))
 
 
 def _chunks(boxes: Sequence[Box], channels: int) -> list[tuple[int, int]]:

@@ -1,6 +1,6 @@
 """Device-agnostic helpers for the GPU backends, kept free of CUDA so CI tests them on CPU:
 batch-then-one-by-one decoding (one bad image must not sink a batch), telling decode
-errors from environment errors, and torch crop/resize batched by geometry."""
+errors from environment errors, and torch crop/resize of a whole batch in two matmuls."""
 
 from __future__ import annotations
 
@@ -9,19 +9,12 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import torch
-import torch.nn.functional as F  # noqa: N812 - the conventional alias
 
 from fastdata.decode._base import copy_to_device
 from fastdata.decode._geometry import Box
 
 In = TypeVar("In")
 Out = TypeVar("Out")
-
-# The largest shrink factor per axis handed to antialiased bilinear interpolation; larger
-# shrinks are area-averaged down to this factor first. CUDA's antialiased kernel keeps the
-# filter weights in shared memory and fails ("Too much shared memory required") beyond
-# about 94x per axis; 4x keeps the filter short and the result close to area averaging.
-MAX_INTERPOLATION_SHRINK = 4
 
 # Messages of errors that say the environment is wrong (no nvJPEG, no memory, a CUDA
 # fault), not the image: such errors must reach the caller, never become a skipped sample.
@@ -137,42 +130,110 @@ def decode_batch_or_each(
     return results
 
 
-def _pre_reduce(regions: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:
-    """Area-average ``(N, C, H, W)`` float regions down to at most
-    ``MAX_INTERPOLATION_SHRINK`` times ``out_hw`` per axis (no-op when already there)."""
-    height, width = regions.shape[-2:]
-    target = (
-        min(height, MAX_INTERPOLATION_SHRINK * out_hw[0]),
-        min(width, MAX_INTERPOLATION_SHRINK * out_hw[1]),
-    )
-    if target == (height, width):
-        return regions
-    return F.adaptive_avg_pool2d(regions, target)
+# The most float32 elements (``rows x C x H x W``) of padded regions resampled in one
+# call: 256 MiB, a batch of 64 ImageNet-sized crops in one go; larger images go in chunks
+# of consecutive rows (a single region over the budget still goes alone).
+MAX_PADDED_ELEMENTS = 1 << 26
 
 
-def resize_regions(regions: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:
-    """Resize ``(N, C, h, w)`` float regions of one size to ``(N, C, *out_hw)`` float.
+def axis_weights(sizes: torch.Tensor, out_size: int, padded_size: int) -> torch.Tensor:
+    """Resampling matrices for one axis: ``(N, out_size, padded_size)`` float32 on
+    ``sizes``' device, row ``j`` of matrix ``i`` the weights of source pixels
+    ``0 .. sizes[i] - 1`` in output pixel ``j`` (zero beyond ``sizes[i]``, rows sum to 1).
 
-    Antialiased bilinear in every case (it equals plain bilinear on an axis that grows,
-    and antialiases an axis that shrinks even when the other grows), after area averaging
-    when an axis shrinks more than ``MAX_INTERPOLATION_SHRINK`` times. Close to OpenCV's
-    area resize when shrinking; works on any device.
+    Shrinking (``sizes[i] > out_size``): an exact area average, each source pixel weighted
+    by how much of it the output pixel's span ``[j * s, (j + 1) * s)`` covers (OpenCV's
+    ``INTER_AREA``). Otherwise bilinear with half-pixel centres and the edge pixels repeated
+    (``F.interpolate(mode="bilinear", align_corners=False)``; the identity at equal size).
+
+    Args:
+        sizes: ``(N,)`` integer region sizes along the axis, each >= 1.
+        out_size: The output size along the axis.
+        padded_size: The padded source size along the axis (>= every size).
     """
-    if tuple(regions.shape[-2:]) == out_hw:
-        return regions
-    reduced = _pre_reduce(regions, out_hw)
-    return F.interpolate(reduced, size=out_hw, mode="bilinear", align_corners=False, antialias=True)
+    size = sizes.to(torch.float32).view(-1, 1, 1)
+    scale = size / out_size
+    target = torch.arange(out_size, dtype=torch.float32, device=sizes.device).view(1, -1, 1)
+    source = torch.arange(padded_size, dtype=torch.float32, device=sizes.device).view(1, 1, -1)
+    # in place where possible: these are (N, out_size, padded_size) each
+    covered = torch.minimum(source + 1, (target + 1) * scale)
+    covered.sub_(torch.maximum(source, target * scale))
+    tent = (source - ((target + 0.5) * scale - 0.5)).abs_().neg_().add_(1)
+    weights = torch.where(scale > 1, covered, tent).clamp_(min=0).mul_(source < size)
+    return weights.div_(weights.sum(-1, keepdim=True))
+
+
+def _chunks(boxes: Sequence[Box], channels: int) -> list[tuple[int, int]]:
+    """Consecutive ``(start, stop)`` row ranges whose regions, padded to the range's largest
+    height and width, hold at most ``MAX_PADDED_ELEMENTS`` floats (one row at least)."""
+    chunks: list[tuple[int, int]] = []
+    start, height, width = 0, 0, 0
+    for row, box in enumerate(boxes):
+        grown = (max(height, box.height), max(width, box.width))
+        if row > start and (row - start + 1) * channels * grown[0] * grown[1] > (
+            MAX_PADDED_ELEMENTS
+        ):
+            chunks.append((start, row))
+            start, grown = row, (box.height, box.width)
+        height, width = grown
+    chunks.append((start, len(boxes)))
+    return chunks
+
+
+def _resample_chunk(
+    images: Sequence[torch.Tensor], boxes: Sequence[Box], sizes: torch.Tensor, out: torch.Tensor
+) -> None:
+    """Resize the regions of one chunk into ``out`` with two batched matmuls.
+
+    The regions are copied (as float32, zero-padded) into one buffer laid out
+    ``(N, A, C, B)``, ``A`` the axis resampled first: the first matmul is then
+    ``(N, out_a, A) @ (N, A, C * B)`` and the second ``(N, out_a * C, B) @ (N, B, out_b)``,
+    with no copy in between. ``A`` is the axis whose order costs fewer multiplications.
+    """
+    rows, channels = len(boxes), int(out.shape[1])
+    out_h, out_w = int(out.shape[-2]), int(out.shape[-1])
+    height = max(box.height for box in boxes)
+    width = max(box.width for box in boxes)
+    rows_first = out_h * width * (height + out_w) <= out_w * height * (width + out_h)
+    if rows_first:
+        padded = torch.zeros(
+            (rows, height, channels, width), dtype=torch.float32, device=out.device
+        )
+        regions = padded.permute(0, 2, 1, 3)  # (N, C, H, W) view
+        first = axis_weights(sizes[:, 0], out_h, height)
+        second = axis_weights(sizes[:, 1], out_w, width)
+    else:
+        padded = torch.zeros(
+            (rows, width, channels, height), dtype=torch.float32, device=out.device
+        )
+        regions = padded.permute(0, 2, 3, 1)
+        first = axis_weights(sizes[:, 1], out_w, width)
+        second = axis_weights(sizes[:, 0], out_h, height)
+    for row, (image, box) in enumerate(zip(images, boxes, strict=True)):
+        regions[row, :, : box.height, : box.width].copy_(_region(image, box))
+    half = torch.bmm(first, padded.view(rows, padded.shape[1], -1))
+    full = torch.bmm(half.view(rows, -1, padded.shape[3]), second.transpose(1, 2))
+    full = full.view(rows, first.shape[1], channels, second.shape[1])
+    # (N, out_a, C, out_b) -> (N, C, out_h, out_w)
+    resized = full.permute(0, 2, 1, 3) if rows_first else full.permute(0, 2, 3, 1)
+    out.copy_(resized.round_().clamp_(0, 255))
 
 
 def crop_resize_batch(
     images: Sequence[torch.Tensor], boxes: Sequence[Box], out: torch.Tensor
 ) -> None:
     """Cut ``boxes[i]`` out of ``images[i]`` (``(C, H, W)`` uint8) and resize each into
-    ``out[i]`` (``(N, C, *out_hw)`` uint8, any memory format), batched by geometry.
+    ``out[i]`` (``(N, C, *out_hw)`` uint8, any memory format), all sizes together.
 
-    Regions of the same size are stacked and resized in one call (one set of kernel
-    launches per distinct region size, not per image), and the float → uint8 rounding
-    runs once for the whole batch.
+    Each axis is resampled by a matrix (:func:`axis_weights`: area average when shrinking,
+    bilinear when enlarging), so the whole batch is two batched matmuls over the regions
+    zero-padded to the largest one, whatever the mix of crop sizes: the number of kernel
+    launches does not grow with distinct sizes (only a copy per region). The region sizes
+    go to the device in one copy from pinned memory; nothing waits for the device. Batches
+    of large images go in chunks of rows (``MAX_PADDED_ELEMENTS``).
+
+    Precision: float32 matmuls; with TF32 matmuls allowed
+    (``torch.backends.cuda.matmul.allow_tf32``) a pixel may differ by a level.
     """
     if len(images) != len(boxes) or len(images) != out.shape[0]:
         raise ValueError(
@@ -181,28 +242,18 @@ def crop_resize_batch(
     if not images:
         return
     out_hw = (int(out.shape[-2]), int(out.shape[-1]))
-    groups: dict[tuple[int, int], list[int]] = {}
-    for row, box in enumerate(boxes):
-        groups.setdefault((box.height, box.width), []).append(row)
-    if len(groups) == 1:
-        regions = torch.stack(
-            [_region(image, box) for image, box in zip(images, boxes, strict=True)]
+    if all((box.height, box.width) == out_hw for box in boxes):
+        out.copy_(
+            torch.stack([_region(image, box) for image, box in zip(images, boxes, strict=True)])
         )
-        out.copy_(resize_regions(regions.float(), out_hw).round_().clamp_(0, 255))
         return
-    # The rows of every group, uploaded once as a device index: a Python list as an index
-    # on a CUDA tensor is built on the host and copied synchronously, one host sync per
-    # group (per image with random crops).
-    order = [row for rows in groups.values() for row in rows]
-    order_index = copy_to_device(torch.tensor(order, dtype=torch.int64), out.device)
-    resized = torch.empty(out.shape, dtype=torch.float32, device=out.device)
-    start = 0
-    for rows in groups.values():
-        regions = torch.stack([_region(images[row], boxes[row]) for row in rows]).float()
-        rows_index = order_index[start : start + len(rows)]
-        resized.index_copy_(0, rows_index, resize_regions(regions, out_hw))
-        start += len(rows)
-    out.copy_(resized.round_().clamp_(0, 255))
+    # a device tensor copied from pinned memory: built from a Python list on a CUDA device
+    # it would be copied synchronously (a host sync)
+    sizes = copy_to_device(
+        torch.tensor([(box.height, box.width) for box in boxes], dtype=torch.int64), out.device
+    )
+    for start, stop in _chunks(boxes, int(out.shape[1])):
+        _resample_chunk(images[start:stop], boxes[start:stop], sizes[start:stop], out[start:stop])
 
 
 def _region(image: torch.Tensor, box: Box) -> torch.Tensor:

@@ -7,7 +7,6 @@ import torch
 
 from fastdata.decode import _batching as batching
 from fastdata.decode._batching import (
-    MAX_INTERPOLATION_SHRINK,
     crop_resize_batch,
     crop_resize_chw,
     decode_batch_or_each,
@@ -106,65 +105,121 @@ def test_batch_failure_callback_sees_the_decode_error() -> None:
     assert not is_environment_error(seen[0])
 
 
-@pytest.fixture
-def interpolate_calls(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, object]]:
-    calls: list[dict[str, object]] = []
-    real = batching.F.interpolate
+def _exact_axis_weights(size: int, out_size: int) -> np.ndarray:
+    """``(out_size, size)`` float64 reference weights, one output pixel at a time: the exact
+    area average of its span when shrinking, else bilinear with half-pixel centres."""
+    weights = np.zeros((out_size, size))
+    scale = size / out_size
+    for target in range(out_size):
+        if scale > 1:
+            lo, hi = target * scale, (target + 1) * scale
+            for source in range(int(lo), min(int(np.ceil(hi)), size)):
+                weights[target, source] = min(source + 1, hi) - max(source, lo)
+        else:
+            centre = min(max((target + 0.5) * scale - 0.5, 0.0), size - 1)
+            below = int(centre)
+            weights[target, below] += 1 - (centre - below)
+            weights[target, min(below + 1, size - 1)] += centre - below
+    return weights / weights.sum(axis=1, keepdims=True)
 
-    def spy(input: torch.Tensor, **kwargs: object) -> torch.Tensor:
-        calls.append({"in": tuple(input.shape[-2:]), "n": input.shape[0], **kwargs})
-        return real(input, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(batching.F, "interpolate", spy)
-    return calls
+def _reference(image: torch.Tensor, box: Box, out_hw: tuple[int, int]) -> np.ndarray:
+    """``(C, *out_hw)`` float64, unrounded: each region resized alone in NumPy."""
+    region = image[:, box.top : box.top + box.height, box.left : box.left + box.width]
+    rows = _exact_axis_weights(box.height, out_hw[0])
+    cols = _exact_axis_weights(box.width, out_hw[1])
+    return np.einsum("ij,cjk,lk->cil", rows, region.numpy().astype(np.float64), cols)
+
+
+def _assert_rounds_the_reference(got: torch.Tensor, want: np.ndarray) -> None:
+    # float32 against float64: the rounded result is within half a level (and a hair)
+    assert np.abs(got.numpy().astype(np.float64) - want).max() <= 0.5 + 1e-3
 
 
 @pytest.mark.parametrize(("box", "out_hw"), [(Box(0, 0, 2000, 30), (10, 60)),   # y 200x, x grows
-                                             (Box(0, 0, 1500, 1900), (7, 9)),   # ~210x both
-                                             (Box(0, 0, 40, 300), (80, 20))])  # fmt: skip
-def test_interpolation_is_always_antialiased_and_never_shrinks_too_far(
-    interpolate_calls: list[dict[str, object]], box: Box, out_hw: tuple[int, int]
+                                             (Box(3, 5, 1500, 1900), (7, 9)),   # ~210x both
+                                             (Box(2, 1, 40, 300), (80, 20)),    # y grows, x 15x
+                                             (Box(1, 2, 37, 53), (16, 24))])  # fmt: skip
+def test_resize_is_an_exact_area_average_or_bilinear_at_any_factor(
+    box: Box, out_hw: tuple[int, int]
 ) -> None:
-    # CUDA's antialiased kernel fails beyond ~94x per axis; an axis that shrinks must be
-    # antialiased even when the other grows.
     rng = np.random.default_rng(0)
-    image = torch.from_numpy(rng.integers(0, 256, (3, box.height, box.width), dtype=np.uint8))
+    shape = (3, box.top + box.height + 4, box.left + box.width + 4)
+    image = torch.from_numpy(rng.integers(0, 256, shape, dtype=np.uint8))
     got = crop_resize_chw(image, box, out_hw)
-    assert got.shape == (3, *out_hw)
-    assert interpolate_calls and all(call["antialias"] is True for call in interpolate_calls)
-    for call in interpolate_calls:
-        in_h, in_w = call["in"]  # type: ignore[misc]
-        assert in_h <= MAX_INTERPOLATION_SHRINK * out_hw[0]
-        assert in_w <= MAX_INTERPOLATION_SHRINK * out_hw[1]
+    assert got.shape == (3, *out_hw) and got.dtype == torch.uint8
+    _assert_rounds_the_reference(got, _reference(image, box, out_hw))
 
 
-def test_pre_reduction_matches_one_antialiased_pass() -> None:
-    # On the CPU one antialiased pass works at any factor: the area pre-reduction that CUDA
-    # needs beyond ~94x must give nearly the same pixels.
-    rgb = torch.from_numpy(smooth_rgb(1600, 1200, seed=3)).permute(2, 0, 1)
-    for out_hw in ((8, 6), (16, 12), (100, 75)):
-        got = crop_resize_chw(rgb, Box(0, 0, 1600, 1200), out_hw).float()
-        one_pass = torch.nn.functional.interpolate(
-            rgb[None].float(), size=out_hw, mode="bilinear", antialias=True
-        )[0].round()
-        assert (got - one_pass).abs().mean() <= 1.0
+def test_enlarging_is_torch_bilinear() -> None:
+    image = torch.from_numpy(smooth_rgb(30, 40, seed=4)).permute(2, 0, 1)
+    got = crop_resize_chw(image, Box(5, 6, 20, 25), (48, 61)).float()
+    want = torch.nn.functional.interpolate(
+        image[None, :, 5:25, 6:31].float(), size=(48, 61), mode="bilinear", align_corners=False
+    )[0]
+    assert (got - want).abs().max() <= 0.5 + 1e-3
 
 
-def test_batch_resize_runs_once_per_region_size(
-    interpolate_calls: list[dict[str, object]],
+@pytest.fixture
+def matmul_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """The shape of the left operand of every ``torch.bmm`` call."""
+    calls: list[tuple[int, ...]] = []
+    real = torch.bmm
+
+    def spy(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+        calls.append(tuple(left.shape))
+        return real(left, right)
+
+    monkeypatch.setattr(torch, "bmm", spy)
+    return calls
+
+
+@pytest.mark.parametrize("out_hw", [(32, 32), (12, 40), (40, 12)])
+@pytest.mark.parametrize("channels", [3, 1])
+def test_batch_resize_is_two_matmuls_whatever_the_sizes(
+    matmul_calls: list[tuple[int, ...]], out_hw: tuple[int, int], channels: int
 ) -> None:
-    rgb = torch.from_numpy(smooth_rgb(120, 160, seed=2)).permute(2, 0, 1)
-    boxes = [Box(0, 0, 100, 100), Box(10, 20, 100, 100), Box(5, 5, 60, 90), Box(1, 2, 100, 100)]
-    out = torch.empty((4, 3, 32, 32), dtype=torch.uint8).contiguous(
+    # one launch set for the batch, not one per distinct region size; each row as resized alone
+    rgb = torch.from_numpy(smooth_rgb(120, 160, seed=2)).permute(2, 0, 1)[:channels]
+    boxes = [Box(0, 0, 100, 100), Box(10, 20, 100, 90), Box(5, 5, 60, 90), Box(1, 2, 20, 13),
+             Box(0, 0, 120, 160), Box(7, 3, 32, 32)]  # fmt: skip
+    out = torch.empty((len(boxes), channels, *out_hw), dtype=torch.uint8).contiguous(
         memory_format=torch.channels_last
     )
-    crop_resize_batch([rgb] * 4, boxes, out)
-    assert sorted(call["n"] for call in interpolate_calls) == [1, 3]  # type: ignore[type-var]
+    crop_resize_batch([rgb] * len(boxes), boxes, out)
+    assert len(matmul_calls) == 2 and matmul_calls[0][0] == len(boxes)
     for row, box in enumerate(boxes):
-        assert torch.equal(out[row], crop_resize_chw(rgb, box, (32, 32)))
+        _assert_rounds_the_reference(out[row], _reference(rgb, box, out_hw))
 
 
-def test_batch_resize_indexes_rows_with_one_device_tensor(
+def test_batch_resize_takes_oriented_and_mixed_size_images() -> None:
+    # EXIF-turned regions arrive as transposed or flipped views of images of other sizes
+    base = torch.from_numpy(smooth_rgb(90, 70, seed=6)).permute(2, 0, 1)
+    images = [base, base.transpose(-2, -1), base.flip(-1), base[:, 10:50, 5:65]]
+    boxes = [Box(3, 4, 80, 60), Box(0, 0, 70, 90), Box(10, 0, 50, 70), Box(0, 0, 40, 60)]
+    out = torch.empty((4, 3, 24, 24), dtype=torch.uint8)
+    crop_resize_batch(images, boxes, out)
+    for row, (image, box) in enumerate(zip(images, boxes, strict=True)):
+        _assert_rounds_the_reference(out[row], _reference(image, box, (24, 24)))
+
+
+def test_large_batches_go_in_chunks_with_the_same_pixels(
+    matmul_calls: list[tuple[int, ...]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rgb = torch.from_numpy(smooth_rgb(120, 160, seed=2)).permute(2, 0, 1)
+    boxes = [Box(0, 0, 100, 100), Box(10, 20, 100, 90), Box(5, 5, 60, 90), Box(1, 2, 20, 13)]
+    whole = torch.empty((4, 3, 16, 16), dtype=torch.uint8)
+    crop_resize_batch([rgb] * 4, boxes, whole)
+    assert len(matmul_calls) == 2
+    # room for two 100x100 RGB regions: rows 0-1, then 2-3
+    monkeypatch.setattr(batching, "MAX_PADDED_ELEMENTS", 2 * 3 * 100 * 100)
+    chunked = torch.empty_like(whole)
+    crop_resize_batch([rgb] * 4, boxes, chunked)
+    assert [call[0] for call in matmul_calls[2:]] == [2, 2, 2, 2]
+    assert torch.equal(chunked, whole)
+
+
+def test_batch_resize_uploads_the_sizes_once(
     list_indices: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     uploads: list[tuple[list[int], torch.device]] = []
@@ -180,9 +235,23 @@ def test_batch_resize_indexes_rows_with_one_device_tensor(
     out = torch.empty((4, 3, 32, 32), dtype=torch.uint8)
     crop_resize_batch([rgb] * 4, boxes, out)
     assert list_indices == []
-    assert uploads == [([0, 2, 1, 3], out.device)]  # the rows of each size, in one upload
-    for row, box in enumerate(boxes):
-        assert torch.equal(out[row], crop_resize_chw(rgb, box, (32, 32)))
+    assert uploads == [([[100, 100], [60, 90], [100, 100], [50, 70]], out.device)]
+
+
+def test_regions_of_the_output_size_are_copied_exactly() -> None:
+    image = torch.arange(3 * 9 * 9, dtype=torch.uint8).reshape(3, 9, 9)
+    out = torch.empty((2, 3, 4, 5), dtype=torch.uint8)
+    crop_resize_batch([image, image], [Box(2, 1, 4, 5), Box(0, 3, 4, 5)], out)
+    assert torch.equal(out[0], image[:, 2:6, 1:6]) and torch.equal(out[1], image[:, 0:4, 3:8])
+    mixed = torch.empty((2, 3, 4, 5), dtype=torch.uint8)  # the identity inside the matmuls
+    crop_resize_batch([image, image], [Box(2, 1, 4, 5), Box(0, 0, 9, 9)], mixed)
+    assert torch.equal(mixed[0], image[:, 2:6, 1:6])
+
+
+def test_batch_resize_rejects_mismatched_lengths() -> None:
+    image = torch.zeros((3, 8, 8), dtype=torch.uint8)
+    with pytest.raises(ValueError, match="got 1 images, 2 boxes and 1 output rows"):
+        crop_resize_batch([image], [Box(0, 0, 4, 4)] * 2, torch.empty((1, 3, 2, 2)))
 
 
 def test_copy_to_device_pins_and_copies_without_blocking(monkeypatch: pytest.MonkeyPatch) -> None:

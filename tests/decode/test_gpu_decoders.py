@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 
 from fastdata.decode import DecodingLoader, create_decoder
 from fastdata.decode import nvjpeg as nvjpeg_module
+from fastdata.decode._batching import crop_resize_batch
 from fastdata.decode._geometry import Box, center_box
 from tests.decode.conftest import encode, rgb_jpeg, smooth_rgb
 from tests.gpu.cuda_checks import host_syncs, spin
@@ -162,3 +163,19 @@ def test_decoding_in_workers_then_to_cuda_matches_the_main_process() -> None:
         assert images.device.type == "cuda" and labels.device.type == "cuda"
         assert torch.equal(images.cpu(), reference(encoded)), f"batch {i}"
         assert labels.cpu().tolist() == list(range(8 * i, 8 * i + 8))
+
+
+def test_batched_resize_on_cuda_matches_the_cpu_result() -> None:
+    # the same matmuls on both devices (float32; TF32 off, PyTorch's default): at most a
+    # level apart where a value sits on a rounding boundary
+    rng = np.random.default_rng(7)
+    sizes = [(375, 500), (500, 375), (333, 500), (480, 640), (60, 50)]
+    images = [torch.from_numpy(rng.integers(0, 256, (3, h, w), dtype=np.uint8)) for h, w in sizes]
+    boxes = [Box(10, 20, 300, 400), Box(0, 0, 500, 375), Box(5, 7, 200, 123), Box(1, 2, 479, 600),
+             Box(3, 4, 40, 30)]  # fmt: skip
+    want = torch.empty((5, 3, 224, 224), dtype=torch.uint8)
+    crop_resize_batch(images, boxes, want)
+    got = torch.empty((5, 3, 224, 224), dtype=torch.uint8, device="cuda")
+    crop_resize_batch([image.cuda() for image in images], boxes, got)
+    diff = (got.cpu().float() - want.float()).abs()
+    assert diff.max() <= 1 and diff.mean() <= 0.01

@@ -21,8 +21,9 @@ from fastdata.errors import DecodeError
 from tests.decode.conftest import BAD, GOOD, bogus_huffman_jpeg, exif_rotated_jpeg, rgb_jpeg
 
 # nvJPEG and libjpeg-turbo differ by at most a couple of levels per pixel (IDCT and chroma
-# upsampling), and torch's antialiased bilinear differs from OpenCV's area resize by about
-# one level: the bound is a mean absolute difference of 3 levels of 255.
+# upsampling), and the device resize (area average or bilinear) differs from the cpu
+# backend's (a DCT-scaled decode, then OpenCV area or bilinear) by about one level: the
+# bound is a mean absolute difference of 3 levels of 255.
 MEAN_TOLERANCE = 3.0
 
 

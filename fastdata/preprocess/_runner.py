@@ -43,6 +43,7 @@ from fastdata.shards import (
     FieldSpec,
     Manifest,
 )
+from fastdata.storage import parse_location
 
 _PATH_BYTES_ESTIMATE = 64
 
@@ -149,7 +150,12 @@ def preprocess(
         raise TypeError(f"options must be a PreprocessOptions, got {type(options).__name__}")
     if engine is None:
         engine = LocalEngine(usable_cpus() if workers is None else workers)
-    root = Path(out).absolute()
+    if isinstance(src, (str, os.PathLike)):
+        parse_location(src, "src")  # a URL of an unsupported scheme is refused here
+    out_location = parse_location(out, "out")
+    if not isinstance(out_location, Path):
+        raise ValueError(f"out {out!r}: writing to object storage is not supported yet")
+    root = out_location.absolute()
     loader = None
     if isinstance(src, (str, os.PathLike)):
         listing = list_source(

@@ -23,6 +23,7 @@ _PROVIDERS: dict[str, tuple[str, str, str]] = {
         f"for CUDA 12: pip install '{DISTRIBUTION}[dali-cu12]'",
     ),
     "ray": ("ray", "ray", ""),
+    "obstore": ("obstore", "s3", ""),
     "matplotlib": ("matplotlib", "plot", ""),
     "matplotlib.pyplot": ("matplotlib", "plot", ""),
     "psutil": ("psutil", "", ""),

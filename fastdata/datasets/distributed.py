@@ -27,7 +27,6 @@ import os
 import sys
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
-from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol, runtime_checkable
 
@@ -88,7 +87,7 @@ def shard_sizes_of(source: object) -> list[int]:
     elif isinstance(getattr(source, "manifest", None), Manifest):
         sizes = [s.num_samples for s in source.manifest.shards]  # type: ignore[attr-defined]
     elif isinstance(source, str | os.PathLike):
-        sizes = [s.num_samples for s in load_manifest(Path(source)).shards]
+        sizes = [s.num_samples for s in load_manifest(source).shards]
     elif isinstance(source, Sequence) and all(isinstance(n, int | np.integer) for n in source):
         sizes = source
     elif isinstance(source, Sized):  # e.g. a RAMDataset: one "shard", nothing to keep local
@@ -237,7 +236,9 @@ class ShardAwareDistributedSampler(DistributedSampler):
         return 0
 
     def _generate(self, indices: np.ndarray) -> Iterator[int]:
-        for index in indices.tolist():
+        # a dataset in object storage downloads the shards of this order ahead of their use
+        read_ahead = getattr(self.dataset, "read_ahead", None)
+        for index in indices.tolist() if read_ahead is None else read_ahead(indices):
             self._yielded += 1
             yield index
 

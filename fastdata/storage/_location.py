@@ -1,8 +1,8 @@
 """Where a shard set lives: a local path, or an object-store URL resolved by its scheme.
 
 This module is the one place in the library that tells a URL from a path. A location
-string with ``scheme://`` is a URL; its scheme must be registered (``s3`` when the
-``[s3]`` extra is installed, see :mod:`fastdata.storage._s3`). Anything else is a local path.
+string with ``scheme://`` is a URL; its scheme must be registered (``s3``, whose
+client comes with the ``[s3]`` extra). Anything else is a local path.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-# scheme -> pip extra that provides its client; the backend itself is looked up lazily
-SCHEMES: dict[str, str] = {}
+# scheme -> "module:factory" of its client (an ObjectStore of one bucket), imported on first use
+SCHEMES: dict[str, str] = {"s3": "fastdata.storage._s3:S3Store"}
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
 
@@ -51,7 +51,9 @@ def is_url(value: object) -> bool:
     return isinstance(value, str) and _URL.match(value) is not None
 
 
-def parse_location(value: str | os.PathLike[str], argument: str = "path") -> Location:
+def parse_location(
+    value: str | os.PathLike[str] | RemoteLocation, argument: str = "path"
+) -> Location:
     """A local :class:`~pathlib.Path`, or a :class:`RemoteLocation` for a supported URL.
 
     Raises:

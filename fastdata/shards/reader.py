@@ -175,7 +175,8 @@ class ShardReader:
         cache_dir: Cache folder of a remote set (default: the user cache folder).
         cache_limit: Bytes the cache folder may hold: an int or a string such as
             ``"200MB"``; default no limit. At least the largest shard.
-        max_open_shards: Shards of a remote set one process keeps open (default 8).
+        max_open_shards: Shards of a remote set one process keeps open (default 8, at
+            most half of what ``cache_limit`` holds).
 
     Example:
         >>> reader = ShardReader("out/")                          # doctest: +SKIP
@@ -207,7 +208,13 @@ class ShardReader:
             raise TypeError(f"max_open_shards must be an int, got {max_open_shards!r}")
         if max_open_shards < 1:
             raise ValueError(f"max_open_shards must be >= 1, got {max_open_shards}")
-        self.max_open_shards = max_open_shards if self.files.remote else None
+        self.max_open_shards: int | None = None  # local: every shard stays mapped
+        if self.files.remote:
+            limit = getattr(self.files, "limit_bytes", None)
+            largest = max((s.num_bytes for s in self.manifest.shards), default=1)
+            if limit is not None:  # leave room for the other processes and the read-ahead
+                max_open_shards = max(1, min(max_open_shards, limit // max(largest, 1) // 2))
+            self.max_open_shards = max_open_shards
         counts = np.array([s.num_samples for s in self.manifest.shards], dtype=np.int64)
         self._starts = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(counts, out=self._starts[1:])
@@ -308,6 +315,10 @@ class ShardReader:
         if not self.files.remote or array.size == 0:
             yield from array.tolist()
             return
+        limit = getattr(self.files, "limit_bytes", None)
+        largest = max(info.num_bytes for info in self.manifest.shards)
+        if limit is not None:  # keep room for the shards in use: prefetch half the cache
+            window = max(1, min(window, limit // max(largest, 1) // 2))
         shard_ids, _ = self.locate(array)
         unique, first_use = np.unique(shard_ids, return_index=True)
         order = unique[np.argsort(first_use)].tolist()

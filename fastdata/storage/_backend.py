@@ -55,6 +55,15 @@ _clients: dict[tuple[int, str, str], ObjectStore] = {}
 _clients_lock = threading.Lock()
 
 
+def _forget_clients() -> None:  # a forked child starts with no client and a free lock
+    global _clients_lock  # noqa: PLW0603 (replaced, not shared: the parent's may be held)
+    _clients.clear()
+    _clients_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_clients)
+
+
 def object_store(location: RemoteLocation) -> ObjectStore:
     """The client of ``location``'s bucket in this process (created on first use).
 

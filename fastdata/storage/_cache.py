@@ -96,6 +96,33 @@ class RemoteShard:
     sha256: str
 
 
+# Descriptors that hold a lock on a cache file. flock locks belong to the open file, which
+# a fork shares with the child: the child closes its copies at once, or a shard the parent
+# released would stay locked (never evicted) for as long as the child lives.
+_locking_fds: set[int] = set()
+
+
+def _close_inherited_fds() -> None:
+    for fd in list(_locking_fds):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _locking_fds.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited_fds)
+
+
+def _open_locking(path: Path, flags: int, mode: int = 0o644) -> int:
+    fd = os.open(path, flags, mode)
+    _locking_fds.add(fd)
+    return fd
+
+
+def _close_locking(fd: int) -> None:
+    _locking_fds.discard(fd)
+    os.close(fd)
+
+
 class HeldShard:
     """A shard this process reads: a cached file (held open with a shared lock, so that no
     process evicts it) or, when the cache had no room, its bytes in memory."""
@@ -110,7 +137,7 @@ class HeldShard:
         """Let the cache evict the file (a memory map of it stays valid until dropped)."""
         fd, self._fd = self._fd, None
         if fd is not None and self._pid == os.getpid():
-            os.close(fd)
+            _close_locking(fd)
 
     def __del__(self) -> None:
         self.release()
@@ -172,7 +199,7 @@ class ShardCache:
             except BaseException:
                 with contextlib.suppress(OSError):
                     part.unlink()
-                os.close(fd)
+                _close_locking(fd)
                 raise
             return HeldShard(final, fd)
 
@@ -188,12 +215,12 @@ class ShardCache:
                     part.unlink()
             if self.limit_bytes is not None and not self._make_room(num_bytes):
                 return None
-            fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = _open_locking(part, os.O_RDWR | os.O_CREAT | os.O_EXCL)
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 os.ftruncate(fd, num_bytes)  # counted from now on
             except OSError:
-                os.close(fd)
+                _close_locking(fd)
                 part.unlink()
                 raise
             return fd
@@ -233,12 +260,12 @@ class ShardCache:
 
     @contextlib.contextmanager
     def _folder_lock(self) -> Iterator[None]:
-        fd = os.open(self.directory / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_locking(self.directory / ".lock", os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
-            os.close(fd)
+            _close_locking(fd)
 
     # -- downloading ---------------------------------------------------------------------
     def _download_into(self, fd: int, store: ObjectStore, shard: RemoteShard) -> None:
@@ -319,7 +346,7 @@ def _hold(path: Path) -> HeldShard | None:
     """``path`` opened and share-locked, or ``None`` when it is not there (or was just
     evicted: the lock is taken on the file the name still points to)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = _open_locking(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
     try:
@@ -328,7 +355,7 @@ def _hold(path: Path) -> HeldShard | None:
             return HeldShard(path, fd)
     except FileNotFoundError:
         pass
-    os.close(fd)
+    _close_locking(fd)
     return None
 
 
@@ -340,49 +367,50 @@ def _touch(path: Path) -> None:
 
 def _evict(path: Path) -> bool:
     """Remove ``path`` when no process holds it open."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return False
-    try:
-        path.unlink()
-        return True
-    except FileNotFoundError:
-        return False
-    finally:
-        os.close(fd)
+    with _exclusive(path) as free:
+        if free:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                return True
+    return False
 
 
 def _is_stale(part: Path) -> bool:
     """A download file whose writer is gone (its lock is free)."""
+    with _exclusive(path=part) as free:
+        return free
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[bool]:
+    """Whether ``path`` exists and no process holds a lock on it (kept locked meanwhile)."""
     try:
-        fd = os.open(part, os.O_RDONLY)
+        fd = _open_locking(path, os.O_RDONLY)
     except FileNotFoundError:
-        return False
+        yield False
+        return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
     except BlockingIOError:
-        return False
+        _close_locking(fd)
+        yield False
+        return
+    try:
+        yield True
     finally:
-        os.close(fd)
+        _close_locking(fd)
 
 
 def _wait_for(part: Path) -> None:
     """Block until the process downloading ``part`` renamed it or gave up."""
     try:
-        fd = os.open(part, os.O_RDONLY)
+        fd = _open_locking(part, os.O_RDONLY)
     except FileNotFoundError:
         return
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
     finally:
-        os.close(fd)
+        _close_locking(fd)
 
 
 def clear_cache(directory: Path) -> None:

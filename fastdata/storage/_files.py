@@ -93,6 +93,10 @@ class CachedFiles(ShardFiles):
         self._pid = os.getpid()
         self._lock = threading.Lock()
 
+    @property
+    def limit_bytes(self) -> int | None:
+        return self.cache.limit_bytes
+
     def where(self, file: str) -> str:
         return self.location.child(file)
 
@@ -112,10 +116,10 @@ class CachedFiles(ShardFiles):
     def prefetch(self, file: str, num_bytes: int, sha256: str) -> None:
         """Download the shard into the cache in a background thread of this process (not
         into memory when the cache is full; a failure is left to the read that needs it)."""
+        if self._pid != os.getpid():  # forked: the parent's threads and lock are not here
+            self._prefetching, self._pool, self._pid = {}, None, os.getpid()
+            self._lock = threading.Lock()
         with self._lock:
-            if self._pid != os.getpid():
-                self._prefetching, self._pool, self._pid = {}, None, os.getpid()
-                self._lock = threading.Lock()
             if sha256 in self._prefetching:
                 return
             if self._pool is None:

@@ -82,7 +82,11 @@ class FaultProxy:
             while (header := rfile.readline()) not in (b"\r\n", b"\n", b""):
                 name, _, value = header.decode("latin-1").partition(":")
                 headers.append((name.strip(), value.strip()))
-            length = int(dict((k.lower(), v) for k, v in headers).get("content-length", 0))
+            lowered = {k.lower(): v for k, v in headers}
+            if lowered.get("expect", "").lower() == "100-continue":
+                connection.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+                headers = [(k, v) for k, v in headers if k.lower() != "expect"]
+            length = int(lowered.get("content-length", 0))
             body = rfile.read(length) if length else b""
             fault = self._next_fault(method, target)
             if self.latency_s:

@@ -17,8 +17,7 @@ from fastdata.storage._backend import object_store
 from tests.storage._proxy import FaultProxy
 
 moto_server = pytest.importorskip("moto.server", reason="the test extra installs moto[server]")
-pytest.importorskip("obstore", reason="the [s3] extra installs obstore")
-boto3 = pytest.importorskip("boto3", reason="moto[server] installs boto3")
+boto3 = pytest.importorskip("boto3", reason="the [s3] extra installs boto3")
 
 _buckets = itertools.count()
 

@@ -16,6 +16,7 @@ from fastdata.storage._files import (
     shard_files,
 )
 from fastdata.storage._location import Location, RemoteLocation, is_url, parse_location
+from fastdata.storage._upload import RemoteOutput
 
 __all__ = [
     "CachedFiles",
@@ -23,6 +24,7 @@ __all__ = [
     "LocalFiles",
     "Location",
     "RemoteLocation",
+    "RemoteOutput",
     "ShardCache",
     "ShardFiles",
     "default_cache_dir",

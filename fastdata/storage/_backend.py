@@ -32,8 +32,13 @@ class ObjectStore(Protocol):
         """The object's size in bytes, ``None`` when there is no such object."""
         ...
 
-    def upload(self, path: Path, key: str) -> None:
-        """Store the file ``path`` as ``key`` (replaced whole, never seen half-written)."""
+    def upload(self, path: Path, key: str, metadata: dict[str, str] | None = None) -> None:
+        """Store the file ``path`` as ``key`` (replaced whole, never seen half-written),
+        with user ``metadata``."""
+        ...
+
+    def metadata(self, key: str) -> dict[str, str]:
+        """The user metadata stored with ``key`` (empty when there is no such object)."""
         ...
 
     def write_bytes(self, key: str, data: bytes) -> None:

@@ -106,12 +106,26 @@ class S3Store:
 
         return self._retrying("look up", key, head)
 
-    def upload(self, path: Path, key: str) -> None:
+    def upload(self, path: Path, key: str, metadata: dict[str, str] | None = None) -> None:
         def put() -> None:
             with open(path, "rb") as body:
-                self._client.put_object(Bucket=self.bucket, Key=key, Body=body)
+                self._client.put_object(
+                    Bucket=self.bucket, Key=key, Body=body, Metadata=metadata or {}
+                )
 
         self._retrying("upload", key, put)
+
+    def metadata(self, key: str) -> dict[str, str]:
+        def head() -> dict[str, str]:
+            try:
+                response = self._client.head_object(Bucket=self.bucket, Key=key)
+            except self._exceptions.ClientError as exc:
+                if _code(exc) in _MISSING:
+                    return {}
+                raise
+            return dict(response.get("Metadata", {}))
+
+        return self._retrying("look up", key, head)
 
     def write_bytes(self, key: str, data: bytes) -> None:
         self._retrying(

@@ -37,6 +37,7 @@ class FaultProxy:
         self.plan: list[str | None] = []
         self.repeat = False  # cycle through the plan instead of using it once
         self.gets: Counter[str] = Counter()
+        self.log: list[tuple[str, str]] = []  # (method, path) of every request, in order
         self.faults_sent: Counter[str] = Counter()
         self._lock = threading.Lock()
         proxy = self
@@ -61,6 +62,7 @@ class FaultProxy:
 
     def _next_fault(self, method: str, path: str) -> str | None:
         with self._lock:
+            self.log.append((method, path.split("?", maxsplit=1)[0]))
             if method == "GET":
                 self.gets[path.split("?", maxsplit=1)[0]] += 1
             if not self.plan or not self.match(method, path):
@@ -123,7 +125,9 @@ class FaultProxy:
             for name, value in reply:
                 if name.lower() not in ("connection", "transfer-encoding", "content-length"):
                     head += f"{name}: {value}\r\n"
-            head += f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+            length_header = response.getheader("Content-Length", "0")
+            announced = length_header if method == "HEAD" else str(len(payload))
+            head += f"Content-Length: {announced}\r\nConnection: close\r\n\r\n"
             connection.sendall(head.encode("latin-1") + sent)
             connection.close()
             return

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastdata import ShardDataset
+from fastdata import PreprocessOptions, ShardDataset
 from fastdata.cli import main
 from fastdata.preprocess import preprocess
 from tests.storage._proxy import FaultProxy
@@ -62,9 +62,7 @@ def test_preprocess_uploads_shards_then_the_manifest_and_reruns_resume(
     assert _puts(proxy) == ["index.json"]
 
 
-def _options():  # type: ignore[no-untyped-def]
-    from fastdata import PreprocessOptions
-
+def _options() -> PreprocessOptions:
     return PreprocessOptions(sizes=(16,), shard_bytes=int(0.002 * 2**20))
 
 

@@ -100,9 +100,11 @@ class StorageError(FastDataError):
 
     Attributes:
         transient: Whether the failure may pass on a later attempt (a 5xx, a reset).
+        corrupt: The body arrived damaged (the client's checksum of it disagreed).
     """
 
     transient: bool = False
+    corrupt: bool = False
 
 
 class InsufficientMemoryError(FastDataError):

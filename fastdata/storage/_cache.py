@@ -313,19 +313,23 @@ def _verified_download(
         try:
             count = write(store.stream(shard.key), digest.update)
         except StorageError as exc:
-            failures += 1
-            if not exc.transient or failures >= attempts:
-                raise
-            _backoff(failures, shard, str(exc))
-            continue
-        if count == shard.num_bytes and digest.hexdigest() == shard.sha256:
-            return
+            if not exc.corrupt:
+                failures += 1
+                if not exc.transient or failures >= attempts:
+                    raise
+                _backoff(failures, shard, str(exc))
+                continue
+            count, problem = -1, "the client's checksum of the body disagreed"
+        else:
+            if count == shard.num_bytes and digest.hexdigest() == shard.sha256:
+                return
+            problem = (
+                f"{count} bytes, the manifest records {shard.num_bytes}"
+                if count != shard.num_bytes
+                else f"SHA-256 {digest.hexdigest()[:12]}…, the manifest records "
+                f"{shard.sha256[:12]}…"
+            )
         wrong += 1
-        problem = (
-            f"{count} bytes, the manifest records {shard.num_bytes}"
-            if count != shard.num_bytes
-            else f"SHA-256 {digest.hexdigest()[:12]}…, the manifest records {shard.sha256[:12]}…"
-        )
         if wrong >= 2:
             raise ShardFormatError(
                 f"downloaded shard does not match the manifest twice ({problem}); the stored "

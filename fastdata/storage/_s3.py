@@ -205,6 +205,8 @@ class S3Store:
             return exc
         error = StorageError(f"cannot {what} s3://{self.bucket}/{key}: {self.reason(exc)}")
         error.transient = self.transient(exc)
+        # the client's own checksum of the body (CRC, when the store sent one) disagreed
+        error.corrupt = isinstance(exc, self._exceptions.FlexibleChecksumError)
         return error
 
 

@@ -176,7 +176,7 @@ class ShardReader:
         cache_limit: Bytes the cache folder may hold: an int or a string such as
             ``"200MB"``; default no limit. At least the largest shard.
         max_open_shards: Shards of a remote set one process keeps open (default 8, at
-            most half of what ``cache_limit`` holds).
+            most one less than ``cache_limit`` holds).
 
     Example:
         >>> reader = ShardReader("out/")                          # doctest: +SKIP
@@ -212,8 +212,8 @@ class ShardReader:
         if self.files.remote:
             limit = getattr(self.files, "limit_bytes", None)
             largest = max((s.num_bytes for s in self.manifest.shards), default=1)
-            if limit is not None:  # leave room for the other processes and the read-ahead
-                max_open_shards = max(1, min(max_open_shards, limit // max(largest, 1) // 2))
+            if limit is not None:  # leave room for one shard read ahead
+                max_open_shards = max(1, min(max_open_shards, limit // max(largest, 1) - 1))
             self.max_open_shards = max_open_shards
         counts = np.array([s.num_samples for s in self.manifest.shards], dtype=np.int64)
         self._starts = np.zeros(len(counts) + 1, dtype=np.int64)
@@ -317,8 +317,9 @@ class ShardReader:
             return
         limit = getattr(self.files, "limit_bytes", None)
         largest = max(info.num_bytes for info in self.manifest.shards)
-        if limit is not None:  # keep room for the shards in use: prefetch half the cache
-            window = max(1, min(window, limit // max(largest, 1) // 2))
+        if limit is not None:  # keep room for the shards in use (the processes of a node
+            # read the same window of shards, so they share them in the cache)
+            window = max(1, min(window, limit // max(largest, 1) - (self.max_open_shards or 0)))
         shard_ids, _ = self.locate(array)
         unique, first_use = np.unique(shard_ids, return_index=True)
         order = unique[np.argsort(first_use)].tolist()

@@ -22,6 +22,7 @@ from fastdata.errors import (
     OnError,
     PreprocessError,
     ShardFormatError,
+    StorageError,
 )
 
 if TYPE_CHECKING:
@@ -96,6 +97,7 @@ __all__ = [
     "ShardFormatError",
     "ShardReader",
     "ShardWriter",
+    "StorageError",
     "TuneResult",
     "__version__",
     "autotune",

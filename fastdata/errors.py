@@ -30,7 +30,10 @@ class ShardFormatError(FastDataError):
     """
 
     def __init__(self, message: str, path: str | Path, index: int | None = None) -> None:
-        self.path = Path(path)
+        from fastdata.storage import is_url  # noqa: PLC0415 (errors load first)
+
+        # a URL stays a string (a Path would fold its "//")
+        self.path: Path | str = path if isinstance(path, str) and is_url(path) else Path(path)
         self.index = index
         where = f"{self.path}" if index is None else f"{self.path} (sample {index})"
         super().__init__(f"{message}: {where}")
@@ -106,6 +109,20 @@ def _rebuild_decode_error(
 
 class PreprocessError(FastDataError):
     """A preprocessing job cannot run or cannot go on (bad source, bad options, full disk)."""
+
+
+class StorageError(FastDataError):
+    """An object store refused or failed a request (no such bucket, access denied, wrong
+    region, or a transient failure that outlasted the retries). The message is one line
+    and never holds credentials.
+
+    Attributes:
+        transient: Whether the failure may pass on a later attempt (a 5xx, a reset).
+        corrupt: The body arrived damaged (the client's checksum of it disagreed).
+    """
+
+    transient: bool = False
+    corrupt: bool = False
 
 
 class InsufficientMemoryError(FastDataError):

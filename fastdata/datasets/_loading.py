@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -87,20 +88,36 @@ def load_files(
 
 
 def load_shards(
-    path: str | Path, fields: Sequence[str], *, override_memory_check: bool, show_progress: bool
+    path: str | Path,
+    fields: Sequence[str],
+    *,
+    override_memory_check: bool,
+    show_progress: bool,
+    **cache: Any,
 ) -> RAMStore:
-    """Copy ``fields`` of every shard of a shard set into shared buffers."""
-    reader = ShardReader(path)
+    """Copy ``fields`` of every shard of a shard set into shared buffers (a remote set
+    through the cache: ``cache_dir``, ``cache_limit``)."""
+    reader = ShardReader(path, **cache)
     try:
         specs = [reader.field(name) for name in fields]
         n = len(reader)
         shards = range(len(reader.manifest.shards))
         counts = [info.num_samples for info in reader.manifest.shards]
-        packs = [
-            {spec.name: spec.field_kind.pack(reader.view(spec.name, s)) for spec in specs}
-            for s in shards
-        ]
-        sizes = {spec.name: sum(int(p[spec.name][0].nbytes) for p in packs) for spec in specs}
+
+        def packed(shard: int) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+            return {
+                spec.name: spec.field_kind.pack(reader.view(spec.name, shard)) for spec in specs
+            }
+
+        # Sizes first, then the copy, one shard at a time: a remote set's shards need not
+        # fit in its cache together (a set larger than the cache is then downloaded twice).
+        sizes = dict.fromkeys((spec.name for spec in specs), 0)
+        for s in shards:
+            for name, (payload, _) in packed(s).items():
+                sizes[name] += int(payload.nbytes)
+            if reader.files.remote:
+                reader.close()
+        packs = (packed(s) for s in shards)
         # fields whose samples vary in size keep their offsets
         indexed = [spec.name for spec in specs if not spec.field_kind.fixed_size]
         needed = sum(sizes.values()) + 8 * (n + 1) * len(indexed)

@@ -84,8 +84,8 @@ class ShardStore(Store):
     """Samples in a shard set, memory-mapped through a :class:`ShardReader` that opens its
     files lazily in each process (never inherited across ``fork``)."""
 
-    def __init__(self, path: str | Path, fields: Sequence[str]) -> None:
-        self.reader = ShardReader(path)
+    def __init__(self, path: str | Path, fields: Sequence[str], **cache: Any) -> None:
+        self.reader = ShardReader(path, **cache)  # cache: cache_dir, cache_limit (remote)
         self.specs = {name: self.reader.field(name) for name in fields}
 
     def __len__(self) -> int:
@@ -100,7 +100,7 @@ class ShardStore(Store):
     def source(self, index: int) -> str:
         segments, local = self.locate(np.array([index]))
         shard = self.reader.manifest.shards[int(segments[0])]
-        return f"{self.reader.root / shard.file}:{int(local[0])}"
+        return f"{self.reader.files.where(shard.file)}:{int(local[0])}"
 
     def close(self) -> None:
         self.reader.close()

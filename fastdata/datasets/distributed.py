@@ -27,7 +27,6 @@ import os
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence, Sized
-from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -94,7 +93,7 @@ def shard_sizes_of(source: object) -> list[int]:
     elif isinstance(getattr(source, "manifest", None), Manifest):
         sizes = [s.num_samples for s in source.manifest.shards]  # type: ignore[attr-defined]
     elif isinstance(source, str | os.PathLike):
-        sizes = [s.num_samples for s in load_manifest(Path(source)).shards]
+        sizes = [s.num_samples for s in load_manifest(source).shards]
     elif isinstance(source, Sequence) and all(isinstance(n, int | np.integer) for n in source):
         sizes = source
     elif isinstance(source, Sized):  # e.g. a RAMDataset: one "shard", nothing to keep local

@@ -108,16 +108,22 @@ class RAMDataset(BatchedDataset):
         *,
         check_memory: bool = True,
         show_progress: bool = True,
+        cache_dir: str | Path | None = None,
+        cache_limit: int | str | None = None,
         **options: Any,
     ) -> RAMDataset:
         """Load ``fields`` of a shard set into RAM (raw pixels stay raw, JPEG bytes stay
-        encoded). ``options`` are ``layout``, ``decode``, ``decode_min_side``,
-        ``on_error``, ``num_threads``, ``max_pixels``."""
+        encoded). ``path`` may be a URL such as ``s3://bucket/set/``: shards then come
+        through the cache ``cache_dir`` of at most ``cache_limit`` bytes, as for
+        :class:`ShardDataset`. ``options`` are ``layout``, ``decode``,
+        ``decode_min_side``, ``on_error``, ``num_threads``, ``max_pixels``."""
         store = load_shards(
             path,
             known_fields(path, fields),
             override_memory_check=not check_memory,
             show_progress=show_progress,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
         )
         return cls._wrap(store, fields, transform, options)
 

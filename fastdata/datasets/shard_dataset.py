@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,10 @@ class ShardDataset(BatchedDataset):
     shards, worker processes that decode.
 
     Args:
-        path: The shard folder (or its ``index.json``).
+        path: The shard folder (or its ``index.json``), or a URL such as
+            ``s3://bucket/set/`` (shards downloaded whole into a local cache, checked
+            against the manifest's SHA-256, then read like local ones; see the object
+            storage guide).
         fields: Fields to return, in order. The first is the one ``transform`` applies to.
         transform: A :class:`~fastdata.transforms.BatchTransform` (applied once per batch
             to ``(B, H, W, C)`` uint8), or any callable applied per sample to a
@@ -54,6 +57,11 @@ class ShardDataset(BatchedDataset):
         check_memory: With ``in_memory``, refuse to load more than the available memory
             (``False`` loads anyway).
         show_progress: Progress bar while loading into memory.
+        cache_dir: Cache folder of a remote set, shared by the processes of a node
+            (default: ``$FASTDATA_CACHE_DIR``, else the user cache folder).
+        cache_limit: Bytes the cache folder may hold: an int or a string with a unit
+            (``"200MB"``, ``"1.5GiB"``); default no limit. It holds at every moment; below
+            the largest shard it is refused.
 
     Raises:
         TypeError: ``transform`` is not callable, or ``layout`` is not a string.
@@ -83,16 +91,23 @@ class ShardDataset(BatchedDataset):
         in_memory: bool = False,
         check_memory: bool = True,
         show_progress: bool = True,
+        cache_dir: str | Path | None = None,
+        cache_limit: int | str | None = None,
     ) -> None:
         if isinstance(fields, str) or not fields:
             raise ValueError(f"fields must be a non-empty sequence of field names, got {fields!r}")
-        shards = ShardStore(path, known_fields(path, fields))
+        cache = {"cache_dir": cache_dir, "cache_limit": cache_limit}
+        shards = ShardStore(path, known_fields(path, fields), **cache)
         self.manifest = shards.reader.manifest
         store: Store = shards
         if in_memory:
             shards.close()
             store = load_shards(
-                path, fields, override_memory_check=not check_memory, show_progress=show_progress
+                path,
+                fields,
+                override_memory_check=not check_memory,
+                show_progress=show_progress,
+                **cache,
             )
         super().__init__(
             store,
@@ -104,6 +119,15 @@ class ShardDataset(BatchedDataset):
             on_error=on_error,
             num_threads=num_threads,
         )
+
+    def read_ahead(self, indices: Sequence[int] | Any) -> Iterator[int]:
+        """Yield ``indices`` (an epoch's order) while the shards they need are downloaded
+        ahead into the cache (a remote set; a local one yields them at once).
+        :class:`ShardAwareDistributedSampler` calls it; a custom sampler can too."""
+        store = self.store
+        if isinstance(store, ShardStore):
+            return store.reader.read_ahead(indices)
+        return iter(list(indices))
 
     @property
     def class_names(self) -> list[str]:

@@ -12,6 +12,7 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,9 @@ from fastdata.shards import (
     MANIFEST_NAME,
     FieldSpec,
     Manifest,
+    load_manifest,
 )
+from fastdata.storage import RemoteOutput, parse_location
 
 _PATH_BYTES_ESTIMATE = 64
 # Shards one job writes at most: a million 64 MiB shards is 64 TiB (index.json lists them
@@ -166,7 +169,21 @@ def preprocess(
         raise TypeError(f"options must be a PreprocessOptions, got {type(options).__name__}")
     if engine is None:
         engine = LocalEngine(usable_cpus() if workers is None else workers)
-    root = Path(out).absolute()
+    # a URL of an unsupported scheme is refused by parse_location, an s3:// one here
+    if isinstance(src, (str, os.PathLike)) and not isinstance(parse_location(src, "src"), Path):
+        raise ValueError(
+            f"src {str(src)!r}: reading the source from object storage is not supported; "
+            "copy it to a local folder first (the output can be s3://)"
+        )
+    out_location = parse_location(out, "out")
+    # object storage: the job runs in a local staging folder and uploads as shards land
+    remote = None
+    if isinstance(out_location, Path):
+        root = out_location.absolute()
+    else:
+        remote = RemoteOutput(out_location)
+        root = remote.staging
+        root.mkdir(parents=True, exist_ok=True)
     loader = None
     if isinstance(src, (str, os.PathLike)):
         listing = list_source(
@@ -203,7 +220,7 @@ def preprocess(
     record: dict[str, Any] = {"options": options.to_json(), "fingerprint": listing.fingerprint()}
     job_id = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
     with exclusive(root):
-        return _run_job(
+        summary = _run_job(
             root,
             listing=listing,
             fields=fields,
@@ -216,7 +233,12 @@ def preprocess(
             show_progress=show_progress,
             started=started,
             loader=loader,
+            landed=None if remote is None else remote.shard_done,
         )
+        if remote is not None:  # what an earlier run left unsent, then the manifest
+            shards = load_manifest(root).shards
+            remote.finish([(info.file, info.num_bytes, info.sha256) for info in shards])
+        return summary
 
 
 def _run_job(
@@ -233,8 +255,10 @@ def _run_job(
     show_progress: bool,
     started: float,
     loader: SampleLoader | None,
+    landed: Callable[[Path, int, str], None] | None = None,
 ) -> PreprocessSummary:
-    """The job, run while holding the output folder's lock."""
+    """The job, run while holding the output folder's lock; ``landed(path, num_bytes,
+    sha256)`` is called with each shard once it is complete."""
     complete = prepare_out(
         root,
         {**record, "num_inputs": len(listing.items)},
@@ -260,6 +284,8 @@ def _run_job(
             write_or_fail(root / JOB_DIR / f"{result.info.file}.json", result.to_json())
             done[result.index] = result
             phase.landed(result.info.file)
+            if landed is not None:
+                landed(root / result.info.file, result.info.num_bytes, result.info.sha256)
     finally:
         bar.close()
     _check_something_stored(tasks, done)

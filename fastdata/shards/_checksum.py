@@ -10,7 +10,8 @@ from pathlib import Path
 from fastdata._progress import progress_bar
 from fastdata.errors import ShardFormatError
 from fastdata.shards._schema import Manifest, ShardInfo, load_manifest
-from fastdata.shards.reader import open_shard
+from fastdata.shards.reader import OpenShard, open_shard
+from fastdata.storage import HeldShard, LocalFiles, ShardFiles, shard_files
 
 _BLOCK_BYTES = 8 << 20
 
@@ -62,17 +63,18 @@ def verify_shards(root: str | Path, *, show_progress: bool = True) -> list[Verif
     Raises:
         ShardFormatError: The manifest is missing or malformed.
     """
-    root = Path(root)
     manifest = load_manifest(root)
-    if root.suffix == ".json":
-        root = root.parent
+    files = shard_files(root)
     problems: list[VerifyProblem] = []
     # Bytes, not shards: one shard is up to a GiB, seconds of hashing.
     total = sum(info.num_bytes for info in manifest.shards)
     bar = progress_bar(total=total, desc="verify", unit="B", enabled=show_progress)
     try:
         for info in manifest.shards:
-            reason = _problem(root / info.file, info, manifest, bar.update)
+            if isinstance(files, LocalFiles):
+                reason = _problem(files.root / info.file, info, manifest, bar.update)
+            else:
+                reason = _remote_problem(files, info, manifest, bar.update)
             if reason is not None:
                 problems.append(VerifyProblem(info.file, reason))
     finally:
@@ -101,3 +103,27 @@ def _problem(
         return None
     advance(info.num_bytes)
     return reason
+
+
+def _remote_problem(
+    files: ShardFiles, info: ShardInfo, manifest: Manifest, advance: Callable[[int], object]
+) -> str | None:
+    """As :func:`_problem`, for a shard in object storage: its bytes are read into memory
+    (one shard at a time; nothing is cached) and checked there."""
+    try:
+        data = files.read_bytes(info.file)
+    except FileNotFoundError:
+        advance(info.num_bytes)
+        return "missing"
+    advance(info.num_bytes)
+    if len(data) != info.num_bytes:
+        return f"size {len(data)} bytes, expected {info.num_bytes}"
+    if (digest := hashlib.sha256(data).hexdigest()) != info.sha256:
+        return f"sha256 {digest[:12]}…, expected {info.sha256[:12]}…"
+    where = files.where(info.file)
+    try:
+        held = HeldShard(Path(info.file), data=data)
+        OpenShard(Path(info.file), info, manifest.fields, False, held).close()
+    except ShardFormatError as exc:
+        return str(exc).removesuffix(f": {info.file}").removesuffix(f": {where}")
+    return None

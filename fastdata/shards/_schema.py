@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -14,6 +15,7 @@ from fastdata._files import write_json_atomic
 from fastdata.errors import ShardFormatError
 from fastdata.shards._field_kind import NUMERIC_KINDS, FieldKind
 from fastdata.shards._kinds import kind_class
+from fastdata.storage import parse_location, read_file
 
 FORMAT_NAME = "fastdata-shards"
 FORMAT_VERSION = 1
@@ -305,18 +307,33 @@ def manifest_path(root: str | Path) -> Path:
     return root if root.name == MANIFEST_NAME else root / MANIFEST_NAME
 
 
-def load_manifest(root: str | Path) -> Manifest:
+def load_manifest(root: str | os.PathLike[str]) -> Manifest:
     """Read ``index.json`` of a shard set (``root`` is the folder or the manifest itself)."""
-    path = manifest_path(root)
-    if not path.is_file():
-        raise ShardFormatError(
-            "no shard manifest found (is this the OUT folder of `fastdata preprocess`?)", path
-        )
+    location = parse_location(root, "path")
+    if isinstance(location, Path):
+        path = manifest_path(location)
+        if not path.is_file():
+            raise ShardFormatError(
+                "no shard manifest found (is this the OUT folder of `fastdata preprocess`?)", path
+            )
+        where: str | Path = path
+        reading = path.read_bytes
+    else:
+        where = location.child(MANIFEST_NAME)
+
+        def reading() -> bytes:
+            try:
+                return read_file(location, MANIFEST_NAME)[0]
+            except FileNotFoundError as exc:
+                raise ShardFormatError(
+                    "no shard manifest found (is this the OUT of `fastdata preprocess`?)", where
+                ) from exc
+
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(reading())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ShardFormatError(f"unreadable manifest ({exc})", path) from exc
-    return Manifest.from_json(data, path)
+        raise ShardFormatError(f"unreadable manifest ({exc})", where) from exc
+    return Manifest.from_json(data, where)
 
 
 def save_manifest(root: str | Path, manifest: Manifest) -> Path:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from fastdata.shards._schema import (
     ShardInfo,
     load_manifest,
 )
+from fastdata.storage import HeldShard, LocalFiles, shard_files
 
 
 class OpenShard:
@@ -34,12 +36,25 @@ class OpenShard:
     """
 
     def __init__(
-        self, path: Path, info: ShardInfo, fields: Sequence[FieldSpec], use_mmap: bool
+        self,
+        path: Path,
+        info: ShardInfo,
+        fields: Sequence[FieldSpec],
+        use_mmap: bool,
+        held: HeldShard | None = None,
     ) -> None:
         self.path = path
-        self.file_bytes = _check_file(path, info)
+        # the file (or, from a full cache, the bytes) held until close()
+        self.held = held
+        self.data = None if held is None else held.data
+        if self.data is None:
+            self.file_bytes = _check_file(path, info)
+        elif len(self.data) != info.num_bytes:  # pragma: no cover (checked when downloaded)
+            raise ShardFormatError(f"shard is {len(self.data)} bytes, not {info.num_bytes}", path)
+        else:
+            self.file_bytes = len(self.data)
         try:
-            self.h5 = h5py.File(path, "r")
+            self.h5 = h5py.File(path if self.data is None else io.BytesIO(self.data), "r")
         except OSError as exc:
             raise ShardFormatError(f"cannot open shard ({exc})", path) from exc
         # field name -> what its kind's open() returned (mapped arrays where it can)
@@ -71,6 +86,9 @@ class OpenShard:
                         f"dataset {ds.name!r} lies past the end of the file "
                         f"({offset + ds.nbytes} > {self.file_bytes} bytes)"
                     )
+                if self.data is not None:  # in memory: a view of the bytes, no copy
+                    flat = np.frombuffer(self.data, ds.dtype, ds.size, offset)
+                    return flat.reshape(ds.shape)
                 mapped = np.memmap(self.path, ds.dtype, "r", offset=offset, shape=ds.shape)
                 return mapped.view(np.ndarray)
         return ds
@@ -78,6 +96,8 @@ class OpenShard:
     def close(self) -> None:
         self.views.clear()
         self.h5.close()
+        if self.held is not None:
+            self.held.release()
 
 
 def open_shard(
@@ -144,9 +164,19 @@ class ShardReader:
     pickled or forked into DataLoader workers opens its own handles there. Uncompressed
     array fields are memory-mapped (a sample is then one memory copy, not an HDF5 call).
 
+    A shard set in object storage (``s3://bucket/prefix``) is read through a local cache
+    (see :func:`fastdata.storage.shard_files`): each shard is downloaded whole, checked
+    against the manifest's SHA-256, then memory-mapped like a local one. A reader then
+    keeps at most ``max_open_shards`` shards open (held in the cache) per process.
+
     Args:
-        root: The shard folder (or its ``index.json``).
+        root: The shard folder (or its ``index.json``), or a URL such as ``s3://bucket/set/``.
         use_mmap: Memory-map contiguous datasets (default). ``False`` reads through h5py.
+        cache_dir: Cache folder of a remote set (default: the user cache folder).
+        cache_limit: Bytes the cache folder may hold: an int or a string such as
+            ``"200MB"``; default no limit. At least the largest shard.
+        max_open_shards: Shards of a remote set one process keeps open (default 8, at
+            most one less than ``cache_limit`` holds).
 
     Example:
         >>> reader = ShardReader("out/")                          # doctest: +SKIP
@@ -154,11 +184,37 @@ class ShardReader:
         >>> batch = reader.read_batch("image", [5, 1, 9])         # (3, H, W, C) uint8
     """
 
-    def __init__(self, root: str | Path, *, use_mmap: bool = True) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        use_mmap: bool = True,
+        cache_dir: str | Path | None = None,
+        cache_limit: int | str | None = None,
+        max_open_shards: int = 8,
+    ) -> None:
         self.manifest: Manifest = load_manifest(root)
-        root = Path(root)
-        self.root = root.parent if root.suffix == ".json" else root
+        self.files = shard_files(
+            root,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
+            largest_shard_bytes=max((s.num_bytes for s in self.manifest.shards), default=0),
+        )
+        self.root: Path | str = (
+            self.files.root if isinstance(self.files, LocalFiles) else self.files.where("")
+        )
         self.use_mmap = use_mmap
+        if isinstance(max_open_shards, bool) or not isinstance(max_open_shards, int):
+            raise TypeError(f"max_open_shards must be an int, got {max_open_shards!r}")
+        if max_open_shards < 1:
+            raise ValueError(f"max_open_shards must be >= 1, got {max_open_shards}")
+        self.max_open_shards: int | None = None  # local: every shard stays mapped
+        if self.files.remote:
+            limit = getattr(self.files, "limit_bytes", None)
+            largest = max((s.num_bytes for s in self.manifest.shards), default=1)
+            if limit is not None:  # leave room for one shard read ahead
+                max_open_shards = max(1, min(max_open_shards, limit // max(largest, 1) - 1))
+            self.max_open_shards = max_open_shards
         counts = np.array([s.num_samples for s in self.manifest.shards], dtype=np.int64)
         self._starts = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(counts, out=self._starts[1:])
@@ -236,12 +292,46 @@ class ShardReader:
         if self._pid != os.getpid():  # forked: handles of the parent must not be used here
             self._open = {}
             self._pid = os.getpid()
-        shard = self._open.get(shard_id)
+        shard = self._open.pop(shard_id, None)
         if shard is None:
+            if self.max_open_shards is not None:  # remote: let the cache evict others
+                while len(self._open) >= self.max_open_shards:
+                    self._open.pop(next(iter(self._open))).close()
             info = self.manifest.shards[shard_id]
-            shard = OpenShard(self.root / info.file, info, self.manifest.fields, self.use_mmap)
-            self._open[shard_id] = shard
+            held = self.files.acquire(info.file, info.num_bytes, info.sha256)
+            try:
+                shard = OpenShard(held.path, info, self.manifest.fields, self.use_mmap, held)
+            except BaseException:
+                held.release()
+                raise
+        self._open[shard_id] = shard  # most recently used last
         return shard
+
+    def read_ahead(self, indices: Sequence[int] | np.ndarray, window: int = 4) -> Iterator[int]:
+        """Yield ``indices`` while the shards they read are fetched ahead, ``window``
+        shards beyond the current one, in the order of their first use (remote sets; a
+        local set yields them at once). Samplers call this with an epoch's order."""
+        array = np.asarray(indices, dtype=np.int64)
+        if not self.files.remote or array.size == 0:
+            yield from array.tolist()
+            return
+        limit = getattr(self.files, "limit_bytes", None)
+        largest = max(info.num_bytes for info in self.manifest.shards)
+        if limit is not None:  # keep room for the shards in use (the processes of a node
+            # read the same window of shards, so they share them in the cache)
+            window = max(1, min(window, limit // max(largest, 1) - (self.max_open_shards or 0)))
+        shard_ids, _ = self.locate(array)
+        unique, first_use = np.unique(shard_ids, return_index=True)
+        order = unique[np.argsort(first_use)].tolist()
+        starts = np.sort(first_use)
+        fetched = 0
+        for position, index in enumerate(array.tolist()):
+            due = min(len(order), int(np.searchsorted(starts, position, "right")) + window)
+            while fetched < due:
+                info = self.manifest.shards[order[fetched]]
+                self.files.prefetch(info.file, info.num_bytes, info.sha256)
+                fetched += 1
+            yield index
 
     def close(self) -> None:
         """Close every open file of this process (reopened on the next read)."""

@@ -188,3 +188,20 @@ def test_the_console_command_prints_no_traceback(sources: Path, tmp_path: Path) 
     assert done.stderr == (
         "fastdata preprocess: error: argument --shard-mb: must be a number > 0, got 'nan'\n"
     )
+
+
+@pytest.mark.parametrize("url", ["gs://bucket/set/", "ftp://host/set", "HTTPS://host/set/"])
+def test_preprocess_refuses_a_url_of_an_unsupported_scheme(
+    sources: Path,
+    tmp_path: Path,
+    url: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)  # a URL taken for a path would create a folder here
+    line = _usage_error(["preprocess", str(sources / "images"), url, "-q"], capsys)
+    assert f"out {url!r} has the scheme" in line and "is not supported" in line
+    assert list(tmp_path.iterdir()) == []
+    line = _usage_error(["preprocess", url, str(tmp_path / "o"), "-q"], capsys)
+    assert f"src {url!r} has the scheme" in line
+    assert list(tmp_path.iterdir()) == []

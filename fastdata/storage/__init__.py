@@ -1,0 +1,36 @@
+"""Where shard sets live: local paths, or object stores reached by URL scheme.
+
+The one package of the library that knows URLs: a location resolves to a local path
+(read in place, memory-mapped) or to a remote location whose shards are downloaded
+whole into a bounded, verified local cache shared by the processes of a node.
+"""
+
+from __future__ import annotations
+
+from fastdata.storage._cache import HeldShard, ShardCache, default_cache_dir, parse_bytes
+from fastdata.storage._files import (
+    CachedFiles,
+    LocalFiles,
+    ShardFiles,
+    read_file,
+    shard_files,
+)
+from fastdata.storage._location import Location, RemoteLocation, is_url, parse_location
+from fastdata.storage._upload import RemoteOutput
+
+__all__ = [
+    "CachedFiles",
+    "HeldShard",
+    "LocalFiles",
+    "Location",
+    "RemoteLocation",
+    "RemoteOutput",
+    "ShardCache",
+    "ShardFiles",
+    "default_cache_dir",
+    "is_url",
+    "parse_bytes",
+    "parse_location",
+    "read_file",
+    "shard_files",
+]

@@ -1,0 +1,86 @@
+"""The small interface every object-store client implements, and the registry by scheme."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Protocol
+
+from fastdata.storage._location import SCHEMES, RemoteLocation
+
+
+class ObjectStore(Protocol):
+    """Whole-object reads and writes in one bucket, by key.
+
+    Implementations retry transient failures themselves (with backoff and a timeout) and
+    raise :class:`~fastdata.errors.StorageError` (one line, no credentials) for the rest;
+    a missing object is ``FileNotFoundError``.
+    """
+
+    def read_bytes(self, key: str) -> bytes:
+        """The whole object."""
+        ...
+
+    def stream(self, key: str) -> Iterator[memoryview]:
+        """The object's bytes in chunks, as they arrive (one request)."""
+        ...
+
+    def size(self, key: str) -> int | None:
+        """The object's size in bytes, ``None`` when there is no such object."""
+        ...
+
+    def upload(self, path: Path, key: str, metadata: dict[str, str] | None = None) -> None:
+        """Store the file ``path`` as ``key`` (replaced whole, never seen half-written),
+        with user ``metadata``."""
+        ...
+
+    def metadata(self, key: str) -> dict[str, str]:
+        """The user metadata stored with ``key`` (empty when there is no such object)."""
+        ...
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        """Store ``data`` as ``key``."""
+        ...
+
+    def list(self, prefix: str) -> dict[str, int]:
+        """``{key: size}`` of every object under ``prefix``."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Remove ``key`` (no error when it is absent)."""
+        ...
+
+
+# one client per (scheme, bucket) and process: clients hold connection pools and threads,
+# which neither pickle nor survive a fork
+_clients: dict[tuple[int, str, str], ObjectStore] = {}
+_clients_lock = threading.Lock()
+
+
+def _forget_clients() -> None:  # a forked child starts with no client and a free lock
+    global _clients_lock  # noqa: PLW0603 (replaced, not shared: the parent's may be held)
+    _clients.clear()
+    _clients_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_clients)
+
+
+def object_store(location: RemoteLocation) -> ObjectStore:
+    """The client of ``location``'s bucket in this process (created on first use).
+
+    Raises:
+        ModuleNotFoundError: The scheme's client library is missing (names the pip command).
+    """
+    key = (os.getpid(), location.scheme, location.bucket)
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            module, _, name = SCHEMES[location.scheme].partition(":")
+            factory: Callable[[str], ObjectStore] = getattr(importlib.import_module(module), name)
+            client = factory(location.bucket)
+            _clients[key] = client
+    return client

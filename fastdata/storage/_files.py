@@ -1,0 +1,179 @@
+"""A shard set's files as local files: read in place, or through the cache of a node."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from fastdata.storage._backend import object_store
+from fastdata.storage._cache import (
+    HeldShard,
+    RemoteShard,
+    ShardCache,
+    default_cache_dir,
+    parse_bytes,
+)
+from fastdata.storage._location import RemoteLocation, parse_location
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_NAME = "index.json"
+_PREFETCH_THREADS = 4
+
+
+def read_file(root: str | os.PathLike[str] | RemoteLocation, name: str) -> tuple[bytes, str]:
+    """The bytes of file ``name`` of a shard set, and where they came from (for messages).
+
+    Raises:
+        FileNotFoundError: There is no such file (object).
+        OSError, StorageError: It cannot be read.
+    """
+    location = parse_location(root)
+    if isinstance(location, Path):
+        path = location / name
+        return path.read_bytes(), str(path)
+    return object_store(location).read_bytes(location.key(name)), location.child(name)
+
+
+class ShardFiles:
+    """Where a reader finds each shard of a set as a local file (see :func:`shard_files`)."""
+
+    remote = False
+
+    def where(self, file: str) -> str:
+        """The shard file's path or URL, for messages."""
+        raise NotImplementedError
+
+    def acquire(self, file: str, num_bytes: int, sha256: str) -> HeldShard:
+        """The shard, held for reading until :meth:`HeldShard.release`."""
+        raise NotImplementedError
+
+    def prefetch(self, file: str, num_bytes: int, sha256: str) -> None:
+        """Start getting the shard ahead of its use (nothing to do for local files)."""
+
+    def read_bytes(self, file: str) -> bytes:
+        """The file's whole current content, unchecked and uncached (for verification).
+
+        Raises:
+            FileNotFoundError: There is no such file.
+        """
+        raise NotImplementedError
+
+
+class LocalFiles(ShardFiles):
+    """A shard folder on a local (or network) file system: its files, read in place."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def where(self, file: str) -> str:
+        return str(self.root / file)
+
+    def acquire(self, file: str, num_bytes: int, sha256: str) -> HeldShard:
+        return HeldShard(self.root / file)
+
+    def read_bytes(self, file: str) -> bytes:
+        return (self.root / file).read_bytes()
+
+
+class CachedFiles(ShardFiles):
+    """A shard set in an object store, read through a node's :class:`ShardCache`."""
+
+    remote = True
+
+    def __init__(self, location: RemoteLocation, cache: ShardCache) -> None:
+        self.location = location
+        self.cache = cache
+        self._prefetching: dict[str, Future[Any]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    @property
+    def limit_bytes(self) -> int | None:
+        return self.cache.limit_bytes
+
+    def where(self, file: str) -> str:
+        return self.location.child(file)
+
+    def _shard(self, file: str, num_bytes: int, sha256: str) -> RemoteShard:
+        return RemoteShard(self.location.child(file), self.location.key(file), num_bytes, sha256)
+
+    def acquire(self, file: str, num_bytes: int, sha256: str) -> HeldShard:
+        shard = self._shard(file, num_bytes, sha256)
+        held = self.cache.fetch(object_store(self.location), shard, memory_fallback=True)
+        if held is None:  # pragma: no cover (with memory_fallback the cache always answers)
+            raise RuntimeError(f"no copy of {shard.url}")
+        return held
+
+    def read_bytes(self, file: str) -> bytes:
+        return object_store(self.location).read_bytes(self.location.key(file))
+
+    def prefetch(self, file: str, num_bytes: int, sha256: str) -> None:
+        """Download the shard into the cache in a background thread of this process (not
+        into memory when the cache is full; a failure is left to the read that needs it)."""
+        if self._pid != os.getpid():  # forked: the parent's threads and lock are not here
+            self._prefetching, self._pool, self._pid = {}, None, os.getpid()
+            self._lock = threading.Lock()
+        with self._lock:
+            if sha256 in self._prefetching:
+                return
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(_PREFETCH_THREADS, "fastdata-prefetch")
+            shard = self._shard(file, num_bytes, sha256)
+            self._prefetching[sha256] = self._pool.submit(self._prefetch, shard)
+
+    def _prefetch(self, shard: RemoteShard) -> None:
+        try:
+            held = self.cache.fetch(object_store(self.location), shard, memory_fallback=False)
+        except Exception as exc:  # the read that needs the shard reports it
+            logger.info("prefetch of %s failed: %s", shard.url, exc)
+            held = None
+        finally:
+            with self._lock:
+                self._prefetching.pop(shard.sha256, None)
+        if held is not None:
+            held.release()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"location": self.location, "cache": self.cache}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["location"], state["cache"])  # type: ignore[misc]
+
+
+def shard_files(
+    root: str | os.PathLike[str],
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit: int | str | None = None,
+    largest_shard_bytes: int = 0,
+) -> ShardFiles:
+    """The files of the shard set at ``root`` (a folder, its ``index.json``, or a URL).
+
+    Args:
+        cache_dir: The cache folder of remote shards; default :func:`default_cache_dir`.
+            Ignored for a local set.
+        cache_limit: Bytes the cache folder may hold: an int, or a string with a unit
+            (``"200MB"``, ``"1.5GiB"``); default no limit. Ignored for a local set.
+        largest_shard_bytes: The largest shard, which the limit must hold.
+
+    Raises:
+        ValueError: ``cache_limit`` is below one shard, or not a byte count.
+    """
+    location = parse_location(root)
+    if isinstance(location, Path):
+        return LocalFiles(location.parent if location.name == MANIFEST_NAME else location)
+    limit = None if cache_limit is None else parse_bytes(cache_limit, "cache_limit")
+    if limit is not None and limit < largest_shard_bytes:
+        raise ValueError(
+            f"cache_limit {cache_limit!r} ({limit} bytes) is smaller than the largest shard "
+            f"of {location.url} ({largest_shard_bytes} bytes): allow at least one shard, "
+            "better a few"
+        )
+    directory = default_cache_dir() if cache_dir is None else Path(cache_dir)
+    return CachedFiles(location, ShardCache(directory, limit))

@@ -1,0 +1,224 @@
+"""S3-protocol object stores (AWS S3, MinIO, Ceph, R2, ...) through boto3.
+
+Configuration is boto3's standard chain: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/
+``AWS_SESSION_TOKEN``, ``AWS_PROFILE`` and ``~/.aws/config``, ``AWS_REGION``/
+``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL`` (an S3-compatible store, or a local server over
+``http://``), web identity, container and instance credentials.
+
+Each process creates its own client (DataLoader workers are forked: a client, or any
+client library with its own threads, does not survive a fork). Every request has a
+timeout and is retried with exponential backoff on transient errors (5xx, throttling,
+resets, truncated bodies); the rest is one line of :class:`~fastdata.errors.StorageError`
+that never holds credentials.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fastdata._optional import import_optional
+from fastdata.errors import StorageError
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+# Environment knobs, read when a process creates its client (workers inherit them).
+ATTEMPTS_ENV = "FASTDATA_STORAGE_ATTEMPTS"  # attempts of a request, default 5
+TIMEOUT_ENV = "FASTDATA_STORAGE_TIMEOUT_S"  # connect and read timeout, default 60 s
+_SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+_CHUNK_BYTES = 1 << 20
+
+# S3 error codes that retrying cannot fix -> what the user reads
+_WRONG_REGION = "wrong region: the bucket is in another region (set AWS_REGION)"
+_DENIED = "access denied (check the credentials and the bucket policy)"
+_PERMANENT = {
+    "NoSuchBucket": "no such bucket",
+    "AccessDenied": _DENIED,
+    "AllAccessDisabled": _DENIED,
+    "403": _DENIED,
+    "Forbidden": _DENIED,
+    "InvalidAccessKeyId": "the access key id is not known to this endpoint",
+    "SignatureDoesNotMatch": "the secret key does not match the access key id",
+    "ExpiredToken": "the session token has expired",
+    "PermanentRedirect": _WRONG_REGION,
+    "301": _WRONG_REGION,
+    "AuthorizationHeaderMalformed": _WRONG_REGION,
+    "IllegalLocationConstraintException": _WRONG_REGION,
+    "InvalidBucketName": "invalid bucket name",
+}
+_MISSING = {"NoSuchKey", "404", "NotFound"}
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else default
+
+
+class S3Store:
+    """One bucket of an S3-protocol store (see the module docstring)."""
+
+    def __init__(self, bucket: str) -> None:
+        boto3 = import_optional("boto3", "reading s3:// locations")
+        config = import_optional("botocore.config", "reading s3:// locations")
+        self._exceptions = import_optional("botocore.exceptions", "reading s3:// locations")
+        self.bucket = bucket
+        self.attempts = _env_int(ATTEMPTS_ENV, 5)
+        timeout_s = _env_int(TIMEOUT_ENV, 60)
+        self._client = boto3.session.Session().client(
+            "s3",
+            config=config.Config(
+                connect_timeout=min(timeout_s, 10),
+                read_timeout=timeout_s,
+                # retried here, whole requests with their bodies (a body can fail midway)
+                retries={"max_attempts": 1, "mode": "standard"},
+                max_pool_connections=16,
+            ),
+        )
+
+    # -- the ObjectStore interface -------------------------------------------------------
+    def read_bytes(self, key: str) -> bytes:
+        return self._retrying("read", key, lambda: self._get(key).read())
+
+    def stream(self, key: str) -> Iterator[memoryview]:
+        try:
+            body = self._get(key)
+            for chunk in body.iter_chunks(_CHUNK_BYTES):
+                yield memoryview(chunk)
+        except Exception as exc:
+            raise self._error("read", key, exc) from None
+
+    def size(self, key: str) -> int | None:
+        def head() -> int | None:
+            try:
+                return int(self._client.head_object(Bucket=self.bucket, Key=key)["ContentLength"])
+            except self._exceptions.ClientError as exc:
+                if _code(exc) in _MISSING:
+                    return None
+                raise
+
+        return self._retrying("look up", key, head)
+
+    def upload(self, path: Path, key: str, metadata: dict[str, str] | None = None) -> None:
+        def put() -> None:
+            with open(path, "rb") as body:
+                self._client.put_object(
+                    Bucket=self.bucket, Key=key, Body=body, Metadata=metadata or {}
+                )
+
+        self._retrying("upload", key, put)
+
+    def metadata(self, key: str) -> dict[str, str]:
+        def head() -> dict[str, str]:
+            try:
+                response = self._client.head_object(Bucket=self.bucket, Key=key)
+            except self._exceptions.ClientError as exc:
+                if _code(exc) in _MISSING:
+                    return {}
+                raise
+            return dict(response.get("Metadata", {}))
+
+        return self._retrying("look up", key, head)
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        self._retrying(
+            "write", key, lambda: self._client.put_object(Bucket=self.bucket, Key=key, Body=data)
+        )
+
+    def list(self, prefix: str) -> dict[str, int]:
+        def listing() -> dict[str, int]:
+            found: dict[str, int] = {}
+            pages = self._client.get_paginator("list_objects_v2")
+            for page in pages.paginate(Bucket=self.bucket, Prefix=prefix):
+                for item in page.get("Contents", ()):
+                    found[str(item["Key"])] = int(item["Size"])
+            return found
+
+        return self._retrying("list", prefix, listing)
+
+    def delete(self, key: str) -> None:
+        self._retrying(
+            "delete", key, lambda: self._client.delete_object(Bucket=self.bucket, Key=key)
+        )
+
+    def _get(self, key: str) -> Any:
+        try:
+            return self._client.get_object(Bucket=self.bucket, Key=key)["Body"]
+        except self._exceptions.ClientError as exc:
+            if _code(exc) in _MISSING:
+                raise FileNotFoundError(f"no such object: s3://{self.bucket}/{key}") from None
+            raise
+
+    # -- retries and errors --------------------------------------------------------------
+    def transient(self, exc: BaseException) -> bool:
+        """Whether retrying ``exc`` may succeed (not refusals, missing objects, bad config)."""
+        if isinstance(exc, FileNotFoundError | StorageError):
+            return False
+        if isinstance(exc, self._exceptions.ClientError):
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            return _code(exc) not in _PERMANENT and (status >= 500 or status in (408, 429))
+        return not isinstance(
+            exc, self._exceptions.NoCredentialsError | self._exceptions.ParamValidationError
+        )
+
+    def _retrying(self, what: str, key: str, call: Callable[[], _T]) -> _T:
+        """``call()``, retried with exponential backoff and jitter on transient errors."""
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return call()
+            except FileNotFoundError:
+                raise
+            except Exception as exc:
+                if attempt == self.attempts or not self.transient(exc):
+                    raise self._error(what, key, exc) from None
+                delay = min(5.0, 0.1 * 2 ** (attempt - 1)) * (0.5 + random.random())
+                logger.info(
+                    "retrying %s of s3://%s/%s in %.1f s (%s)",
+                    what, self.bucket, key, delay, self.reason(exc),
+                )  # fmt: skip
+                time.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def reason(self, exc: BaseException) -> str:
+        """A one-line reason for ``exc``, with any credential of the environment removed."""
+        if isinstance(exc, self._exceptions.ClientError):
+            code = _code(exc)
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            reason = _PERMANENT.get(code, code)
+            reason = f"{reason} (HTTP {status})" if status else reason
+        elif isinstance(exc, self._exceptions.NoCredentialsError):
+            reason = "no credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+        else:
+            text = " ".join(str(exc).split()) or type(exc).__name__
+            reason = f"{type(exc).__name__}: {text}"
+        return scrub(reason)[:300]
+
+    def _error(self, what: str, key: str, exc: BaseException) -> Exception:
+        if isinstance(exc, FileNotFoundError | StorageError):
+            return exc
+        error = StorageError(f"cannot {what} s3://{self.bucket}/{key}: {self.reason(exc)}")
+        error.transient = self.transient(exc)
+        # the client's own checksum of the body (CRC, when the store sent one) disagreed
+        error.corrupt = isinstance(exc, self._exceptions.FlexibleChecksumError)
+        return error
+
+
+def _code(exc: Any) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def scrub(text: str) -> str:
+    """``text`` without the credentials of the environment or URL query strings (which
+    may carry a presigned signature)."""
+    for name in _SECRET_ENV:
+        secret = os.environ.get(name)
+        if secret:
+            text = text.replace(secret, "***")
+    return re.sub(r"\?[^\s]*", "", text)

@@ -1,0 +1,146 @@
+"""The cache of remote shards: its byte limit holds at every moment, a limit below one
+shard is refused, a full cache evicts (or reads into memory) instead of stalling."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from fastdata import ShardAwareDistributedSampler, ShardDataset
+from fastdata.datasets import passthrough_collate
+from fastdata.shards import load_manifest
+from fastdata.storage import parse_bytes
+from tests.storage._proxy import FaultProxy
+from tests.storage.conftest import upload_folder, write_set
+
+
+class UsageWatcher:
+    """Sums the sizes of the cache folder's files in a loop, keeping the largest total."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+
+    def sample(self) -> int:
+        total = 0
+        if self.folder.exists():
+            for entry in os.scandir(self.folder):
+                if entry.name.endswith((".h5", ".part")):
+                    with contextlib.suppress(FileNotFoundError):
+                        total += entry.stat().st_size
+        self.peak = max(self.peak, total)
+        return total
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def _epochs(
+    dataset: ShardDataset,
+    epochs: int,
+    num_workers: int,
+    window_shards: int,
+    check: callable | None = None,
+) -> list[int]:  # type: ignore[valid-type]
+    """Labels seen over ``epochs`` (label = sample index), each batch's images checked
+    against ``check``."""
+    sampler = ShardAwareDistributedSampler(
+        dataset, num_replicas=1, rank=0, seed=1, window_shards=window_shards
+    )
+    loader = DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=num_workers,
+                        collate_fn=passthrough_collate,
+                        multiprocessing_context="fork" if num_workers else None)  # fmt: skip
+    seen: list[int] = []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for images, labels in loader:
+            if check is not None:
+                check(images, labels)
+            seen.extend(labels.tolist())
+    return seen
+
+
+@pytest.mark.parametrize(("num_workers", "shards_in_cache"), [(0, 2), (2, 2), (2, 1)])
+def test_the_limit_holds_at_every_moment_and_every_sample_comes_once(
+    bucket: str, tmp_path: Path, proxy: FaultProxy, num_workers: int, shards_in_cache: int
+) -> None:
+    local = write_set(tmp_path / "set", (8, 8, 8, 8, 8, 6))
+    url = upload_folder(bucket, local, "capped")
+    largest = max(info.num_bytes for info in load_manifest(local).shards)
+    limit = shards_in_cache * largest
+    reference = ShardDataset(local)
+
+    def check(images: torch.Tensor, labels: torch.Tensor) -> None:
+        expected = reference.__getitems__(labels.tolist())[0]
+        assert torch.equal(images, expected)
+        assert watcher.sample() <= limit  # between batches too
+
+    cache = tmp_path / "cache"
+    watcher = UsageWatcher(cache)
+    dataset = ShardDataset(url, cache_dir=cache, cache_limit=limit)
+    seen = _epochs(dataset, 2, num_workers, window_shards=2, check=check)
+    peak = watcher.stop()
+    assert sorted(seen) == sorted(list(range(46)) * 2)
+    assert 0 < peak <= limit
+    assert sum(n for p, n in proxy.gets.items() if p.endswith(".h5")) > 6  # it evicted
+
+
+def test_a_limit_below_one_shard_is_refused_in_one_line(bucket: str, tmp_path: Path) -> None:
+    local = write_set(tmp_path / "set")
+    url = upload_folder(bucket, local, "small")
+    largest = max(info.num_bytes for info in load_manifest(local).shards)
+    with pytest.raises(ValueError, match=r"^cache_limit 1000 \(1000 bytes\) is smaller than "
+                       rf"the largest shard of {url} \({largest} bytes\)"):  # fmt: skip
+        ShardDataset(url, cache_dir=tmp_path / "cache", cache_limit=1000)
+    with pytest.raises(ValueError, match="cache_limit must be a byte count such as"):
+        ShardDataset(url, cache_dir=tmp_path / "cache", cache_limit="lots")
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+def test_a_cache_already_full_of_other_shards_evicts_them(
+    bucket: str, tmp_path: Path, proxy: FaultProxy
+) -> None:
+    """Leftovers of another set fill the cache: they go, least recently used first."""
+    local = write_set(tmp_path / "set")
+    url = upload_folder(bucket, local, "set")
+    other = upload_folder(bucket, write_set(tmp_path / "other", seed=5), "other")
+    largest = max(info.num_bytes for info in load_manifest(local).shards)
+    cache = tmp_path / "cache"
+    _epochs(ShardDataset(other, cache_dir=cache), 1, 0, 1)  # fills it, no limit
+    before = {p.name for p in cache.glob("*.h5")}
+    seen = _epochs(ShardDataset(url, cache_dir=cache, cache_limit=3 * largest), 1, 0, 1)
+    assert sorted(seen) == list(range(38))
+    after = {p.name for p in cache.glob("*.h5")}
+    assert len(after) <= 3 and not after & before
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("200MB", 200 * 10**6), ("1.5GiB", 3 * 2**29), ("512k", 512_000), ("64KiB", 65536),
+     ("1000", 1000), (4096, 4096), ("2 G", 2 * 10**9), ("3mib", 3 * 2**20)],
+)  # fmt: skip
+def test_byte_counts_take_a_unit(text: str | int, expected: int) -> None:
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["", "MB", "-5MB", "0", "5 XB", "1e3", "Gi"])
+def test_a_bad_byte_count_is_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match="cache_limit must be a"):
+        parse_bytes(bad)
+    with pytest.raises(TypeError, match="cache_limit must be an int or a string"):
+        parse_bytes(2.5)  # type: ignore[arg-type]

@@ -76,6 +76,7 @@ def plan_transform(
     *,
     decode: bool,
     decode_min_side: int | None,
+    decoded_size: tuple[int, int] | None = None,
 ) -> TransformPlan:
     """The plan for ``transform`` over ``fields`` stored as ``specs``.
 
@@ -87,11 +88,14 @@ def plan_transform(
         decode: Whether encoded image fields are decoded.
         decode_min_side: The side asked for explicitly (``None``: the transform's
             ``min_input_side`` unless masks come along).
+        decoded_size: The ``(height, width)`` a decoder given as ``decode=`` decodes
+            encoded images into (``None``: their own size).
 
     Raises:
         TypeError: ``transform`` is not callable.
         ValueError: The stored images are too small for the transform, or a mask field's
-            height and width differ from the images'.
+            height and width differ from the images', or a decoder crops images that
+            mask fields come along with.
     """
     if transform is not None and not callable(transform):
         raise TypeError(f"transform must be callable or None, got {type(transform).__name__}")
@@ -101,6 +105,15 @@ def plan_transform(
     if transform is None or not is_image:
         return TransformPlan(transform, None, False, False, None, None, decode_min_side, ())
     image_size = kind.image_size
+    if decoded_size is not None and not kind.fixed_size:
+        cropped_away = _mask_fields(specs, fields, None)
+        if cropped_away:
+            raise ValueError(
+                f"mask fields {cropped_away} cannot follow field {fields[0]!r} through the "
+                "crop of the decoder given as decode=: use decode=True and a batch transform, "
+                "which moves masks with the image"
+            )
+        image_size = decoded_size
     if not isinstance(transform, BatchTransform):
         left_behind = _mask_fields(specs, fields, None)
         if left_behind:

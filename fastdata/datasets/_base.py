@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,7 +20,7 @@ from fastdata._system import available_memory_bytes, usable_cpus
 from fastdata._threads import parallel_for
 from fastdata.datasets._buffers import BatchBuffers
 from fastdata.datasets._collate import mark_collated
-from fastdata.datasets._decoding import resolve_decode
+from fastdata.datasets._decoding import decode_into_crop, resolve_decode
 from fastdata.datasets._loader import ResumableDataLoader
 from fastdata.datasets._memory import MemoryReport
 from fastdata.datasets._plan import TransformPlan, plan_transform
@@ -267,14 +268,15 @@ class BatchedDataset(Dataset):
         decoded: list[Any] = [None] * len(raw)
         failures: list[tuple[int, DecodeError]] = []
         policy = OnError.RAISE if single else self.on_error
-        crop_decode = self.crop_decode
+        crop_decode, leading_crop = self.crop_decode, self.plan.decode_crop
         draws = None
-        if crop_decode is not None:  # keyed per sample as the transform's draws are
-            if epoch is None:
-                draws = crop_decode.crop_draws(len(raw))
-            else:
-                with batch_draws(epoch, indices):
+        if crop_decode is not None or leading_crop is not None:
+            # keyed per sample (with an epoch) or from the stream, as the transform draws
+            with batch_draws(epoch, indices) if epoch is not None else nullcontext():
+                if crop_decode is not None:
                     draws = crop_decode.crop_draws(len(raw))
+                elif leading_crop is not None:
+                    draws = leading_crop.uniform(len(raw), leading_crop.op.draws_per_sample)
 
         def body(start: int, stop: int) -> None:
             for k in range(start, stop):
@@ -284,6 +286,15 @@ class BatchedDataset(Dataset):
                     if crop_decode is not None and draws is not None:
                         decoded[k] = crop_decode.decode(
                             raw[k], draws[k], source=name, damaged=damaged
+                        )
+                    elif leading_crop is not None and draws is not None:
+                        decoded[k] = decode_into_crop(
+                            raw[k],
+                            leading_crop.op,
+                            draws[k],
+                            source=name,
+                            max_pixels=self.max_pixels,
+                            damaged=damaged,
                         )
                     else:
                         decoded[k] = decode_image(
@@ -322,6 +333,10 @@ class BatchedDataset(Dataset):
             values[name] = self._stack_transformed(outputs)
             return
         transform: BatchTransform = plan.transform  # type: ignore[assignment]
+        if plan.decode_crop is not None:  # its leading crop ran in the decode
+            if plan.after_decode is None:
+                return
+            transform = plan.after_decode
 
         def numpy(batch: Any) -> Any:
             return batch.numpy() if isinstance(batch, torch.Tensor) else batch

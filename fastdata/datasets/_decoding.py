@@ -14,7 +14,10 @@ from typing import Any
 import cv2
 import numpy as np
 
+from fastdata import ops
+from fastdata._codec import decode_image, jpeg_header, reduction_factors
 from fastdata._draws import UniformDraws
+from fastdata._resize import resize_image
 from fastdata.errors import DecodeError
 from fastdata.ops import RandomResizedCrop
 
@@ -106,3 +109,62 @@ def resolve_decode(decode: object) -> tuple[bool, CropDecode | None]:
         max_pixels=decode.max_pixels,
         draws=UniformDraws(seed),
     )
+
+
+def decode_into_crop(
+    data: Any,
+    crop: ops.RandomResizedCrop,
+    draws: np.ndarray,
+    *,
+    source: str,
+    max_pixels: int | None,
+    damaged: list[DecodeError] | None,
+) -> np.ndarray:
+    """Decode one image straight into its random resized crop: ``(H, W, 3)`` uint8 of
+    ``crop.size``, the box drawn by ``crop`` from ``draws`` on the image as displayed (EXIF
+    orientation applied), as the CPU transform draws it after a full decode.
+
+    A JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8) that leaves the box at
+    least the output size (its header gives the size before decoding); at full scale the
+    box is resized with the transform's kernel, so the pixels are those of decoding first
+    and cropping after; at a reduced scale the box is resampled with sub-pixel accuracy
+    from the smaller image.
+    """
+    buffer = data if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
+    out_h, out_w = crop.size
+    out = np.empty((out_h, out_w, 3), np.uint8)
+    header = jpeg_header(buffer)
+    if header is not None:
+        hw = header.oriented_hw
+        top, left, height, width = crop.boxes(np.array([hw[0]]), np.array([hw[1]]), draws[None])[0]
+        factor = int(reduction_factors(np.array([[height, width]]), crop.size)[0])
+    else:
+        factor = 1
+    try:
+        if factor > 1 and header is not None:
+            from fastdata.decode._geometry import Box  # noqa: PLC0415 - decode imports datasets
+            from fastdata.decode.cpu import decode_jpeg_box  # noqa: PLC0415
+
+            box = Box(int(top), int(left), int(height), int(width))
+            decode_jpeg_box(
+                buffer,
+                header,
+                box,
+                factor,
+                out,
+                grayscale=False,
+                source=source,
+                max_pixels=max_pixels,
+                damaged=damaged,
+            )
+            return out
+        image = decode_image(
+            buffer, source=source, max_pixels=max_pixels, damaged=damaged
+        )  # at full scale: a JPEG as decode_reduced(factor 1) decodes it
+    except cv2.error as error:
+        raise DecodeError(f"OpenCV: {str(error).strip()[-200:]}", source) from error
+    if header is None:  # not a JPEG: the box is placed on the decoded pixels
+        sizes = (np.array([image.shape[0]]), np.array([image.shape[1]]))
+        top, left, height, width = crop.boxes(*sizes, draws[None])[0]
+    resize_image(image[top : top + height, left : left + width], out_w, out_h, out)
+    return out

@@ -51,7 +51,11 @@ class ShardDataset(BatchedDataset):
             ``grayscale`` and ``max_pixels``, JPEGs at the smallest DCT scale that covers
             the box. The dataset's ``num_threads`` and ``on_error`` apply; the transform
             then sees ``size`` images. Other backends and devices are refused
-            (``ValueError``); anything else is a ``TypeError``.
+            (``ValueError``); anything else is a ``TypeError``. With ``decode=True``, a
+            transform that starts with :class:`~fastdata.transforms.RandomResizedCrop`
+            (default kernel, no mask fields, no ``decode_min_side``) has its crop run by
+            the decode: JPEGs decoded at the smallest DCT scale that covers the box, with
+            the boxes drawn after a full decode.
         decode_min_side: Decode JPEGs at 1/2, 1/4 or 1/8 scale when the shorter side stays
             at least this large. Defaults to the transform's ``min_input_side``
             (:class:`~fastdata.transforms.Resize` sets it).

@@ -16,8 +16,7 @@ from fastdata.decode import DecodedBatch, Decoder, create_decoder
 from fastdata.errors import DecodeError
 from fastdata.shards import FieldSpec
 from fastdata.transforms import RandomHorizontalFlip
-from tests.datasets.conftest import write_shards
-from tests.decode.conftest import rgb_jpeg
+from tests.datasets.conftest import write_jpegs, write_shards
 
 COUNT = 22
 SIZE = (24, 20)  # the decoders' output (H, W)
@@ -26,12 +25,7 @@ SIZE = (24, 20)  # the decoders' output (H, W)
 @pytest.fixture
 def jpeg_files(tmp_path: Path) -> list[Path]:
     """JPEG files of several sizes, large enough for reduced (DCT-scaled) decoding."""
-    paths = []
-    for i in range(COUNT):
-        path = tmp_path / f"{i:03d}.jpg"
-        path.write_bytes(rgb_jpeg(96 + 8 * (i % 3), 128 - 8 * (i % 2), seed=i))
-        paths.append(path)
-    return paths
+    return write_jpegs(tmp_path, COUNT, 96, 128)
 
 
 def _batch(dataset: Any, indices: list[int]) -> np.ndarray:

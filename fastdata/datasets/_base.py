@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from typing import Any
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -19,6 +20,7 @@ from fastdata._system import available_memory_bytes, usable_cpus
 from fastdata._threads import parallel_for
 from fastdata.datasets._buffers import BatchBuffers
 from fastdata.datasets._collate import mark_collated
+from fastdata.datasets._decoding import decode_into_crop, resolve_decode
 from fastdata.datasets._loader import ResumableDataLoader
 from fastdata.datasets._memory import MemoryReport
 from fastdata.datasets._plan import TransformPlan, plan_transform
@@ -26,6 +28,9 @@ from fastdata.datasets._store import RAMStore, Store
 from fastdata.errors import DecodeError, OnError
 from fastdata.shards import FieldSpec
 from fastdata.transforms import BatchTransform
+
+if TYPE_CHECKING:
+    from fastdata.decode import Decoder
 
 
 class BatchedDataset(Dataset):
@@ -44,12 +49,18 @@ class BatchedDataset(Dataset):
         fields: Sequence[str],
         transform: Callable[..., Any] | None,
         layout: str,
-        decode: bool,
+        decode: bool | Decoder,
         decode_min_side: int | None,
         on_error: OnError | str,
         num_threads: int | None,
     ) -> None:
         on_error = OnError.parse(on_error)
+        decodes, crop_decode = resolve_decode(decode)
+        if crop_decode is not None and decode_min_side is not None:
+            raise ValueError(
+                f"decode_min_side={decode_min_side!r} applies to decode=True only: a "
+                "Decoder given as decode= picks the reduced JPEG scale from its output size"
+            )
         if decode_min_side is not None and (
             not isinstance(decode_min_side, int) or decode_min_side < 1
         ):
@@ -59,11 +70,18 @@ class BatchedDataset(Dataset):
         self.store = store
         self.fields = tuple(fields)
         self.layout = check_layout(layout, stacklevel=3)
-        self.decode = decode
+        self.decode = decodes
+        # A Decoder's geometry: each image decoded into its output size and crop.
+        self.crop_decode = crop_decode
         self.on_error = on_error
         # Everything later reads the transform's declarations from here.
         self.plan: TransformPlan = plan_transform(
-            transform, store.specs, self.fields, decode=decode, decode_min_side=decode_min_side
+            transform,
+            store.specs,
+            self.fields,
+            decode=decodes,
+            decode_min_side=decode_min_side,
+            decoded_size=None if crop_decode is None else crop_decode.size,
         )
         self._buffers = BatchBuffers()
         self._num_threads: int | None = None
@@ -186,7 +204,7 @@ class BatchedDataset(Dataset):
             spec = self.store.specs[name]
             if not spec.field_kind.fixed_size:
                 values[name] = self._read_encoded(
-                    name, indices, keep, single=single, pool=(executor, tasks)
+                    name, indices, keep, single=single, pool=(executor, tasks), epoch=epoch
                 )
             elif self.plan.rows_in_place(name) and not single:
                 # The transform writes a new batch: let it read the stored rows in place.
@@ -239,6 +257,7 @@ class BatchedDataset(Dataset):
         *,
         single: bool,
         pool: tuple[Executor | None, int],
+        epoch: int | None = None,
     ) -> list[Any]:
         spec = self.store.specs[name]
         raw = self.store.gather(name, indices)
@@ -249,19 +268,42 @@ class BatchedDataset(Dataset):
         decoded: list[Any] = [None] * len(raw)
         failures: list[tuple[int, DecodeError]] = []
         policy = OnError.RAISE if single else self.on_error
+        crop_decode, leading_crop = self.crop_decode, self.plan.decode_crop
+        draws = None
+        if crop_decode is not None or leading_crop is not None:
+            # keyed per sample (with an epoch) or from the stream, as the transform draws
+            with batch_draws(epoch, indices) if epoch is not None else nullcontext():
+                if crop_decode is not None:
+                    draws = crop_decode.crop_draws(len(raw))
+                elif leading_crop is not None:
+                    draws = leading_crop.uniform(len(raw), leading_crop.op.draws_per_sample)
 
         def body(start: int, stop: int) -> None:
             for k in range(start, stop):
                 # "warn" keeps a damaged JPEG that decodes (reported below); others refuse it
                 damaged: list[DecodeError] | None = [] if policy is OnError.WARN else None
                 try:
-                    decoded[k] = decode_image(
-                        raw[k],
-                        min_side=self.decode_min_side,
-                        max_pixels=self.max_pixels,
-                        source=name,
-                        damaged=damaged,
-                    )
+                    if crop_decode is not None and draws is not None:
+                        decoded[k] = crop_decode.decode(
+                            raw[k], draws[k], source=name, damaged=damaged
+                        )
+                    elif leading_crop is not None and draws is not None:
+                        decoded[k] = decode_into_crop(
+                            raw[k],
+                            leading_crop.op,
+                            draws[k],
+                            source=name,
+                            max_pixels=self.max_pixels,
+                            damaged=damaged,
+                        )
+                    else:
+                        decoded[k] = decode_image(
+                            raw[k],
+                            min_side=self.decode_min_side,
+                            max_pixels=self.max_pixels,
+                            source=name,
+                            damaged=damaged,
+                        )
                 except DecodeError as exc:
                     failures.append((k, exc))
                 failures.extend((k, note) for note in damaged or ())
@@ -291,6 +333,10 @@ class BatchedDataset(Dataset):
             values[name] = self._stack_transformed(outputs)
             return
         transform: BatchTransform = plan.transform  # type: ignore[assignment]
+        if plan.decode_crop is not None:  # its leading crop ran in the decode
+            if plan.after_decode is None:
+                return
+            transform = plan.after_decode
 
         def numpy(batch: Any) -> Any:
             return batch.numpy() if isinstance(batch, torch.Tensor) else batch

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastdata.shards import FieldSpec
-from fastdata.transforms import BatchTransform
+from fastdata.transforms import BatchTransform, Compose, RandomResizedCrop
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,11 @@ class TransformPlan:
         writes_out: The batch transform writes its images into a given ``out`` batch of
             ``output_size`` (in a DataLoader worker the dataset gives it the shared memory
             the batch is returned in).
+        decode_crop: The transform's leading random resized crop when encoded images are
+            decoded straight into it (crop-in-decode: the same draws and boxes, the JPEG
+            decoded at the smallest DCT scale that covers the box); ``None`` otherwise.
+        after_decode: What of the transform is left to run after a ``decode_crop``
+            (``None``: nothing).
     """
 
     transform: Callable[..., Any] | None
@@ -53,6 +58,8 @@ class TransformPlan:
     decode_min_side: int | None
     mask_fields: tuple[str, ...]
     writes_out: bool = False
+    decode_crop: RandomResizedCrop | None = None
+    after_decode: BatchTransform | None = None
 
     @property
     def per_sample(self) -> bool:
@@ -76,6 +83,7 @@ def plan_transform(
     *,
     decode: bool,
     decode_min_side: int | None,
+    decoded_size: tuple[int, int] | None = None,
 ) -> TransformPlan:
     """The plan for ``transform`` over ``fields`` stored as ``specs``.
 
@@ -87,11 +95,14 @@ def plan_transform(
         decode: Whether encoded image fields are decoded.
         decode_min_side: The side asked for explicitly (``None``: the transform's
             ``min_input_side`` unless masks come along).
+        decoded_size: The ``(height, width)`` a decoder given as ``decode=`` decodes
+            encoded images into (``None``: their own size).
 
     Raises:
         TypeError: ``transform`` is not callable.
         ValueError: The stored images are too small for the transform, or a mask field's
-            height and width differ from the images'.
+            height and width differ from the images', or a decoder crops images that
+            mask fields come along with.
     """
     if transform is not None and not callable(transform):
         raise TypeError(f"transform must be callable or None, got {type(transform).__name__}")
@@ -101,6 +112,15 @@ def plan_transform(
     if transform is None or not is_image:
         return TransformPlan(transform, None, False, False, None, None, decode_min_side, ())
     image_size = kind.image_size
+    if decoded_size is not None and not kind.fixed_size:
+        cropped_away = _mask_fields(specs, fields, None)
+        if cropped_away:
+            raise ValueError(
+                f"mask fields {cropped_away} cannot follow field {fields[0]!r} through the "
+                "crop of the decoder given as decode=: use decode=True and a batch transform, "
+                "which moves masks with the image"
+            )
+        image_size = decoded_size
     if not isinstance(transform, BatchTransform):
         left_behind = _mask_fields(specs, fields, None)
         if left_behind:
@@ -119,6 +139,9 @@ def plan_transform(
     # Reduced JPEG decoding would shrink images below their full-size masks.
     auto_side = None if masks else transform.min_input_side
     output_size = _output_size(transform, fields[0], image_size)
+    leading = None
+    if not kind.fixed_size and decoded_size is None and not masks and decode_min_side is None:
+        leading = _leading_crop(transform)
     return TransformPlan(
         transform,
         fields[0],
@@ -129,7 +152,22 @@ def plan_transform(
         decode_min_side or auto_side,
         masks,
         transform.writes_out and output_size is not None,
+        None if leading is None else leading[0],
+        None if leading is None else leading[1],
     )
+
+
+def _leading_crop(
+    transform: BatchTransform,
+) -> tuple[RandomResizedCrop, BatchTransform | None] | None:
+    """``transform``'s leading random resized crop (of the default kernel) and the rest
+    (``None``: nothing), or ``None`` when it does not start with one."""
+    steps = transform.transforms if isinstance(transform, Compose) else [transform]
+    first = steps[0] if steps else None
+    if not isinstance(first, RandomResizedCrop) or first.interpolation is not None:
+        return None
+    rest = steps[1:]
+    return first, (Compose(rest) if len(rest) > 1 else rest[0] if rest else None)
 
 
 def _output_size(

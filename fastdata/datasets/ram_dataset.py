@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -16,6 +16,9 @@ from fastdata.datasets._base import BatchedDataset
 from fastdata.datasets._loading import load_arrays, load_files, load_shards
 from fastdata.datasets._store import RAMStore, known_fields
 from fastdata.errors import OnError
+
+if TYPE_CHECKING:
+    from fastdata.decode import Decoder
 
 
 class RAMDataset(BatchedDataset):
@@ -69,7 +72,7 @@ class RAMDataset(BatchedDataset):
         transform: Callable[..., Any] | None = None,
         *,
         layout: str = "CHW",
-        decode: bool = True,
+        decode: bool | Decoder = True,
         decode_min_side: int | None = None,
         on_error: OnError | str = "raise",
         num_threads: int | None = None,

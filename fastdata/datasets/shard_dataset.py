@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastdata.datasets._base import BatchedDataset
 from fastdata.datasets._loading import load_shards
 from fastdata.datasets._store import ShardStore, Store, known_fields
 from fastdata.errors import OnError
+
+if TYPE_CHECKING:
+    from fastdata.decode import Decoder
 
 
 class ShardDataset(BatchedDataset):
@@ -45,7 +48,17 @@ class ShardDataset(BatchedDataset):
             (``FutureWarning``).
         decode: For encoded image fields (JPEG-mode shards): decode to ``(H, W, 3)`` uint8
             with OpenCV. ``False`` returns the encoded bytes as 1-D uint8 tensors (for
-            decoding on the GPU).
+            decoding on the GPU). A ``"cpu"`` :class:`~fastdata.decode.Decoder` (from
+            :func:`~fastdata.decode.create_decoder`) decodes each image straight into its
+            output: its ``size``, centred or ``random_crop`` box (drawn from its ``seed``),
+            ``grayscale`` and ``max_pixels``, JPEGs at the smallest DCT scale that covers
+            the box. The dataset's ``num_threads`` and ``on_error`` apply; the transform
+            then sees ``size`` images. Other backends and devices are refused
+            (``ValueError``); anything else is a ``TypeError``. With ``decode=True``, a
+            transform that starts with :class:`~fastdata.transforms.RandomResizedCrop`
+            (default kernel, no mask fields, no ``decode_min_side``) has its crop run by
+            the decode: JPEGs decoded at the smallest DCT scale that covers the box, with
+            the boxes drawn after a full decode.
         decode_min_side: Decode JPEGs at 1/2, 1/4 or 1/8 scale when the shorter side stays
             at least this large. Defaults to the transform's ``min_input_side``
             (:class:`~fastdata.transforms.Resize` sets it).
@@ -84,7 +97,7 @@ class ShardDataset(BatchedDataset):
         transform: Callable[..., Any] | None = None,
         *,
         layout: str = "CHW",
-        decode: bool = True,
+        decode: bool | Decoder = True,
         decode_min_side: int | None = None,
         on_error: OnError | str = "raise",
         num_threads: int | None = None,

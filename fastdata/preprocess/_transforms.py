@@ -1,7 +1,7 @@
 """Offline geometric transforms on uint8 images and masks (OpenCV).
 
 Every function takes and returns ``(H, W, C)`` or ``(H, W)`` uint8 arrays. Images are
-shrunk with :func:`shrink` (area-like antialiasing) and enlarged with ``INTER_LINEAR``;
+resized with the antialiased kernel the CPU transforms share (:mod:`fastdata._resize`);
 masks always resized with ``INTER_NEAREST`` so that class ids are never blended. Where to
 crop and what size to scale to is the one geometry module's (:mod:`fastdata._crop`), the
 math the decoders and the training-time transforms use.
@@ -13,6 +13,7 @@ import cv2
 import numpy as np
 
 from fastdata._crop import largest_centered_box, scaled_size
+from fastdata._resize import resize_image
 
 # shorter: shorter side to S then centre crop S x S; exact: stretch to S x S;
 # pad: longer side to S then zero-pad to S x S; longer: cap the longer side at S (variable).
@@ -20,52 +21,22 @@ RESIZE_MODES = ("shorter", "exact", "pad", "longer")
 
 
 def resize_to(image: np.ndarray, width: int, height: int, *, nearest: bool = False) -> np.ndarray:
-    """Resize to exactly ``(height, width)`` (no-op when already that size)."""
+    """Resize to exactly ``(height, width)`` (no-op when already that size): images with
+    the antialiased kernel the CPU transforms share (:func:`fastdata._resize.resize_image`),
+    masks (``nearest``) nearest-neighbour."""
     h, w = image.shape[:2]
     if (h, w) == (height, width):
         return image
-    if nearest:
-        interpolation = cv2.INTER_NEAREST
-    elif width <= w and height <= h:
-        out = shrink(image, width, height)
-        return out if out.ndim == image.ndim else out[..., None]  # cv2 drops a C=1 axis
-    elif width * height < w * h:
-        interpolation = cv2.INTER_AREA
-    else:
-        interpolation = cv2.INTER_LINEAR
-    out = cv2.resize(image, (width, height), interpolation=interpolation)
+    if not nearest:
+        return resize_image(image, width, height)
+    out = cv2.resize(image, (width, height), interpolation=cv2.INTER_NEAREST)
     return out if out.ndim == image.ndim else out[..., None]  # cv2 drops a C=1 axis
 
 
-# Shrinking by less than 2x per axis (what remains after a JPEG's reduced-size decode): a
-# 3-tap Gaussian low-pass whose sigma grows with the factor, then bilinear sampling.
-# OpenCV's INTER_AREA takes a slow generic path at non-integer factors: 1.3 ms against
-# 0.35 ms for 480x360 -> 299x224 on one core here; on the sample photos the result is
-# within 0.8 levels of 255 of INTER_AREA on average (tests/preprocess/test_resize.py
-# bounds it against PIL decode + area resize).
-_SIGMA_PER_EXTRA_SCALE = 0.8
-_FAST_SHRINK_MAX_SCALE = 2.0
-
-
 def shrink(image: np.ndarray, width: int, height: int) -> np.ndarray:
-    """Antialiased downscale of ``(H, W[, C])`` uint8 ``image`` to ``(height, width[, C])``
-    (neither side may grow). Factors of 2 or more use ``INTER_AREA``; smaller ones a
-    3-tap Gaussian low-pass and bilinear sampling, deterministic and ~4x faster.
-    """
-    h, w = image.shape[:2]
-    scale_x, scale_y = w / width, h / height
-    if max(scale_x, scale_y) >= _FAST_SHRINK_MAX_SCALE:
-        return cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA)
-    kernel = (3 if scale_x > 1 else 1, 3 if scale_y > 1 else 1)
-    if kernel != (1, 1):
-        image = cv2.GaussianBlur(
-            image,
-            kernel,
-            sigmaX=max(_SIGMA_PER_EXTRA_SCALE * (scale_x - 1), 1e-3),
-            sigmaY=max(_SIGMA_PER_EXTRA_SCALE * (scale_y - 1), 1e-3),
-            borderType=cv2.BORDER_REFLECT_101,
-        )
-    return cv2.resize(image, (width, height), interpolation=cv2.INTER_LINEAR)
+    """Antialiased downscale of ``(H, W[, C])`` uint8 ``image`` to ``(height, width[, C])``:
+    :func:`fastdata._resize.resize_image`."""
+    return resize_image(image, width, height)
 
 
 def pad_to_square(image: np.ndarray, side: int) -> np.ndarray:

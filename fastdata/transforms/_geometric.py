@@ -10,6 +10,7 @@ import cv2
 import numpy as np
 
 from fastdata import ops
+from fastdata._resize import resize_image
 from fastdata._threads import parallel_for
 from fastdata.transforms._base import Images, OpTransform, check_out
 
@@ -48,6 +49,27 @@ def _output(images: Images, height: int, width: int, out: np.ndarray | None = No
 MASK_INTERPOLATION = cv2.INTER_NEAREST_EXACT
 
 
+def _check_interpolation(interpolation: int | None) -> int | None:
+    if interpolation is not None and (
+        isinstance(interpolation, bool) or not isinstance(interpolation, int)
+    ):
+        raise TypeError(
+            "interpolation must be None (the antialiased kernel) or an OpenCV INTER_* flag, "
+            f"got {interpolation!r}"
+        )
+    return interpolation
+
+
+def _resize(
+    source: np.ndarray, width: int, height: int, out: np.ndarray | None, interpolation: int | None
+) -> np.ndarray:
+    """``source`` resized to ``(height, width)`` into ``out`` (or a new array): with the
+    antialiased kernel preprocessing shares when ``interpolation`` is ``None``."""
+    if interpolation is None:
+        return resize_image(source, width, height, out)
+    return cv2.resize(source, (width, height), dst=out, interpolation=interpolation)
+
+
 class RandomResizedCrop(OpTransform):
     """Crop a random area and aspect ratio of each image, resized to ``size``
     (the Inception crop, as ``torchvision.transforms.RandomResizedCrop``): the CPU kernel
@@ -57,7 +79,9 @@ class RandomResizedCrop(OpTransform):
         size: Output ``(height, width)``, or one int for a square.
         scale: Range of the crop's area as a fraction of the image's.
         ratio: Range of the crop's aspect ratio (width / height), sampled log-uniformly.
-        interpolation: OpenCV interpolation flag (default bilinear).
+        interpolation: ``None`` (default): the antialiased kernel preprocessing uses
+            (bilinear with a low-pass sized to the shrink; see :mod:`fastdata._resize`);
+            or an OpenCV ``INTER_*`` flag.
         seed: See :class:`BatchTransform`.
 
     Input ``(B, H, W, C)`` uint8 or a list of ``(H, W, C)`` uint8; output
@@ -73,11 +97,11 @@ class RandomResizedCrop(OpTransform):
         size: int | Sequence[int],
         scale: tuple[float, float] = (0.08, 1.0),
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
-        interpolation: int = cv2.INTER_LINEAR,
+        interpolation: int | None = None,
         seed: int | None = None,
     ) -> None:
         super().__init__(ops.RandomResizedCrop(size, scale, ratio), seed)
-        self.interpolation = interpolation
+        self.interpolation = _check_interpolation(interpolation)
 
     @property
     def size(self) -> tuple[int, int]:
@@ -118,7 +142,7 @@ class RandomResizedCrop(OpTransform):
             for k in range(start, stop):
                 top, left, h, w = boxes[k]
                 crop = images[k][top : top + h, left : left + w]
-                cv2.resize(crop, (out_w, out_h), dst=out[k], interpolation=self.interpolation)
+                _resize(crop, out_w, out_h, out[k], self.interpolation)
                 for mask, mask_out in zip(masks, mask_outs, strict=True):
                     crop = mask[k][top : top + h, left : left + w]
                     cv2.resize(
@@ -187,7 +211,8 @@ class Resize(OpTransform):
 
     Args:
         size: Shorter side, or ``(height, width)``.
-        interpolation: OpenCV flag; ``INTER_AREA`` (default) suits downscaling.
+        interpolation: ``None`` (default): the antialiased kernel preprocessing uses
+            (see :mod:`fastdata._resize`), or an OpenCV ``INTER_*`` flag.
 
     Output: ``(B, height, width, C)`` uint8 for a pair or when every result has one size,
     otherwise a list of ``(H, W, C)`` uint8.
@@ -197,9 +222,9 @@ class Resize(OpTransform):
     op: ops.Resize
     writes_out = True
 
-    def __init__(self, size: int | Sequence[int], interpolation: int = cv2.INTER_AREA) -> None:
+    def __init__(self, size: int | Sequence[int], interpolation: int | None = None) -> None:
         super().__init__(ops.Resize(size))
-        self.interpolation = interpolation
+        self.interpolation = _check_interpolation(interpolation)
 
     @property
     def size(self) -> int | tuple[int, int]:
@@ -234,7 +259,7 @@ class Resize(OpTransform):
 
         outputs = empty(images, out)
         mask_outs = [empty(mask) for mask in masks]
-        pairs = [(images, outputs, self.interpolation)]
+        pairs: list[tuple[Images, Images, int | None]] = [(images, outputs, self.interpolation)]
         pairs += [
             (mask, mask_out, MASK_INTERPOLATION)
             for mask, mask_out in zip(masks, mask_outs, strict=True)
@@ -245,11 +270,9 @@ class Resize(OpTransform):
                 out_h, out_w = targets[k]
                 for source, dest, interpolation in pairs:
                     if same:
-                        cv2.resize(
-                            source[k], (out_w, out_h), dst=dest[k], interpolation=interpolation
-                        )
+                        _resize(source[k], out_w, out_h, dest[k], interpolation)
                     else:
-                        dest[k] = cv2.resize(source[k], (out_w, out_h), interpolation=interpolation)
+                        dest[k] = _resize(source[k], out_w, out_h, None, interpolation)
 
         parallel_for(executor, len(images), body, tasks=tasks)
         return outputs, mask_outs

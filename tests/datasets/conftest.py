@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
+from tests.decode.conftest import rgb_jpeg
 
 NUM_SAMPLES = 22
 SIZE = (12, 10)  # (H, W)
@@ -92,3 +93,17 @@ def image_files(tmp_path: Path) -> tuple[list[Path], Reference]:
         paths.append(folder / f"{i:03d}.png")
         paths[-1].write_bytes(data)
     return paths, ref
+
+
+def write_jpegs(folder: Path, count: int, height: int, width: int) -> list[Path]:
+    """``count`` smooth JPEG files of three heights (from ``height``) and two widths (from
+    ``width``), as photos vary."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(count):
+        path = folder / f"{i:03d}.jpg"
+        path.write_bytes(
+            rgb_jpeg(height + height // 12 * (i % 3), width - width // 16 * (i % 2), i)
+        )
+        paths.append(path)
+    return paths

@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from fastdata._images import stack_images
+from fastdata._resize import resize_image
+from fastdata.preprocess._transforms import resize_to
 from fastdata.transforms import (
     CenterCrop,
     Compose,
@@ -140,3 +142,41 @@ def test_planar_tensors_and_strided_arrays(batch: np.ndarray, make: Callable[[],
     masks = torch.from_numpy(batch[..., 0].copy()).transpose(1, 2).contiguous().transpose(1, 2)
     _, moved = make()(planar, masks=masks)
     np.testing.assert_array_equal(moved.numpy(), make()(batch.copy(), masks=batch[..., 0])[1])
+
+
+def _photo_like(height: int, width: int) -> np.ndarray:
+    """Smooth content with fine detail: what aliasing and antialiasing tell apart."""
+    rng = np.random.default_rng(5)
+    yy, xx = np.mgrid[0:height, 0:width]
+    stripes = 127 + 100 * np.sin(xx * 1.3 + yy * 0.4)
+    noise = rng.normal(0, 20, (height, width, 3))
+    return np.clip(stripes[..., None] + noise, 0, 255).astype(np.uint8)
+
+
+def test_resize_uses_the_antialiased_kernel_preprocessing_uses() -> None:
+    images = [_photo_like(75, 100), _photo_like(100, 75)]
+    out = Resize(51)(images)  # 1.47x: the low-pass + bilinear range
+    expected = [resize_to(images[0], 68, 51), resize_to(images[1], 51, 68)]
+    for got, want in zip(out, expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+    same_size = Resize((51, 68))(np.stack([images[0], images[0]]))
+    np.testing.assert_array_equal(same_size[1], expected[0])
+    area = Resize((51, 68), interpolation=cv2.INTER_AREA)(images[:1])
+    np.testing.assert_array_equal(
+        area[0], cv2.resize(images[0], (68, 51), interpolation=cv2.INTER_AREA)
+    )
+
+
+def test_random_resized_crop_antialiases_with_the_shared_kernel() -> None:
+    images = np.stack([_photo_like(90, 120)] * 4)
+    boxes = RandomResizedCrop(32, seed=11).boxes(np.full(4, 90), np.full(4, 120))
+    out = RandomResizedCrop(32, seed=11)(images)
+    for k, (top, left, height, width) in enumerate(boxes.tolist()):
+        crop = images[k][top : top + height, left : left + width]
+        np.testing.assert_array_equal(out[k], resize_image(crop, 32, 32))
+
+
+@pytest.mark.parametrize("transform", [Resize, RandomResizedCrop])
+def test_interpolation_must_be_none_or_an_opencv_flag(transform: Callable[..., Any]) -> None:
+    with pytest.raises(TypeError, match=r"interpolation must be None .* got 'area'"):
+        transform(8, interpolation="area")

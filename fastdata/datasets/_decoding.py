@@ -1,0 +1,170 @@
+"""What a dataset's ``decode=`` means: no decoding, the full-size decode, or a
+:class:`~fastdata.decode.Decoder` whose geometry (output size, crop) is decoded into.
+
+A dataset keeps the decoder's settings, not the decoder itself: a decoder holds threads,
+which neither fork nor pickle into DataLoader workers, and the dataset decodes with its
+own threads (``num_threads``) and its own ``on_error``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import cv2
+import numpy as np
+
+from fastdata import ops
+from fastdata._codec import decode_image, jpeg_header, reduction_factors
+from fastdata._draws import UniformDraws
+from fastdata._resize import resize_image
+from fastdata.errors import DecodeError
+from fastdata.ops import RandomResizedCrop
+
+# The decoder backends a dataset can decode with in its own threads and worker processes.
+DATASET_BACKENDS = ("cpu",)
+
+
+@dataclass(frozen=True)
+class CropDecode:
+    """A :class:`~fastdata.decode.Decoder`'s geometry, run by a dataset on each sample.
+
+    Attributes:
+        size: Output ``(height, width)``.
+        random_crop: The random resized crop, or ``None`` for the centred crop of the
+            output's aspect ratio (the largest that fits), resized to ``size``.
+        grayscale: One output channel instead of three.
+        max_pixels: Images whose header claims more pixels are refused (``None``: no limit).
+        draws: The random crops' draws, seeded as the decoder was.
+    """
+
+    size: tuple[int, int]
+    random_crop: RandomResizedCrop | None
+    grayscale: bool
+    max_pixels: int | None
+    draws: UniformDraws
+
+    def crop_draws(self, count: int) -> np.ndarray:
+        """``(count, draws_per_sample)`` uniforms for ``count`` samples' crops."""
+        if self.random_crop is None:
+            return np.zeros((count, 1))
+        return self.draws.uniform(count, self.random_crop.draws_per_sample)
+
+    def decode(
+        self,
+        data: Any,
+        draws: np.ndarray,
+        *,
+        source: str,
+        damaged: list[DecodeError] | None,
+    ) -> np.ndarray:
+        """One encoded image decoded into its crop: ``(H, W, C)`` uint8 (see
+        :func:`fastdata.decode.cpu.decode_crop`)."""
+        from fastdata.decode.cpu import decode_crop  # noqa: PLC0415 - decode imports datasets
+
+        buffer = data if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
+        try:
+            return decode_crop(
+                buffer,
+                self.size,
+                self.random_crop,
+                draws,
+                grayscale=self.grayscale,
+                source=source,
+                max_pixels=self.max_pixels,
+                damaged=damaged,
+            )
+        except cv2.error as error:  # OpenCV refusing these pixels, as the decoder reports it
+            raise DecodeError(f"OpenCV: {str(error).strip()[-200:]}", source) from error
+
+
+def resolve_decode(decode: object) -> tuple[bool, CropDecode | None]:
+    """``decode=`` as (whether encoded images are decoded, the decoder geometry or ``None``).
+
+    Raises:
+        TypeError: ``decode`` is neither a bool nor a :class:`~fastdata.decode.Decoder`.
+        ValueError: ``decode`` is a decoder of a backend a dataset cannot run, or one that
+            sends its output to a device.
+    """
+    if isinstance(decode, bool | np.bool_):
+        return bool(decode), None
+    from fastdata.decode import Decoder  # noqa: PLC0415 - fastdata.decode imports datasets
+
+    if not isinstance(decode, Decoder):
+        raise TypeError(
+            "decode must be True, False or a fastdata.decode Decoder (from "
+            f"create_decoder('cpu', ...)), got {type(decode).__name__}"
+        )
+    if decode.backend not in DATASET_BACKENDS or decode.device.type != "cpu":
+        raise ValueError(
+            f"decode={decode!r}: a dataset decodes with a 'cpu' decoder on device 'cpu' "
+            f"only (backend {decode.backend!r}, device {str(decode.device)!r} given); decode "
+            "on the GPU with fastdata.decode.DecodingLoader over decode=False batches"
+        )
+    seed = decode._random.seed
+    return True, CropDecode(
+        size=decode.size,
+        random_crop=decode.random_crop,
+        grayscale=decode.grayscale,
+        max_pixels=decode.max_pixels,
+        draws=UniformDraws(seed),
+    )
+
+
+def decode_into_crop(
+    data: Any,
+    crop: ops.RandomResizedCrop,
+    draws: np.ndarray,
+    *,
+    source: str,
+    max_pixels: int | None,
+    damaged: list[DecodeError] | None,
+) -> np.ndarray:
+    """Decode one image straight into its random resized crop: ``(H, W, 3)`` uint8 of
+    ``crop.size``, the box drawn by ``crop`` from ``draws`` on the image as displayed (EXIF
+    orientation applied), as the CPU transform draws it after a full decode.
+
+    A JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8) that leaves the box at
+    least the output size (its header gives the size before decoding); at full scale the
+    box is resized with the transform's kernel, so the pixels are those of decoding first
+    and cropping after; at a reduced scale the box is resampled with sub-pixel accuracy
+    from the smaller image.
+    """
+    buffer = data if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
+    out_h, out_w = crop.size
+    out = np.empty((out_h, out_w, 3), np.uint8)
+    header = jpeg_header(buffer)
+    if header is not None:
+        hw = header.oriented_hw
+        top, left, height, width = crop.boxes(np.array([hw[0]]), np.array([hw[1]]), draws[None])[0]
+        factor = int(reduction_factors(np.array([[height, width]]), crop.size)[0])
+    else:
+        factor = 1
+    try:
+        if factor > 1 and header is not None:
+            from fastdata.decode._geometry import Box  # noqa: PLC0415 - decode imports datasets
+            from fastdata.decode.cpu import decode_jpeg_box  # noqa: PLC0415
+
+            box = Box(int(top), int(left), int(height), int(width))
+            decode_jpeg_box(
+                buffer,
+                header,
+                box,
+                factor,
+                out,
+                grayscale=False,
+                source=source,
+                max_pixels=max_pixels,
+                damaged=damaged,
+            )
+            return out
+        image = decode_image(
+            buffer, source=source, max_pixels=max_pixels, damaged=damaged
+        )  # at full scale: a JPEG as decode_reduced(factor 1) decodes it
+    except cv2.error as error:
+        raise DecodeError(f"OpenCV: {str(error).strip()[-200:]}", source) from error
+    if header is None:  # not a JPEG: the box is placed on the decoded pixels
+        sizes = (np.array([image.shape[0]]), np.array([image.shape[1]]))
+        top, left, height, width = crop.boxes(*sizes, draws[None])[0]
+    resize_image(image[top : top + height, left : left + width], out_w, out_h, out)
+    return out

@@ -4,10 +4,12 @@
 ``DevicePrefetcher`` / ``to_device`` (the next batch in flight on a side CUDA stream) and
 batch augmentation on the device (``DeviceRandomHorizontalFlip``,
 ``DeviceRandomResizedCrop``, the colour ops, ``DeviceRandomAffine``,
-``DeviceRandomErasing``, ``DeviceRandAugment``, ``DeviceTrivialAugmentWide``).
+``DeviceRandomErasing``, ``DeviceRandAugment``, ``DeviceTrivialAugmentWide``,
+``DeviceMixUp``, ``DeviceCutMix``).
 Everything also runs on the CPU; CUDA is used, never required.
 """
 
+from fastdata.gpu._mix import DeviceCutMix, DeviceMixUp
 from fastdata.gpu._steps import (
     DeviceColorJitter,
     DeviceGaussianBlur,
@@ -30,7 +32,9 @@ from fastdata.gpu.prefetch import DevicePrefetcher, to_device
 
 __all__ = [
     "DeviceColorJitter",
+    "DeviceCutMix",
     "DeviceGaussianBlur",
+    "DeviceMixUp",
     "DevicePrefetcher",
     "DeviceRandAugment",
     "DeviceRandomAdjustSharpness",

@@ -16,6 +16,7 @@ from fastdata.transforms._geometric import (
     RandomResizedCrop,
     Resize,
 )
+from fastdata.transforms._mix import CutMix, MixUp, RandomChoice
 from fastdata.transforms._steps import (
     ColorJitter,
     GaussianBlur,
@@ -38,11 +39,14 @@ __all__ = [
     "CenterCrop",
     "ColorJitter",
     "Compose",
+    "CutMix",
     "GaussianBlur",
+    "MixUp",
     "RandAugment",
     "RandomAdjustSharpness",
     "RandomAffine",
     "RandomAutocontrast",
+    "RandomChoice",
     "RandomEqualize",
     "RandomErasing",
     "RandomGrayscale",

@@ -90,12 +90,13 @@ class MixUp(_Mix):
     """Blend each sample with its partner: ``lam * x + (1 - lam) * partner``, labels
     likewise, ``lam ~ Beta(alpha, alpha)`` (timm's ``Mixup`` with ``mixup_alpha``).
 
-    Args:
-        alpha: Beta distribution parameter, > 0.
-        num_classes: Classes of the soft labels.
-        label_smoothing: Smoothing of the one-hot labels before mixing (timm: 0.1).
-        p: Probability that a batch (or an element, ``"elem"``) is mixed.
-        mode: ``"batch"``: one ``lam`` per batch; ``"elem"``: one per sample.
+    Arguments, positional or by name:
+
+    - ``alpha``: Beta distribution parameter, > 0.
+    - ``num_classes``: Classes of the soft labels.
+    - ``label_smoothing``: Smoothing of the one-hot labels before mixing (timm: 0.1).
+    - ``p``: Probability that a batch (or an element, ``"elem"``) is mixed.
+    - ``mode``: ``"batch"``: one ``lam`` per batch; ``"elem"``: one per sample.
 
     Raises:
         TypeError, ValueError: An argument of the wrong type or out of range.
@@ -112,12 +113,13 @@ class CutMix(_Mix):
     the image's with ``lam ~ Beta(alpha, alpha)``, labels weighted by the area kept
     (timm's ``Mixup`` with ``cutmix_alpha``, ``correct_lam=True``).
 
-    Args:
-        alpha: Beta distribution parameter, > 0.
-        num_classes: Classes of the soft labels.
-        label_smoothing: Smoothing of the one-hot labels before mixing (timm: 0.1).
-        p: Probability that a batch (or an element, ``"elem"``) is mixed.
-        mode: ``"batch"``: one box per batch; ``"elem"``: one per sample.
+    Arguments, positional or by name:
+
+    - ``alpha``: Beta distribution parameter, > 0.
+    - ``num_classes``: Classes of the soft labels.
+    - ``label_smoothing``: Smoothing of the one-hot labels before mixing (timm: 0.1).
+    - ``p``: Probability that a batch (or an element, ``"elem"``) is mixed.
+    - ``mode``: ``"batch"``: one box per batch; ``"elem"``: one per sample.
 
     Raises:
         TypeError, ValueError: An argument of the wrong type or out of range.

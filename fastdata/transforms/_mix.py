@@ -54,14 +54,15 @@ class MixUp(_Mix):
     alpha)``, labels likewise: the kernel of :class:`fastdata.ops.MixUp`, on CPU batches
     after collate or on the device (torch ops wherever the batch is).
 
-    Args:
-        alpha: Beta parameter, > 0 (timm's recipe: 0.8).
-        num_classes: Classes of the soft labels.
-        label_smoothing: Smoothing of the one-hot labels (timm's ``Mixup``: 0.1).
-        p: Probability that a batch (or element) is mixed.
-        mode: ``"batch"`` (one ``lam`` per batch) or ``"elem"`` (one per sample).
-        layout: ``"CHW"`` or ``"HWC"``.
-        seed: Seed of the draws (``None``: torch's default generator).
+    Arguments, positional or by name:
+
+    - ``alpha``: Beta parameter, > 0 (timm's recipe: 0.8).
+    - ``num_classes``: Classes of the soft labels.
+    - ``label_smoothing``: Smoothing of the one-hot labels (timm's ``Mixup``: 0.1).
+    - ``p``: Probability that a batch (or element) is mixed.
+    - ``mode``: ``"batch"`` (one ``lam`` per batch) or ``"elem"`` (one per sample).
+    - ``layout``: ``"CHW"`` or ``"HWC"``.
+    - ``seed``: Seed of the draws (``None``: torch's default generator).
 
     Example:
         >>> mix = RandomChoice([MixUp(alpha=0.8, num_classes=1000),

@@ -33,14 +33,36 @@ Kernel = Callable[
 ]
 
 
+# PIL's L weights: integer sums up to 255 * 65536 < 2**24, exact in float32.
+LUMA_WEIGHTS = np.array([[19595, 38470, 7471]], np.float32)
+
+
 def luma(images: np.ndarray) -> np.ndarray:
     """PIL's ``L`` of ``(N, H, W, 3)`` uint8 images: ``(N, H, W)`` uint8,
-    ``(19595 R + 38470 G + 7471 B + 32768) >> 16``."""
-    weighted = images[..., 0] * np.uint32(19595)
-    weighted += images[..., 1] * np.uint32(38470)
-    weighted += images[..., 2] * np.uint32(7471)
-    weighted += np.uint32(0x8000)
-    return (weighted >> 16).astype(np.uint8)
+    ``(19595 R + 38470 G + 7471 B + 32768) >> 16`` (exact: float32 holds the sums)."""
+    out = np.empty(images.shape[:3], np.uint8)
+    for k in range(len(images)):
+        rgb = images[k].astype(np.float32)  # cv2.transform keeps the input's depth
+        sums = cv2.transform(rgb, LUMA_WEIGHTS).reshape(images.shape[1:3])
+        sums += 32768.0
+        sums *= 1.0 / 65536.0  # a power of two: exact
+        out[k] = np.floor(sums, out=sums)
+    return out
+
+
+def _each(kernel: Kernel) -> Kernel:
+    """``kernel`` run one sample at a time (its float temporaries stay in cache)."""
+
+    def per_image(
+        images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        for k in range(len(images)):
+            one = {name: value[k : k + 1] for name, value in params.items()}
+            kernel(images[k : k + 1], one, options, [])
+        return images, masks
+
+    per_image.__doc__ = kernel.__doc__
+    return per_image
 
 
 def _per_sample(values: np.ndarray, ndim: int) -> np.ndarray:
@@ -182,10 +204,12 @@ def invert(
 def histograms(images: np.ndarray) -> np.ndarray:
     """``(N, C, 256)`` int64 per-channel histograms."""
     count, channels = len(images), images.shape[-1]
-    offsets = (np.arange(count)[:, None] * channels + np.arange(channels)[None]) * 256
-    keys = images.reshape(count, -1, channels).astype(np.int64) + offsets[:, None, :]
-    flat = np.bincount(keys.ravel(), minlength=count * channels * 256)
-    return flat.reshape(count, channels, 256)
+    hist = np.empty((count, channels, 256), np.int64)
+    for k in range(count):
+        for channel in range(channels):
+            counts = cv2.calcHist([images[k]], [channel], None, [256], [0, 256])
+            hist[k, channel] = counts.ravel()
+    return hist
 
 
 def equalize_luts(hist: np.ndarray) -> np.ndarray:
@@ -221,7 +245,9 @@ def autocontrast(
     images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     """PIL's per-channel stretch of [min, max] to [0, 255]."""
-    low, high = images.min(axis=(1, 2)), images.max(axis=(1, 2))
+    present = histograms(images) > 0  # min and max per channel, from the histogram
+    low = np.argmax(present, axis=-1)
+    high = 255 - np.argmax(present[..., ::-1], axis=-1)
     return apply_luts(images, autocontrast_luts(low, high)), masks
 
 
@@ -261,11 +287,11 @@ def affine(
     mask_outs = [np.empty_like(mask) for mask in masks]
     for k, matrix in enumerate(params["matrix"]):
         transform = opencv_matrix(matrix)
-        warped = cv2.warpAffine(
-            images[k], transform, (width, height), flags=flags,
+        target = out[k] if channels > 1 else out[k, ..., 0]
+        cv2.warpAffine(
+            images[k], transform, (width, height), dst=target, flags=flags,
             borderMode=cv2.BORDER_CONSTANT, borderValue=border,
         )  # fmt: skip
-        out[k] = warped.reshape(images.shape[1:])
         for mask, mask_out in zip(masks, mask_outs, strict=True):
             mask_out[k] = cv2.warpAffine(
                 mask[k], transform, (width, height),
@@ -294,9 +320,9 @@ def erase(
 CPU_KERNELS: dict[str, Kernel] = {
     **{name: _lut_kernel(build) for name, build in PARAMETER_LUTS.items()},
     "contrast": contrast,
-    "saturation": saturation,
-    "hue": hue,
-    "sharpness": sharpness,
+    "saturation": _each(saturation),
+    "hue": _each(hue),
+    "sharpness": _each(sharpness),
     "grayscale": grayscale,
     "invert": invert,
     "equalize": equalize,

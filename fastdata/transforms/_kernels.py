@@ -43,7 +43,8 @@ def luma(images: np.ndarray) -> np.ndarray:
     out = np.empty(images.shape[:3], np.uint8)
     for k in range(len(images)):
         rgb = images[k].astype(np.float32)  # cv2.transform keeps the input's depth
-        sums = cv2.transform(rgb, LUMA_WEIGHTS).reshape(images.shape[1:3])
+        sums: np.ndarray = cv2.transform(rgb, LUMA_WEIGHTS).reshape(images.shape[1:3])
+        sums = sums.astype(np.float32, copy=False)
         sums += 32768.0
         sums *= 1.0 / 65536.0  # a power of two: exact
         out[k] = np.floor(sums, out=sums)

@@ -7,7 +7,8 @@ Heavy = RandomResizedCrop 224 + flip + RandAugment (n2, m9, mstd 0.5) + RandomEr
 0.1); light = RandomResizedCrop 224 + flip + normalize. Every row reads the same sample
 JPEGs (or shards made from them), 2 DataLoader workers (DALI: 2 threads), batch 64, and
 ends with a normalised float32 batch (and soft labels for heavy) in the training
-process. Per row: one warm-up, then ``--batches`` batches timed, in ``--repeats``
+process. Per row: ``--warmup`` untimed batches (the workers start and the batches they
+queued meanwhile are drained), then ``--batches`` batches timed, in ``--repeats``
 round-robin passes (best kept: other tenants only ever slow a loader down).
 
 Peers that do not import are skipped with one line. albumentations has no RandAugment: its
@@ -321,8 +322,9 @@ def dali_rows(folder: Path, batch: int) -> dict[str, Batches]:
 
 
 # -- timing --------------------------------------------------------------------------------
-def rate(epochs: Epochs, batches: int) -> float:
-    """Images per second over ``batches`` batches after one warm-up batch (a new epoch
+def rate(epochs: Epochs, batches: int, warmup: int) -> float:
+    """Images per second over ``batches`` batches after ``warmup`` untimed ones (enough
+    to start the workers and drain the batches they queued meanwhile; a new epoch is
     started whenever one ends)."""
     iterator = iter(epochs)
 
@@ -334,7 +336,8 @@ def rate(epochs: Epochs, batches: int) -> float:
             iterator = iter(epochs)
             return len(next(iterator)[0])
 
-    take()
+    for _ in range(warmup):
+        take()
     started, count = time.perf_counter(), 0
     for _ in range(batches):
         count += take()
@@ -346,7 +349,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=Path("/tmp/fdbench"), help="cache folder")
     parser.add_argument("--num-images", type=int, default=1000)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--batches", type=int, default=8, help="timed batches per pass")
+    parser.add_argument("--batches", type=int, default=10, help="timed batches per pass")
+    parser.add_argument(
+        "--warmup", type=int, default=2 * WORKERS + 1, help="untimed batches first (the queue)"
+    )
     parser.add_argument("--repeats", type=int, default=2, help="passes per row (best kept)")
     parser.add_argument("--only", default="", help="measure only rows whose name has this")
     add_publish_argument(parser)
@@ -379,7 +385,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, make in selected.items():
             where = f"[{repeat + 1}/{args.repeats}] {name:32s}"
             try:
-                measured = rate(make(), args.batches)  # built here, timed after a warm-up
+                measured = rate(
+                    make(), args.batches, args.warmup
+                )  # built here, timed after a warm-up
             except Exception as error:  # a peer's pipeline that does not run here
                 print(f"{where} failed: {type(error).__name__}: {str(error)[:200]}")
                 continue
@@ -404,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             "batch_size": args.batch_size,
             "workers": WORKERS,
             "timed_batches": args.batches,
+            "warmup_batches": args.warmup,
             "repeats_best_of": args.repeats,
             "images_per_s": best,
             "ratios": ratios,

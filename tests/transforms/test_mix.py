@@ -168,3 +168,15 @@ def test_mixing_arguments_are_validated() -> None:
         RandomChoice([])
     with pytest.raises(ValueError, match="p must give one non-negative weight"):
         RandomChoice([MixUp(1.0, 3)], p=[0.5, 0.5])
+
+
+def test_the_opencv_and_torch_blends_agree() -> None:
+    """Contiguous uint8 CPU batches blend through OpenCV, others through torch."""
+    images, labels = _batch(8)
+    contiguous, _ = MixUp(0.8, 10, mode="elem", seed=4)(images, labels)
+    strided, _ = MixUp(0.8, 10, mode="elem", seed=4)(
+        images.contiguous(memory_format=torch.channels_last), labels
+    )
+    assert (contiguous.int() - strided.int()).abs().max() <= 1
+    floats, _ = MixUp(0.8, 10, mode="elem", seed=4)(images.float(), labels)
+    assert (floats.round() - contiguous.float()).abs().max() <= 1

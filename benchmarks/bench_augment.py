@@ -270,6 +270,17 @@ def albumentations_rows(paths: list[Path], labels: list[int], batch: int) -> dic
     return {"albumentations light": lambda: run(False), "albumentations heavy": lambda: run(True)}
 
 
+class _DaliEpochs:
+    """A DALI iterator (``auto_reset``) as ``(images, labels)`` batches, epoch after epoch."""
+
+    def __init__(self, iterator: Any) -> None:
+        self.iterator = iterator
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        for data in self.iterator:
+            yield data[0]["images"], data[0]["labels"]
+
+
 def dali_rows(folder: Path, batch: int) -> dict[str, Batches]:
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.auto_aug import rand_augment
@@ -316,7 +327,7 @@ def dali_rows(folder: Path, batch: int) -> dict[str, Batches]:
             return mixing(images, labels) if mixing is not None else (images, labels)
 
         mixing = _timm_mixup() if heavy else None
-        return Epochs(([data[0]["images"], data[0]["labels"]] for data in iterator), step)
+        return Epochs(_DaliEpochs(iterator), step)
 
     return {"DALI CPU light": lambda: run(False), "DALI CPU heavy": lambda: run(True)}
 

@@ -26,6 +26,7 @@ registry's torchvision does not import beside a CPU torch, see ``shared/tools``)
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -392,18 +393,25 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skipped {name}: {error}")
     selected = {name: make for name, make in rows.items() if args.only in name}
     best = dict.fromkeys(selected, 0.0)
-    for repeat in range(args.repeats):
-        for name, make in selected.items():
-            where = f"[{repeat + 1}/{args.repeats}] {name:32s}"
-            try:
-                measured = rate(
-                    make(), args.batches, args.warmup
-                )  # built here, timed after a warm-up
-            except Exception as error:  # a peer's pipeline that does not run here
-                print(f"{where} failed: {type(error).__name__}: {str(error)[:200]}")
-                continue
-            best[name] = max(best[name], measured)
-            print(f"{where} {measured:8,.0f} images/s", flush=True)
+    # DALI's pipeline threads stay in this process: a DataLoader forking its workers after
+    # them may crash, so the DALI rows are measured after every other row's passes.
+    groups = [
+        [name for name in selected if not name.startswith("DALI")],
+        [name for name in selected if name.startswith("DALI")],
+    ]
+    for group in groups:
+        for repeat in range(args.repeats):
+            for name in group:
+                where = f"[{repeat + 1}/{args.repeats}] {name:32s}"
+                try:
+                    measured = rate(selected[name](), args.batches, args.warmup)
+                except Exception as error:  # a peer's pipeline that does not run here
+                    print(f"{where} failed: {type(error).__name__}: {str(error)[:200]}")
+                    continue
+                finally:
+                    gc.collect()  # this row's workers end before the next row forks its own
+                best[name] = max(best[name], measured)
+                print(f"{where} {measured:8,.0f} images/s", flush=True)
 
     print("\n| loader | images/s | heavy cost (light / heavy) |\n|---|---:|---:|")
     for name, value in best.items():

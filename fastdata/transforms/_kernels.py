@@ -175,14 +175,19 @@ def hue(
     return images, masks
 
 
+SMOOTH_WEIGHTS = SMOOTH / np.float32(13.0)
+
+
 def smooth(images: np.ndarray) -> np.ndarray:
     """PIL's ``ImageFilter.SMOOTH`` of each image: the 3x3 kernel ``SMOOTH / 13``, rounded,
-    the outer rows and columns kept."""
+    the outer rows and columns kept.
+
+    OpenCV's uint8 filter rounds the float sum: exact, since a sum of integers over 13 is
+    never within 1/26 of a tie."""
     out = images.copy()
     for k in range(len(images)):
-        sums = cv2.filter2D(images[k], cv2.CV_32F, SMOOTH, borderType=cv2.BORDER_REFLECT_101)
-        sums = sums.reshape(images.shape[1:])
-        out[k, 1:-1, 1:-1] = np.floor((sums[1:-1, 1:-1] + 6.5) / 13.0).astype(np.uint8)
+        smoothed = cv2.filter2D(images[k], -1, SMOOTH_WEIGHTS, borderType=cv2.BORDER_REFLECT_101)
+        out[k, 1:-1, 1:-1] = smoothed.reshape(images.shape[1:])[1:-1, 1:-1]
     return out
 
 

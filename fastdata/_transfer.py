@@ -30,6 +30,7 @@ def copy_to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 def upload(
     array: np.ndarray, device: torch.device, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
-    """A NumPy array on ``device`` (see :func:`copy_to_device`), cast to ``dtype`` there."""
-    tensor = copy_to_device(torch.from_numpy(np.ascontiguousarray(array)), device)
-    return tensor if dtype is None else tensor.to(dtype)
+    """A NumPy array on ``device`` (see :func:`copy_to_device`), cast to ``dtype`` on the
+    host first (the same rounding as on the device; fewer bytes, no cast kernel there)."""
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    return copy_to_device(tensor if dtype is None else tensor.to(dtype), device)

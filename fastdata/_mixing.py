@@ -16,6 +16,10 @@ from fastdata._layout import check_layout
 from fastdata._ops_mix import MixPlan
 from fastdata._transfer import copy_to_device, upload
 
+# devices where torch.Tensor checks can be asserted without a read-back (the meta device
+# has no values to check)
+_ASYNC_ASSERT_DEVICES = ("cuda", "meta")
+
 
 def soft_targets(
     labels: torch.Tensor, num_classes: int, smoothing: float, device: torch.device
@@ -26,7 +30,8 @@ def soft_targets(
 
     Raises:
         ValueError: ``labels`` is neither ``(B,)`` integers in ``[0, num_classes)`` nor
-            ``(B, num_classes)``.
+            ``(B, num_classes)`` (CUDA labels out of range fail with a device-side assert
+            instead: checking them on the host would make it wait for the device).
     """
     if labels.dim() == 2 and labels.shape[1] == num_classes:
         return copy_to_device(labels, device).to(torch.float32)
@@ -35,16 +40,15 @@ def soft_targets(
             f"labels must be (B,) class indices or (B, {num_classes}) soft targets, "
             f"got {tuple(labels.shape)} {labels.dtype}"
         )
-    if labels.device.type == "cpu":
-        if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
-            raise ValueError(
-                f"labels must be in [0, {num_classes}), got values "
-                f"{int(labels.min())}..{int(labels.max())}"
-            )
-    elif labels.numel():
-        # checked on the device without reading back (a sync): a bad label fails the
-        # next CUDA call with a device-side assert instead of a ValueError
+    if labels.device.type in _ASYNC_ASSERT_DEVICES and labels.numel():
+        # checked on the device without reading back (a sync): a bad label fails a later
+        # CUDA call with a device-side assert instead of a ValueError
         torch._assert_async(((labels >= 0) & (labels < num_classes)).all())
+    elif labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        raise ValueError(
+            f"labels must be in [0, {num_classes}), got values "
+            f"{int(labels.min())}..{int(labels.max())}"
+        )
     off = smoothing / num_classes
     targets = torch.full((len(labels), num_classes), off, dtype=torch.float32, device=device)
     index = copy_to_device(labels, device).to(torch.int64)[:, None]

@@ -17,7 +17,9 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from fastdata import _tables as cpu
+from fastdata._mixing import box_masks
 from fastdata._tables import Params
+from fastdata._transfer import upload
 
 DeviceKernel = Callable[
     [torch.Tensor, Params, dict[str, Any], list[torch.Tensor]],
@@ -28,12 +30,8 @@ DeviceKernel = Callable[
 def _host(
     array: np.ndarray, device: torch.device, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
-    tensor = torch.from_numpy(np.ascontiguousarray(array))
-    if device.type == "cuda":
-        tensor = tensor.pin_memory().to(device, non_blocking=True)
-    else:
-        tensor = tensor.to(device)
-    return tensor if dtype is None else tensor.to(dtype)
+    # pinned and non_blocking on CUDA: a kernel never makes the host wait for the device
+    return upload(array, device, dtype)
 
 
 def _per_sample(values: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -132,7 +130,7 @@ def hsv_to_rgb(hsv: torch.Tensor) -> torch.Tensor:
     t = ((sxf + one_minus_s) * val).clamp_(0.0, 1.0)
     p = (one_minus_s * val).clamp_(0.0, 1.0)
     vpqt = torch.stack([val, p, q, t], dim=1)
-    select = torch.from_numpy(cpu.SEXTANT_SELECT).to(hsv.device)
+    select = _host(cpu.SEXTANT_SELECT, hsv.device)
     index = select[:, torch.remainder(sextant.to(torch.int64), 6)]  # (3, N, H, W)
     return vpqt.gather(1, index.transpose(0, 1))
 
@@ -152,7 +150,7 @@ def hue(
 def smooth(images: torch.Tensor) -> torch.Tensor:
     """PIL's ``SMOOTH`` filter (3x3, rounded, outer rows and columns kept)."""
     channels = images.shape[1]
-    weight = torch.from_numpy(cpu.SMOOTH).to(images.device)
+    weight = _host(cpu.SMOOTH, images.device)
     weight = weight.view(1, 1, 3, 3).expand(channels, 1, 3, 3)
     sums = F.conv2d(images.to(torch.float32), weight, groups=channels)
     out = images.clone()
@@ -178,9 +176,11 @@ def histograms(images: torch.Tensor) -> torch.Tensor:
     """``(N, C, 256)`` int64 per-channel histograms."""
     count, channels = images.shape[:2]
     keys = images.reshape(count * channels, -1).to(torch.int64)
-    keys = keys + 256 * torch.arange(count * channels, device=images.device)[:, None]
-    flat = torch.bincount(keys.flatten(), minlength=count * channels * 256)
-    return flat.view(count, channels, 256)
+    # scatter_add_, not bincount: bincount sizes its output from the data's maximum,
+    # read back to the host (a sync on CUDA)
+    hist = torch.zeros(count * channels, 256, dtype=torch.int64, device=images.device)
+    hist.scatter_add_(1, keys, torch.ones_like(keys))
+    return hist.view(count, channels, 256)
 
 
 def equalize(
@@ -253,7 +253,7 @@ def affine(
     theta = _host(affine_theta(params["matrix"], height, width), images.device, torch.float32)
     grid = F.affine_grid(theta, [count, 1, height, width], align_corners=False)
     fill = options["fill"] * channels if len(options["fill"]) == 1 else options["fill"]
-    fill_values = torch.tensor(fill, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
+    fill_values = _host(np.asarray(fill, np.float32), images.device).view(1, -1, 1, 1)
     work = torch.cat(
         [images.to(torch.float32), torch.ones_like(images[:, :1], dtype=torch.float32)], dim=1
     )
@@ -277,20 +277,23 @@ def affine(
 def erase(
     images: torch.Tensor, params: Params, options: dict[str, Any], masks: list[torch.Tensor]
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Set each sample's box to ``value`` (or the CPU kernel's seeded noise)."""
+    """Set each sample's box to ``value`` (or the CPU kernel's seeded noise): one select
+    over the slice with box masks, the noise laid out on the host and copied once."""
+    count, channels, height, width = images.shape
     value = options["value"]
-    out = images.clone()
-    channels = images.shape[1]
-    for k, ((top, left, height, width), seed) in enumerate(
-        zip(params["box"].tolist(), params["seed"].tolist(), strict=True)
-    ):
-        region = out[k, :, top : top + height, left : left + width]
-        if value == "random":
-            noise = cpu.erase_noise(seed, (height, width, channels)).transpose(2, 0, 1)
-            region.copy_(_host(noise, images.device))
-        else:
-            region.copy_(torch.tensor(value, dtype=images.dtype).view(-1, 1, 1).expand_as(region))
-    return out, masks
+    boxes = params["box"].astype(np.int64).reshape(count, 4)
+    if value == "random":
+        canvas = np.zeros((count, channels, height, width), np.uint8)
+        for k, ((top, left, box_h, box_w), seed) in enumerate(
+            zip(boxes.tolist(), params["seed"].tolist(), strict=True)
+        ):
+            noise = cpu.erase_noise(seed, (box_h, box_w, channels)).transpose(2, 0, 1)
+            canvas[k, :, top : top + box_h, left : left + box_w] = noise
+        replacement = _host(canvas, images.device)
+    else:
+        replacement = _host(np.asarray(value, np.uint8), images.device).view(1, -1, 1, 1)
+    inside = box_masks(boxes, height, width, images.device)
+    return torch.where(inside, replacement.to(images.dtype), images), masks
 
 
 DEVICE_KERNELS: dict[str, DeviceKernel] = {

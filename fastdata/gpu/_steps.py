@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 from fastdata import ops
-from fastdata._ops_steps import MOVING_KERNELS, StepOperation
+from fastdata._ops_steps import MOVING_KERNELS, Step, StepOperation
+from fastdata._transfer import copy_to_device
 from fastdata.gpu._kernels import DEVICE_KERNELS
 from fastdata.gpu.augment import _channels_last, _check_batch, _SeededModule
 
@@ -65,18 +66,18 @@ class DeviceStepModule(_SeededModule):
         heights, widths = np.full(batch, height), np.full(batch, width)
         steps = self.op.steps(self._uniform(batch), heights, widths)
         out = out.clone() if steps and out.data_ptr() == images.data_ptr() else out
-        for step in steps:
+        for step, rows in zip(steps, _step_rows(steps, batch, out.device), strict=True):
             kernel = DEVICE_KERNELS[step.kernel]
-            whole = len(step.index) == batch
-            rows = torch.from_numpy(step.index).to(out.device)
-            part = out if whole else out.index_select(0, rows)
+            part = out if rows is None else out.index_select(0, rows)
             moving = step.kernel in MOVING_KERNELS
-            mask_parts = [m if whole else m.index_select(0, rows) for m in moved] if moving else []
+            mask_parts = (
+                [m if rows is None else m.index_select(0, rows) for m in moved] if moving else []
+            )
             result, mask_results = kernel(part, step.params, step.options, mask_parts)
-            out = result if whole else out.index_copy_(0, rows, result)
+            out = result if rows is None else out.index_copy_(0, rows, result)
             if moving:
                 moved = [
-                    r if whole else m.index_copy(0, rows, r)
+                    r if rows is None else m.index_copy(0, rows, r)
                     for m, r in zip(moved, mask_results, strict=True)
                 ]
         if self.layout == "HWC":
@@ -91,6 +92,25 @@ class DeviceStepModule(_SeededModule):
         elif self.layout == "HWC":
             mask_out = mask_out.permute(0, 2, 3, 1).contiguous()
         return out, mask_out
+
+
+def _step_rows(steps: list[Step], batch: int, device: torch.device) -> list[torch.Tensor | None]:
+    """Each step's sample positions on ``device`` (``None``: the whole batch), all copied in
+    one pinned, non-blocking transfer: a copy per step from pageable memory would make the
+    host wait for the device each time."""
+    partial = [step.index for step in steps if len(step.index) != batch]
+    if not partial:
+        return [None] * len(steps)
+    rows = copy_to_device(torch.from_numpy(np.concatenate(partial)), device)
+    out: list[torch.Tensor | None] = []
+    start = 0
+    for step in steps:
+        if len(step.index) == batch:
+            out.append(None)
+        else:
+            out.append(rows[start : start + len(step.index)])
+            start += len(step.index)
+    return out
 
 
 def _module_doc(op: str, summary: str) -> str:

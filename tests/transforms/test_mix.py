@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from fastdata import gpu, ops
+from fastdata._mixing import mix_batch, paste_by_masks
+from fastdata._ops_mix import MixPlan
 from fastdata.transforms import (
     Compose,
     CutMix,
@@ -180,3 +182,18 @@ def test_the_opencv_and_torch_blends_agree() -> None:
     assert (contiguous.int() - strided.int()).abs().max() <= 1
     floats, _ = MixUp(0.8, 10, mode="elem", seed=4)(images.float(), labels)
     assert (floats.round() - contiguous.float()).abs().max() <= 1
+
+
+@pytest.mark.parametrize("layout", ["CHW", "HWC"])
+def test_cutmix_paste_by_box_masks_equals_pasting_sample_by_sample(layout: str) -> None:
+    # the device path (one select, no launch per sample) against the CPU path
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (5, 3, 12, 10), dtype=torch.uint8, generator=generator)
+    if layout == "HWC":
+        images = images.permute(0, 2, 3, 1).contiguous()
+    boxes = np.array([[0, 0, 12, 10], [2, 3, 4, 5], [0, 0, 0, 0], [11, 9, 1, 1], [5, 0, 7, 10]])
+    plan = MixPlan(lam=np.full(5, 0.5), boxes=boxes)
+    targets = torch.eye(5)
+    pasted, _ = mix_batch(images, targets, plan, layout)
+    assert not torch.equal(pasted, images)
+    assert torch.equal(paste_by_masks(images, boxes, layout), pasted)

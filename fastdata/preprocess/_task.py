@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, Union
+from typing import Any, Protocol, Union, cast
 
 import cv2
 import numpy as np
@@ -310,7 +310,7 @@ def write_shard(task: ShardTask, job: ShardJob, results: Iterable[SampleResult])
     from fastdata.shards import ShardWriter  # noqa: PLC0415
 
     path = Path(job.out) / task.file
-    on_error = OnError.parse(job.options.on_error)
+    on_error = cast(OnError, job.options.on_error)  # PreprocessOptions parsed it
     totals: dict[str, PixelStats] = {}
     skipped: list[dict[str, str]] = []
     try:

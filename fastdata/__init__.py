@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fastdata import _lazy
+from fastdata._version import __version__
 from fastdata.errors import (
     DecodeError,
     FastDataError,
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
     from fastdata.shards import FieldSpec, Manifest, ShardReader, ShardWriter, load_manifest
     from fastdata.tune import ProfileReport, TuneResult, autotune, profile
 
-__version__ = "0.1.0"
 
 # public name -> the module that defines it
 _LAZY_NAMES = {

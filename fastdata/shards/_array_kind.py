@@ -14,6 +14,7 @@ from fastdata.shards._field_kind import (
     COPY_BLOCK_BYTES,
     Column,
     FieldKind,
+    FieldSpecLike,
     Mapper,
     Region,
     checked_dataset,
@@ -22,8 +23,6 @@ from fastdata.shards._field_kind import (
 
 if TYPE_CHECKING:
     import h5py
-
-    from fastdata.shards._schema import FieldSpec
 
 
 class ArrayKind(FieldKind):
@@ -35,7 +34,7 @@ class ArrayKind(FieldKind):
     fixed_size = True
 
     @classmethod
-    def check(cls, spec: FieldSpec) -> None:
+    def check(cls, spec: FieldSpecLike) -> None:
         if spec.layout and len(spec.layout) != len(spec.shape):
             raise ValueError(
                 f"layout {spec.layout!r} of field {spec.name!r} does not match shape {spec.shape}"

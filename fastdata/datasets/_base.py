@@ -69,7 +69,7 @@ class BatchedDataset(Dataset):
             )
         self.store = store
         self.fields = tuple(fields)
-        self.layout = check_layout(layout, stacklevel=3)
+        self.layout = check_layout(layout)
         self.decode = decodes
         # A Decoder's geometry: each image decoded into its output size and crop.
         self.crop_decode = crop_decode

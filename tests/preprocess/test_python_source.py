@@ -430,7 +430,7 @@ def test_unreadable_inputs_follow_on_error(tmp_path: Path) -> None:
     assert (summary.num_samples, summary.num_skipped) == (5, 1)
     skipped = load_manifest(tmp_path / "o").skipped
     assert skipped[0]["path"] == "dataset[3]" and "truncated" in skipped[0]["reason"].lower()
-    fail = PreprocessOptions(sizes=(SIDE,), on_error="fail")
+    fail = PreprocessOptions(sizes=(SIDE,), on_error="raise")
     with pytest.raises(PreprocessError, match=r"dataset\[3\]: cannot read \(OSError: Truncated"):
         _run(FileDataset(paths), tmp_path / "f", fail, workers=2)
 

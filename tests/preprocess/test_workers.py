@@ -83,7 +83,7 @@ def test_a_failed_job_closes_its_workers(sample_imagefolder: Path, tmp_path: Pat
     _run(sample_imagefolder, tmp_path / "warm", options)
     before = _idle_pids()
     (sample_imagefolder / "class_000" / "broken.jpg").write_bytes(b"not a jpeg")
-    failing = PreprocessOptions(sizes=(16,), on_error="fail")
+    failing = PreprocessOptions(sizes=(16,), on_error="raise")
     with pytest.raises(PreprocessError, match=r"broken\.jpg"):
         _run(sample_imagefolder, tmp_path / "fails", failing)
     assert _idle_pids() == []

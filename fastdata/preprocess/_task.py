@@ -118,8 +118,8 @@ def build_fields(listing: SourceListing, options: PreprocessOptions) -> tuple[Fi
     """The schema of a job's shards."""
     if listing.kind == "npy":
         shape = listing.array_shape
-        layout = {2: "HW", 3: "DHW", 4: "DHWC"}.get(len(shape), "")
-        fields = [FieldSpec("volume", "array", listing.array_dtype, shape, layout)]
+        axes = {2: "HW", 3: "DHW", 4: "DHWC"}.get(len(shape), "")
+        fields = [FieldSpec("volume", "array", listing.array_dtype, shape, axes)]
     else:
         channels = 1 if options.grayscale else 3
         fields = []

@@ -53,7 +53,7 @@ class EncodedKind(FieldKind):
         return self.spec.encoding in self.image_encodings
 
     @property
-    def sample_layout(self) -> str:
+    def sample_axes(self) -> str:
         return "HWC" if self.decodes_to_image else ""
 
     def describe(self) -> str:

@@ -69,7 +69,7 @@ class FieldSpecLike(Protocol):
     def shape(self) -> tuple[int, ...]: ...
 
     @property
-    def layout(self) -> str: ...
+    def axes(self) -> str: ...
 
     @property
     def encoding(self) -> str | None: ...
@@ -110,7 +110,7 @@ class FieldKind(ABC):
         """Bytes per sample (0 when samples vary in size)."""
 
     @property
-    def sample_layout(self) -> str:
+    def sample_axes(self) -> str:
         """Axis letters of one sample as a dataset yields it (``""``: not an image)."""
         return ""
 

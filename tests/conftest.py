@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -83,4 +84,29 @@ def make_demo_workdir(root: Path, sample_tool: Any, write_out: Callable[[], Any]
             workers=1,
             show_progress=False,
         )
+    return root
+
+
+def write_image_shards(
+    root: Path, shard_sizes: Sequence[int], *, seed: int = 0, class_names: Sequence[str] = ()
+) -> Path:
+    """A shard set under ``root``: ``(16, 16, 3)`` uint8 images (random, from ``seed``) and
+    int64 labels equal to the sample index, in shards of ``shard_sizes`` samples."""
+    from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest  # noqa: PLC0415
+
+    fields = [
+        FieldSpec("image", "array", "uint8", (16, 16, 3), "HWC"),
+        FieldSpec("label", "array", "int64"),
+    ]
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    infos, index = [], 0
+    for number, count in enumerate(shard_sizes):
+        with ShardWriter(root / f"shard-{number:05d}.h5", fields) as writer:
+            for _ in range(count):
+                image = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
+                writer.append({"image": image, "label": index})
+                index += 1
+            infos.append(writer.close())
+    save_manifest(root, Manifest(fields=fields, shards=infos, class_names=list(class_names)))
     return root

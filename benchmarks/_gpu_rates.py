@@ -15,7 +15,10 @@ import torch
 from fastdata._system import usable_cpus
 from fastdata.decode import DecodingLoader, create_decoder
 from fastdata.gpu import (
+    DeviceMixUp,
     DevicePrefetcher,
+    DeviceRandAugment,
+    DeviceRandomErasing,
     DeviceRandomHorizontalFlip,
     DeviceRandomResizedCrop,
     Normalize,
@@ -58,7 +61,9 @@ def host_syncs(fn: Callable[[], object]) -> int:
 
 def device_rates(device: torch.device, batch: int, repeat: int) -> dict[str, float]:
     """img/s of Normalize (uint8 HWC 224 px to bfloat16 and float32, channels_last), device
-    flip + RandomResizedCrop (uint8 320 -> 224, channels_last), and the prefetcher over
+    flip + RandomResizedCrop (uint8 320 -> 224, channels_last), the same followed by the
+    timm recipe's RandAugment, RandomErasing and MixUp (img/s and host syncs per batch), and
+    the prefetcher over
     pageable batches (it pins each on the host: what DataLoader(pin_memory=True) saves)."""
     sync = torch.cuda.synchronize
     images = torch.randint(0, 256, (batch, 224, 224, 3), dtype=torch.uint8, device=device)
@@ -74,6 +79,19 @@ def device_rates(device: torch.device, batch: int, repeat: int) -> dict[str, flo
     rates["augment_img_s"] = items_per_second(
         lambda: [crop(flip(large)) for _ in range(5)], 5 * batch, repeat=repeat, sync=sync
     )
+    # the timm recipe on the device: RandAugment n2 m9 mstd0.5, RandomErasing 0.25, MixUp
+    augment, erase = DeviceRandAugment(2, 9, 0.5, seed=1), DeviceRandomErasing(p=0.25, seed=1)
+    mix = DeviceMixUp(alpha=0.8, num_classes=1000, seed=1)
+    labels = torch.randint(0, 1000, (batch,), device=device)
+
+    def heavy() -> object:
+        return mix(erase(augment(crop(flip(large)))), labels)
+
+    rates["augment_heavy_img_s"] = items_per_second(
+        lambda: [heavy() for _ in range(3)], 3 * batch, repeat=repeat, sync=sync
+    )
+    if device.type == "cuda":  # torch counts host syncs of CUDA work only
+        rates["augment_heavy_host_syncs"] = host_syncs(heavy)
     pageable = [torch.randint(0, 256, (batch, 224, 224, 3), dtype=torch.uint8) for _ in range(2)]
     normalize = Normalize(MEAN, STD, dtype=torch.bfloat16, channels_last=True).to(device)
     prefetcher = DevicePrefetcher(pageable * 5, device, transform=normalize)

@@ -326,7 +326,9 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"rates: Normalize uint8 HWC -> bf16 channels_last {rates['normalize_bf16_img_s']:,.0f}"
             f" img/s (float32 {rates['normalize_f32_img_s']:,.0f}); device flip +"
-            f" RandomResizedCrop 320->224 {rates['augment_img_s']:,.0f} img/s; prefetcher from"
+            f" RandomResizedCrop 320->224 {rates['augment_img_s']:,.0f} img/s; + RandAugment n2 m9,"
+            f" RandomErasing 0.25, MixUp {rates['augment_heavy_img_s']:,.0f} img/s"
+            f" ({rates.get('augment_heavy_host_syncs')} host syncs a batch); prefetcher from"
             f" pageable batches {rates['prefetch_pageable_img_s']:,.0f} img/s"
         )
         missing = "--skip-decode" if args.skip_decode else nvjpeg_missing(device)

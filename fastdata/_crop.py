@@ -169,19 +169,43 @@ def random_boxes(
         ``(B, 4)`` int64 boxes ``(top, left, height, width)`` inside their images.
     """
     heights, widths = np.asarray(heights, np.int64), np.asarray(widths, np.int64)
+    try_w, try_h = tried_sides(heights, widths, scale, ratio, draws)
+    fits = (try_w > 0) & (try_h > 0) & (try_w <= widths[:, None]) & (try_h <= heights[:, None])
+    rows, first = np.arange(len(heights)), np.argmax(fits, axis=1)
+    box_h, box_w = try_h[rows, first], try_w[rows, first]
+    top, left = placed(heights, widths, box_h, box_w, draws[:, -2:])
+    boxes = np.stack([top, left, box_h, box_w], axis=1)
+    missed = ~fits.any(axis=1)
+    boxes[missed] = largest_centered_boxes(heights[missed], widths[missed], ratio)
+    return boxes
+
+
+def tried_sides(
+    heights: np.ndarray,
+    widths: np.ndarray,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    draws: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ``ATTEMPTS`` tries of torchvision's random boxes (random resized crop, random
+    erasing): an area fraction uniform in ``scale`` (draws ``[:, :ATTEMPTS]``) and a ratio
+    log-uniform in ``ratio`` (the next ``ATTEMPTS``), as rounded sides
+    ``(sqrt(area * ratio), sqrt(area / ratio))``, each ``(B, ATTEMPTS)`` int64."""
     area = (heights * widths).astype(np.float64)[:, None]
     target = area * (scale[0] + (scale[1] - scale[0]) * draws[:, :ATTEMPTS])
     low, high = math.log(ratio[0]), math.log(ratio[1])
     aspect = np.exp(low + (high - low) * draws[:, ATTEMPTS : 2 * ATTEMPTS])
-    try_w = np.round(np.sqrt(target * aspect)).astype(np.int64)
-    try_h = np.round(np.sqrt(target / aspect)).astype(np.int64)
-    fits = (try_w > 0) & (try_h > 0) & (try_w <= widths[:, None]) & (try_h <= heights[:, None])
-    rows, first = np.arange(len(heights)), np.argmax(fits, axis=1)
-    box_h, box_w = try_h[rows, first], try_w[rows, first]
+    along = np.round(np.sqrt(target * aspect)).astype(np.int64)
+    across = np.round(np.sqrt(target / aspect)).astype(np.int64)
+    return along, across
+
+
+def placed(
+    heights: np.ndarray, widths: np.ndarray, box_h: np.ndarray, box_w: np.ndarray, draws: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(top, left)`` int64 of boxes placed uniformly inside their images, from ``(B, 2)``
+    uniforms."""
     # min(): a draw just below 1 times (n + 1) can round up to n + 1.
-    top = np.minimum(np.floor(draws[:, -2] * (heights - box_h + 1)), heights - box_h)
-    left = np.minimum(np.floor(draws[:, -1] * (widths - box_w + 1)), widths - box_w)
-    boxes = np.stack([top.astype(np.int64), left.astype(np.int64), box_h, box_w], axis=1)
-    missed = ~fits.any(axis=1)
-    boxes[missed] = largest_centered_boxes(heights[missed], widths[missed], ratio)
-    return boxes
+    top = np.minimum(np.floor(draws[:, 0] * (heights - box_h + 1)), heights - box_h)
+    left = np.minimum(np.floor(draws[:, 1] * (widths - box_w + 1)), widths - box_w)
+    return top.astype(np.int64), left.astype(np.int64)

@@ -148,3 +148,34 @@ class UniformDraws:
     def __repr__(self) -> str:
         epoch = "" if self.epoch is None else f", epoch={self.epoch}"
         return f"UniformDraws(seed={self.seed}{epoch})"
+
+
+# Turning uniforms into the other distributions the augmentations draw from, so every
+# random parameter still comes from one UniformDraws stream (one seed, one result on every
+# executor).
+
+
+def normal_from_uniform(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """Standard normal samples from two equal-shape arrays of uniforms in [0, 1)
+    (Box-Muller)."""
+    radius = np.sqrt(-2.0 * np.log1p(-first))  # 1 - u in (0, 1]: never log(0)
+    return radius * np.cos(2.0 * np.pi * second)
+
+
+def beta_from_uniform(draws: np.ndarray, alpha: float) -> np.ndarray:
+    """``Beta(alpha, alpha)`` samples, one per uniform in ``draws`` (any shape).
+
+    Each uniform seeds a NumPy generator that draws the sample, so the result is a pure
+    function of the draws (the same on every executor and platform for one seed).
+    """
+    flat = np.asarray(draws, np.float64).ravel()
+    samples = [
+        np.random.Generator(np.random.PCG64(int(u * 2.0**53))).beta(alpha, alpha) for u in flat
+    ]
+    return np.asarray(samples, np.float64).reshape(np.shape(draws))
+
+
+def integers_from_uniform(draws: np.ndarray, high: int | np.ndarray) -> np.ndarray:
+    """Integers uniform in ``[0, high)`` from uniforms in [0, 1) (int64, ``draws``' shape)."""
+    high_array = np.asarray(high, np.int64)
+    return np.minimum(np.floor(draws * high_array).astype(np.int64), high_array - 1)

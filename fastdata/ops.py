@@ -22,7 +22,16 @@ Three executors run the same descriptions, each with its own kernel only:
 Every executor class holds its description as ``.op``; its constructor keeps the
 torchvision-style arguments and builds the description from them.
 
-Adding an augmentation (say a colour jitter) is one description and one kernel per
+Beyond crops and flips, the colour ops (:class:`ColorJitter`, :class:`Grayscale`,
+:class:`Solarize`, :class:`Posterize`, :class:`Equalize`, :class:`AutoContrast`,
+:class:`Sharpness`, :class:`Invert`, :class:`GaussianBlur`), :class:`RandomAffine`,
+:class:`RandomErasing` and the policies :class:`RandAugment` and
+:class:`TrivialAugmentWide` turn their draws into per-sample steps (one kernel name,
+the samples it applies to, their parameters) that the CPU transforms and the device
+modules run with their own kernel per name; :class:`MixUp` and :class:`CutMix` turn
+theirs into a mixing plan for a collated batch.
+
+Adding an augmentation is one description and one kernel per
 executor: a frozen :class:`Operation` subclass here that validates its arguments, declares
 its output and turns draws into its parameters (pixel geometry, if it moves pixels, in
 ``fastdata/_crop.py``); an :class:`Executor` subclass of
@@ -50,12 +59,27 @@ from fastdata._crop import (
 )
 
 __all__ = [
+    "AutoContrast",
     "CenterCrop",
+    "ColorJitter",
+    "CutMix",
+    "Equalize",
     "Executor",
+    "GaussianBlur",
+    "Grayscale",
     "HorizontalFlip",
+    "Invert",
+    "MixUp",
     "Operation",
+    "Posterize",
+    "RandAugment",
+    "RandomAffine",
+    "RandomErasing",
     "RandomResizedCrop",
     "Resize",
+    "Sharpness",
+    "Solarize",
+    "TrivialAugmentWide",
 ]
 
 
@@ -321,3 +345,25 @@ def described(value: object, op_type: type[OperationT]) -> OperationT | None:
     """
     op = value.op if isinstance(value, Executor) else value
     return op if isinstance(op, op_type) else None
+
+
+# The per-sample colour, affine, erasing and policy descriptions, and batch mixing; they
+# subclass Operation, so they are imported once it is defined.
+from fastdata._ops_colour import (  # noqa: E402
+    AutoContrast,
+    ColorJitter,
+    Equalize,
+    GaussianBlur,
+    Grayscale,
+    Invert,
+    Posterize,
+    Sharpness,
+    Solarize,
+)
+from fastdata._ops_mix import CutMix, MixUp  # noqa: E402
+from fastdata._ops_policy import (  # noqa: E402
+    RandAugment,
+    RandomAffine,
+    RandomErasing,
+    TrivialAugmentWide,
+)

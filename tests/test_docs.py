@@ -167,3 +167,14 @@ def test_tune_guide(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     scope = run(shorter)
     assert scope["result"].loader_kwargs["batch_size"] == 64
     assert scope["report"].verdict
+
+
+def test_augment_guide(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(workdir)
+    paths = sorted(str(p) for p in (workdir / "demo-data" / "sample").rglob("*.jpg"))
+    scope = run(
+        GUIDES / "augment.md", {"paths": paths, "labels": [i % 3 for i in range(len(paths))]}
+    )
+    assert scope["images"].shape == (64, 3, 224, 224) and scope["images"].dtype == torch.uint8
+    assert scope["soft_labels"].shape == (64, 1000)
+    assert scope["batch"].shape == (16, 3, 64, 64) and scope["soft"].shape == (16, 1000)

@@ -142,8 +142,8 @@ def decode_into_crop(
         factor = 1
     try:
         if factor > 1 and header is not None:
-            from fastdata.decode._geometry import Box  # noqa: PLC0415 - decode imports datasets
-            from fastdata.decode.cpu import decode_jpeg_box  # noqa: PLC0415
+            # here, not at the top: fastdata.decode imports fastdata.datasets
+            from fastdata.decode.cpu import Box, decode_jpeg_box  # noqa: PLC0415
 
             box = Box(int(top), int(left), int(height), int(width))
             decode_jpeg_box(

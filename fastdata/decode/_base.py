@@ -83,26 +83,6 @@ def resolve_num_threads(num_threads: int | None) -> int:
     return num_threads
 
 
-def copy_to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``host`` (a CPU tensor) on ``device``, without making the host wait for the device.
-
-    On CUDA the tensor is pinned first (unless it is) and copied with ``non_blocking=True``,
-    ordered on the current stream: a copy from pageable memory would block the host until
-    all work queued on that stream (e.g. the training step) is done. The caching host
-    allocator keeps pinned memory from reuse until the copy that reads it is done, so
-    ``host`` may be dropped at once. Other devices get a plain copy.
-    """
-    if host.device == device:
-        return host
-    if host.device.type != "cpu":  # already on a device: a device-to-device copy
-        return host.to(device, non_blocking=True)
-    if device.type == "cuda":
-        if not host.is_pinned():
-            host = host.pin_memory()
-        return host.to(device, non_blocking=True)
-    return host.to(device)
-
-
 def channels_last(images_nhwc: torch.Tensor) -> torch.Tensor:
     """``(B, H, W, C)`` contiguous → ``(B, C, H, W)`` view in channels_last memory format."""
     return images_nhwc.permute(0, 3, 1, 2)

@@ -10,7 +10,7 @@ from typing import TypeVar
 
 import torch
 
-from fastdata.decode._base import copy_to_device
+from fastdata._transfer import copy_to_device
 from fastdata.decode._geometry import Box
 
 In = TypeVar("In")

@@ -22,11 +22,11 @@ from fastdata._codec import (
     jpeg_header,
     reduction_factors,
 )
+from fastdata._transfer import copy_to_device
 from fastdata.decode._base import (
     DecodedBatch,
     Decoder,
     channels_last,
-    copy_to_device,
     resolve_num_threads,
 )
 from fastdata.decode._geometry import Box, crop_box, crop_boxes
@@ -201,7 +201,7 @@ def _batch_buffer(shape: tuple[int, ...], *, pinned: bool) -> torch.Tensor:
     """The uint8 output batch. Inside a DataLoader worker it is allocated in shared memory,
     so sending it to the main process copies nothing more; in the training process it is
     pinned when ``pinned`` (a CUDA target), so its copy to the device need not block the
-    host (see :func:`fastdata.decode._base.copy_to_device`)."""
+    host (see :func:`fastdata._transfer.copy_to_device`)."""
     if get_worker_info() is None:
         return _empty_batch(shape, pinned=pinned)
     storage = torch.UntypedStorage._new_shared(int(np.prod(shape, dtype=np.int64)))

@@ -49,13 +49,13 @@ import torch
 
 from fastdata._codec import DEFAULT_MAX_PIXELS, jpeg_header
 from fastdata._optional import import_optional
+from fastdata._transfer import copy_to_device
 from fastdata.decode._base import (
     DecodedBatch,
     Decoder,
     EncodedImage,
     channels_last,
     check_batch,
-    copy_to_device,
     resolve_num_threads,
 )
 from fastdata.decode._batching import decode_batch_or_each, is_environment_error

@@ -17,8 +17,9 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from fastdata._transfer import copy_to_device
 from fastdata.datasets import ResumableDataLoader
-from fastdata.decode._base import Decoder, copy_to_device
+from fastdata.decode._base import Decoder
 from fastdata.decode.cpu import CpuDecoder
 from fastdata.errors import DecodeError
 

@@ -54,10 +54,10 @@ import torch
 
 from fastdata._codec import DEFAULT_MAX_PIXELS, JpegHeader, jpeg_header
 from fastdata._optional import DISTRIBUTION, import_optional
+from fastdata._transfer import copy_to_device
 from fastdata.decode._base import (
     DecodedBatch,
     Decoder,
-    copy_to_device,
 )
 from fastdata.decode._batching import crop_resize_batch, decode_batch_or_each
 from fastdata.decode._geometry import Box, crop_box

@@ -3,17 +3,53 @@
 ``Normalize`` (uint8 → float, fused), ``MaskToLong`` (uint8 masks → int64),
 ``DevicePrefetcher`` / ``to_device`` (the next batch in flight on a side CUDA stream) and
 batch augmentation on the device (``DeviceRandomHorizontalFlip``,
-``DeviceRandomResizedCrop``). Everything also runs on the CPU; CUDA is used, never required.
+``DeviceRandomResizedCrop``, the colour ops, ``DeviceRandomAffine``,
+``DeviceRandomErasing``, ``DeviceRandAugment``, ``DeviceTrivialAugmentWide``,
+``DeviceMixUp``, ``DeviceCutMix``).
+Everything also runs on the CPU; CUDA is used, never required.
 """
 
+from fastdata.gpu._mix import DeviceCutMix, DeviceMixUp
+from fastdata.gpu._steps import (
+    DeviceColorJitter,
+    DeviceGaussianBlur,
+    DeviceRandAugment,
+    DeviceRandomAdjustSharpness,
+    DeviceRandomAffine,
+    DeviceRandomAutocontrast,
+    DeviceRandomEqualize,
+    DeviceRandomErasing,
+    DeviceRandomGrayscale,
+    DeviceRandomInvert,
+    DeviceRandomPosterize,
+    DeviceRandomSolarize,
+    DeviceStepModule,
+    DeviceTrivialAugmentWide,
+)
 from fastdata.gpu.augment import DeviceRandomHorizontalFlip, DeviceRandomResizedCrop
 from fastdata.gpu.normalize import MaskToLong, Normalize
 from fastdata.gpu.prefetch import DevicePrefetcher, to_device
 
 __all__ = [
+    "DeviceColorJitter",
+    "DeviceCutMix",
+    "DeviceGaussianBlur",
+    "DeviceMixUp",
     "DevicePrefetcher",
+    "DeviceRandAugment",
+    "DeviceRandomAdjustSharpness",
+    "DeviceRandomAffine",
+    "DeviceRandomAutocontrast",
+    "DeviceRandomEqualize",
+    "DeviceRandomErasing",
+    "DeviceRandomGrayscale",
     "DeviceRandomHorizontalFlip",
+    "DeviceRandomInvert",
+    "DeviceRandomPosterize",
     "DeviceRandomResizedCrop",
+    "DeviceRandomSolarize",
+    "DeviceStepModule",
+    "DeviceTrivialAugmentWide",
     "MaskToLong",
     "Normalize",
     "to_device",

@@ -22,13 +22,9 @@ from torch import nn
 from fastdata import ops
 from fastdata._draws import UniformDraws
 from fastdata._layout import check_layout
+from fastdata._transfer import copy_to_device
 
-
-def _to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host tensor → ``device``, without blocking the host when it is a CUDA device."""
-    if device.type == "cuda":
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor.to(device)
+_to = copy_to_device
 
 
 def _channels_last(images: torch.Tensor) -> bool:

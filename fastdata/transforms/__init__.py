@@ -1,4 +1,6 @@
-"""Per-batch CPU uint8 augmentations (OpenCV): crops, resizes, flips.
+"""Per-batch CPU uint8 augmentations (NumPy and OpenCV): crops, resizes, flips, colour,
+affine, erasing, the RandAugment and TrivialAugmentWide policies, and MixUp/CutMix for
+collated batches.
 
 They take a whole batch (``(B, C, H, W)`` uint8 tensor, ``(B, H, W, C)`` uint8 array, or
 a list of ``(H, W, C)`` uint8 arrays), are seeded per DataLoader worker, and compose with
@@ -14,12 +16,46 @@ from fastdata.transforms._geometric import (
     RandomResizedCrop,
     Resize,
 )
+from fastdata.transforms._mix import CutMix, MixUp, RandomChoice
+from fastdata.transforms._steps import (
+    ColorJitter,
+    GaussianBlur,
+    RandAugment,
+    RandomAdjustSharpness,
+    RandomAffine,
+    RandomAutocontrast,
+    RandomEqualize,
+    RandomErasing,
+    RandomGrayscale,
+    RandomInvert,
+    RandomPosterize,
+    RandomSolarize,
+    StepTransform,
+    TrivialAugmentWide,
+)
 
 __all__ = [
     "BatchTransform",
     "CenterCrop",
+    "ColorJitter",
     "Compose",
+    "CutMix",
+    "GaussianBlur",
+    "MixUp",
+    "RandAugment",
+    "RandomAdjustSharpness",
+    "RandomAffine",
+    "RandomAutocontrast",
+    "RandomChoice",
+    "RandomEqualize",
+    "RandomErasing",
+    "RandomGrayscale",
     "RandomHorizontalFlip",
+    "RandomInvert",
+    "RandomPosterize",
     "RandomResizedCrop",
+    "RandomSolarize",
     "Resize",
+    "StepTransform",
+    "TrivialAugmentWide",
 ]

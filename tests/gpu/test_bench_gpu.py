@@ -126,6 +126,7 @@ def test_device_rates_run_on_any_device(bench: Any, monkeypatch: pytest.MonkeyPa
         "normalize_bf16_img_s",
         "normalize_f32_img_s",
         "augment_img_s",
+        "augment_heavy_img_s",
         "prefetch_pageable_img_s",
     }
     assert all(rate > 0 for rate in rates.values())

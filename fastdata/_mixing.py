@@ -1,0 +1,174 @@
+"""The MixUp/CutMix kernel on a collated batch (torch ops, on whatever device the batch
+is: the CPU after collate or the GPU), shared by :mod:`fastdata.transforms` and
+:mod:`fastdata.gpu`, and the executor base that draws the plan from a seed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cv2
+import numpy as np
+import torch
+
+from fastdata import ops
+from fastdata._draws import UniformDraws
+from fastdata._layout import check_layout
+from fastdata._ops_mix import MixPlan
+from fastdata._transfer import copy_to_device, upload
+
+# devices where torch.Tensor checks can be asserted without a read-back (the meta device
+# has no values to check)
+_ASYNC_ASSERT_DEVICES = ("cuda", "meta")
+
+
+def soft_targets(
+    labels: torch.Tensor, num_classes: int, smoothing: float, device: torch.device
+) -> torch.Tensor:
+    """``(B, num_classes)`` float32 targets: one-hot ``labels`` smoothed as timm's
+    ``mixup_target`` (``1 - smoothing + smoothing / K`` on, ``smoothing / K`` off), or
+    ``labels`` as float32 when they are already ``(B, K)`` soft targets.
+
+    Raises:
+        ValueError: ``labels`` is neither ``(B,)`` integers in ``[0, num_classes)`` nor
+            ``(B, num_classes)`` (CUDA labels out of range fail with a device-side assert
+            instead: checking them on the host would make it wait for the device).
+    """
+    if labels.dim() == 2 and labels.shape[1] == num_classes:
+        return copy_to_device(labels, device).to(torch.float32)
+    if labels.dim() != 1 or labels.dtype.is_floating_point or labels.dtype == torch.bool:
+        raise ValueError(
+            f"labels must be (B,) class indices or (B, {num_classes}) soft targets, "
+            f"got {tuple(labels.shape)} {labels.dtype}"
+        )
+    if labels.device.type in _ASYNC_ASSERT_DEVICES and labels.numel():
+        # checked on the device without reading back (a sync): a bad label fails a later
+        # CUDA call with a device-side assert instead of a ValueError
+        torch._assert_async(((labels >= 0) & (labels < num_classes)).all())
+    elif labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        raise ValueError(
+            f"labels must be in [0, {num_classes}), got values "
+            f"{int(labels.min())}..{int(labels.max())}"
+        )
+    off = smoothing / num_classes
+    targets = torch.full((len(labels), num_classes), off, dtype=torch.float32, device=device)
+    index = copy_to_device(labels, device).to(torch.int64)[:, None]
+    return targets.scatter_(1, index, 1.0 - smoothing + off)
+
+
+def mix_batch(
+    images: torch.Tensor, targets: torch.Tensor, plan: MixPlan, layout: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mix each sample with the batch reversed by ``plan``.
+
+    Args:
+        images: ``(B, C, H, W)`` (``"CHW"``) or ``(B, H, W, C)`` (``"HWC"``) batch; uint8
+            results are rounded.
+        targets: ``(B, K)`` float32 soft targets.
+        plan: The draw: ``lam`` per sample and CutMix boxes (or ``None``: MixUp).
+        layout: ``"CHW"`` or ``"HWC"``.
+
+    Returns:
+        New images (same dtype, layout and device) and ``(B, K)`` mixed targets.
+    """
+    device = images.device
+    lam = upload(plan.lam.astype(np.float32), device)
+    mixed_targets = targets * lam[:, None] + targets.flip(0) * (1.0 - lam[:, None])
+    if plan.boxes is None:
+        return _blend(images, plan.lam), mixed_targets
+    if device.type != "cpu":  # one select with box masks: no launch per sample
+        return paste_by_masks(images, plan.boxes, layout), mixed_targets
+    out = images.clone()
+    count = len(images)
+    for i, (top, left, box_h, box_w) in enumerate(plan.boxes.tolist()):
+        if box_h and box_w:  # paste the partner's box (only the box is read)
+            rows, cols = slice(top, top + box_h), slice(left, left + box_w)
+            if layout == "CHW":
+                out[i, :, rows, cols] = images[count - 1 - i, :, rows, cols]
+            else:
+                out[i, rows, cols] = images[count - 1 - i, rows, cols]
+    return out, mixed_targets
+
+
+def paste_by_masks(images: torch.Tensor, boxes: np.ndarray, layout: str) -> torch.Tensor:
+    """CutMix's paste of the partner's (the batch reversed) ``(B, 4)`` boxes as one select:
+    the same result as pasting sample by sample, in a fixed number of launches."""
+    height, width = images.shape[2:4] if layout == "CHW" else images.shape[1:3]
+    inside = box_masks(boxes, int(height), int(width), images.device)
+    inside = inside if layout == "CHW" else inside.permute(0, 2, 3, 1)
+    return torch.where(inside, images.flip(0), images)
+
+
+def box_masks(boxes: np.ndarray, height: int, width: int, device: torch.device) -> torch.Tensor:
+    """``(N, 1, H, W)`` bool: inside each sample's ``(top, left, height, width)`` box (host
+    ``(N, 4)`` integers, copied once, pinned and non-blocking)."""
+    limits = upload(boxes.astype(np.int64).reshape(-1, 4), device)
+    top, left = limits[:, 0:1], limits[:, 1:2]
+    rows = torch.arange(height, device=device)[None]
+    cols = torch.arange(width, device=device)[None]
+    inside_rows = (rows >= top) & (rows < top + limits[:, 2:3])  # (N, H)
+    inside_cols = (cols >= left) & (cols < left + limits[:, 3:4])  # (N, W)
+    return (inside_rows[:, :, None] & inside_cols[:, None, :])[:, None]
+
+
+def _blend(images: torch.Tensor, lam: np.ndarray) -> torch.Tensor:
+    """``lam * x + (1 - lam) * partner`` per sample (the batch reversed); uint8 rounded.
+
+    A contiguous uint8 batch on the CPU is blended by OpenCV, one pass per sample (float
+    arithmetic rounded as torch's, a tie of exactly half a level apart); others by torch.
+    """
+    count = len(images)
+    if images.device.type == "cpu" and images.dtype == torch.uint8 and images.is_contiguous():
+        source = images.numpy().reshape(count, -1, images.shape[-1])
+        out = np.empty_like(source)
+        for i, weight in enumerate(lam.tolist()):
+            cv2.addWeighted(source[i], weight, source[count - 1 - i], 1.0 - weight, 0.0, out[i])
+        return torch.from_numpy(out).view(images.shape)
+    shape = (-1,) + (1,) * (images.dim() - 1)
+    work = images.dtype if images.dtype.is_floating_point else torch.float32
+    weight = upload(lam, images.device, work).view(shape)
+    blended = torch.lerp(images.flip(0).to(work), images.to(work), weight)
+    if not images.dtype.is_floating_point:
+        blended = blended.round_().clamp_(0, 255)
+    return blended.to(images.dtype)
+
+
+class MixExecutor(ops.Executor):
+    """Runs a :class:`fastdata.ops.MixUp` or :class:`fastdata.ops.CutMix` on a collated
+    batch: draws the plan (one row per batch, or per sample in ``"elem"`` mode) from
+    :class:`fastdata._draws.UniformDraws`, then :func:`mix_batch`."""
+
+    op: Any
+
+    def _setup(self, op: ops.Operation, layout: str, seed: int | None) -> None:
+        self.op = op
+        self.layout = check_layout(layout, stacklevel=4)
+        self._draws = UniformDraws(seed)
+
+    def mix(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mix ``images`` and ``labels``; see :func:`mix_batch` and :func:`soft_targets`.
+
+        Raises:
+            TypeError: ``images`` or ``labels`` is not a tensor.
+            ValueError: ``images`` is not 4-D, or ``labels`` does not fit it.
+        """
+        if not isinstance(images, torch.Tensor) or not isinstance(labels, torch.Tensor):
+            raise TypeError(
+                f"images and labels must be tensors, got {type(images).__name__} and "
+                f"{type(labels).__name__}"
+            )
+        if images.dim() != 4:
+            raise ValueError(
+                f"images must be a 4-D batch in layout {self.layout}, got {tuple(images.shape)}"
+            )
+        if len(labels) != len(images):
+            raise ValueError(f"labels has {len(labels)} rows for {len(images)} images")
+        batch = len(images)
+        height, width = images.shape[2:4] if self.layout == "CHW" else images.shape[1:3]
+        draws = self._draws.uniform(self.op.draw_rows(batch), self.op.draws_per_sample)
+        plan = self.op.plan(draws, batch, int(height), int(width))
+        targets = soft_targets(labels, self.op.num_classes, self.op.label_smoothing, images.device)
+        return mix_batch(images, targets, plan, self.layout)
+
+    def manual_seed(self, seed: int) -> None:
+        """Restart the random sequence from ``seed``."""
+        self._draws = UniformDraws(seed)

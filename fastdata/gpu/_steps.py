@@ -1,0 +1,199 @@
+"""Device modules of the per-sample descriptions (colour, affine, erasing, policies): the
+description turns host draws into steps (one seed, the CPU transforms' steps), each step's
+device kernel (:mod:`fastdata.gpu._kernels`) runs on its samples of the batch."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import numpy as np
+import torch
+
+from fastdata import ops
+from fastdata._ops_steps import MOVING_KERNELS, Step, StepOperation
+from fastdata._transfer import copy_to_device
+from fastdata.gpu._kernels import DEVICE_KERNELS
+from fastdata.gpu.augment import _channels_last, _check_batch, _SeededModule
+
+
+class DeviceStepModule(_SeededModule):
+    """A device module running a per-sample description on uint8 batches: its
+    constructor takes the description's arguments plus ``layout`` and ``seed`` (see
+    :class:`~fastdata.gpu.DeviceRandomHorizontalFlip`).
+
+    Returns new tensors (the input is not changed) in the input's layout and memory
+    format; masks follow the pixel-moving steps (nearest-neighbour, outside pixels 0).
+    """
+
+    op: StepOperation
+
+    def __init__(
+        self, *args: Any, layout: str = "CHW", seed: int | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(cast(Any, self.op_type)(*args, **kwargs), layout, seed)
+
+    def forward(
+        self, images: torch.Tensor, masks: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Augment a batch.
+
+        Args:
+            images: 4-D uint8 batch in the module's layout, 1 or 3 channels.
+            masks: Optional ``(B, H, W)`` or 4-D (same layout) masks.
+
+        Returns:
+            The images (and masks, when given), same shapes, dtypes and device.
+
+        Raises:
+            ValueError: ``images`` is not a 4-D uint8 batch of 1 or 3 channels, or
+                ``masks`` does not match it.
+        """
+        _check_batch(images, masks, self.layout)
+        if images.dtype != torch.uint8:
+            raise ValueError(
+                f"images must be uint8 (normalise after augmenting), got {images.dtype}"
+            )
+        out = (images.permute(0, 3, 1, 2) if self.layout == "HWC" else images).contiguous()
+        batch, channels, height, width = out.shape
+        if channels not in (1, 3):
+            raise ValueError(f"images must have 1 or 3 channels, got {channels}")
+        moved: list[torch.Tensor] = []
+        if masks is not None:
+            mask_bchw = masks.unsqueeze(1) if masks.dim() == 3 else masks
+            if masks.dim() == 4 and self.layout == "HWC":
+                mask_bchw = masks.permute(0, 3, 1, 2)
+            moved = [mask_bchw.contiguous()]
+        heights, widths = np.full(batch, height), np.full(batch, width)
+        steps = self.op.steps(self._uniform(batch), heights, widths)
+        out = out.clone() if steps and out.data_ptr() == images.data_ptr() else out
+        for step, rows in zip(steps, _step_rows(steps, batch, out.device), strict=True):
+            kernel = DEVICE_KERNELS[step.kernel]
+            part = out if rows is None else out.index_select(0, rows)
+            moving = step.kernel in MOVING_KERNELS
+            mask_parts = (
+                [m if rows is None else m.index_select(0, rows) for m in moved] if moving else []
+            )
+            result, mask_results = kernel(part, step.params, step.options, mask_parts)
+            out = result if rows is None else out.index_copy_(0, rows, result)
+            if moving:
+                moved = [
+                    r if rows is None else m.index_copy(0, rows, r)
+                    for m, r in zip(moved, mask_results, strict=True)
+                ]
+        if self.layout == "HWC":
+            out = out.permute(0, 2, 3, 1).contiguous()
+        elif _channels_last(images):
+            out = out.contiguous(memory_format=torch.channels_last)
+        if masks is None:
+            return out
+        mask_out = moved[0]
+        if masks.dim() == 3:
+            mask_out = mask_out.squeeze(1)
+        elif self.layout == "HWC":
+            mask_out = mask_out.permute(0, 2, 3, 1).contiguous()
+        return out, mask_out
+
+
+def _step_rows(steps: list[Step], batch: int, device: torch.device) -> list[torch.Tensor | None]:
+    """Each step's sample positions on ``device`` (``None``: the whole batch), all copied in
+    one pinned, non-blocking transfer: a copy per step from pageable memory would make the
+    host wait for the device each time."""
+    partial = [step.index for step in steps if len(step.index) != batch]
+    if not partial:
+        return [None] * len(steps)
+    rows = copy_to_device(torch.from_numpy(np.concatenate(partial)), device)
+    out: list[torch.Tensor | None] = []
+    start = 0
+    for step in steps:
+        if len(step.index) == batch:
+            out.append(None)
+        else:
+            out.append(rows[start : start + len(step.index)])
+            start += len(step.index)
+    return out
+
+
+def _module_doc(op: str, summary: str) -> str:
+    return f"""{summary} on the device: the device kernel of :class:`fastdata.ops.{op}`.
+
+    Takes :class:`fastdata.ops.{op}`'s arguments, ``layout`` and ``seed``; see
+    :class:`DeviceStepModule`.
+    """
+
+
+class DeviceColorJitter(DeviceStepModule):
+    __doc__ = _module_doc("ColorJitter", "Random brightness, contrast, saturation and hue")
+    op_type = ops.ColorJitter
+    op: ops.ColorJitter
+
+
+class DeviceRandomGrayscale(DeviceStepModule):
+    __doc__ = _module_doc("Grayscale", "Grey with probability ``p``")
+    op_type = ops.Grayscale
+    op: ops.Grayscale
+
+
+class DeviceRandomSolarize(DeviceStepModule):
+    __doc__ = _module_doc("Solarize", "Solarize with probability ``p``")
+    op_type = ops.Solarize
+    op: ops.Solarize
+
+
+class DeviceRandomPosterize(DeviceStepModule):
+    __doc__ = _module_doc("Posterize", "Posterize with probability ``p``")
+    op_type = ops.Posterize
+    op: ops.Posterize
+
+
+class DeviceRandomEqualize(DeviceStepModule):
+    __doc__ = _module_doc("Equalize", "Equalize with probability ``p``")
+    op_type = ops.Equalize
+    op: ops.Equalize
+
+
+class DeviceRandomAutocontrast(DeviceStepModule):
+    __doc__ = _module_doc("AutoContrast", "Autocontrast with probability ``p``")
+    op_type = ops.AutoContrast
+    op: ops.AutoContrast
+
+
+class DeviceRandomAdjustSharpness(DeviceStepModule):
+    __doc__ = _module_doc("Sharpness", "Sharpen or blur with probability ``p``")
+    op_type = ops.Sharpness
+    op: ops.Sharpness
+
+
+class DeviceRandomInvert(DeviceStepModule):
+    __doc__ = _module_doc("Invert", "Invert with probability ``p``")
+    op_type = ops.Invert
+    op: ops.Invert
+
+
+class DeviceGaussianBlur(DeviceStepModule):
+    __doc__ = _module_doc("GaussianBlur", "Gaussian blur of a random sigma")
+    op_type = ops.GaussianBlur
+    op: ops.GaussianBlur
+
+
+class DeviceRandomAffine(DeviceStepModule):
+    __doc__ = _module_doc("RandomAffine", "Random rotation, shift, scale and shear")
+    op_type = ops.RandomAffine
+    op: ops.RandomAffine
+
+
+class DeviceRandomErasing(DeviceStepModule):
+    __doc__ = _module_doc("RandomErasing", "Erase a random box with probability ``p``")
+    op_type = ops.RandomErasing
+    op: ops.RandomErasing
+
+
+class DeviceRandAugment(DeviceStepModule):
+    __doc__ = _module_doc("RandAugment", "timm's RandAugment")
+    op_type = ops.RandAugment
+    op: ops.RandAugment
+
+
+class DeviceTrivialAugmentWide(DeviceStepModule):
+    __doc__ = _module_doc("TrivialAugmentWide", "torchvision's TrivialAugmentWide")
+    op_type = ops.TrivialAugmentWide
+    op: ops.TrivialAugmentWide

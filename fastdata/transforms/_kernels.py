@@ -1,0 +1,339 @@
+"""The CPU kernels of the per-sample steps (:mod:`fastdata._ops_steps`): NumPy and OpenCV
+on a ``(N, H, W, C)`` uint8 slice of the batch (C 1 or 3), one function per kernel name.
+
+Each takes the slice, the step's per-sample parameters for it, its shared options and the
+mask slices (``(N, H, W)`` uint8, given to kernels that move pixels), and returns the new
+slice and masks (written in place where it can). Values follow PIL's definitions (see
+:mod:`fastdata._ops_colour`): blends in float32 truncated to uint8, lookup tables built in
+float64 where PIL builds them in Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import cv2
+import numpy as np
+
+from fastdata._tables import (
+    LEVELS,
+    PARAMETER_LUTS,
+    SEXTANT_SELECT,
+    SMOOTH,
+    Params,
+    blend,
+    erase_noise,
+    gaussian_taps,
+    table,
+)
+
+Kernel = Callable[
+    [np.ndarray, Params, dict[str, Any], list[np.ndarray]], tuple[np.ndarray, list[np.ndarray]]
+]
+
+
+# PIL's L weights: integer sums up to 255 * 65536 < 2**24, exact in float32.
+LUMA_WEIGHTS = np.array([[19595, 38470, 7471]], np.float32)
+
+
+def luma(images: np.ndarray) -> np.ndarray:
+    """PIL's ``L`` of ``(N, H, W, 3)`` uint8 images: ``(N, H, W)`` uint8,
+    ``(19595 R + 38470 G + 7471 B + 32768) >> 16`` (exact: float32 holds the sums)."""
+    out = np.empty(images.shape[:3], np.uint8)
+    for k in range(len(images)):
+        rgb = images[k].astype(np.float32)  # cv2.transform keeps the input's depth
+        sums: np.ndarray = cv2.transform(rgb, LUMA_WEIGHTS).reshape(images.shape[1:3])
+        sums = sums.astype(np.float32, copy=False)
+        sums += 32768.0
+        sums *= 1.0 / 65536.0  # a power of two: exact
+        out[k] = np.floor(sums, out=sums)
+    return out
+
+
+def _each(kernel: Kernel) -> Kernel:
+    """``kernel`` run one sample at a time (its float temporaries stay in cache)."""
+
+    def per_image(
+        images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        for k in range(len(images)):
+            one = {name: value[k : k + 1] for name, value in params.items()}
+            kernel(images[k : k + 1], one, options, [])
+        return images, masks
+
+    per_image.__doc__ = kernel.__doc__
+    return per_image
+
+
+def _per_sample(values: np.ndarray, ndim: int) -> np.ndarray:
+    """``(N,)`` values shaped to broadcast over ``(N, ...)`` of ``ndim`` axes."""
+    return values.reshape((-1,) + (1,) * (ndim - 1))
+
+
+def apply_luts(images: np.ndarray, luts: np.ndarray) -> np.ndarray:
+    """Map every value through its sample's table, in place: ``luts`` ``(N, 256)`` (all
+    channels) or ``(N, C, 256)`` uint8 (one per channel)."""
+    channels = images.shape[-1]
+    for k in range(len(images)):
+        image = images[k] if channels > 1 else images[k, ..., 0]
+        table = luts[k] if luts.ndim == 2 else luts[k].T.reshape(1, 256, channels)
+        cv2.LUT(image, np.ascontiguousarray(table), dst=image)
+    return images
+
+
+def _lut_kernel(build: Callable[[Params], np.ndarray]) -> Kernel:
+    def kernel(
+        images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        return apply_luts(images, build(params)), masks
+
+    return kernel
+
+
+def contrast_means(images: np.ndarray) -> np.ndarray:
+    """PIL's contrast degenerate: the mean of ``L`` rounded, ``(N,)`` int64."""
+    gray = luma(images) if images.shape[-1] == 3 else images[..., 0]
+    means = gray.reshape(len(gray), -1).mean(axis=1, dtype=np.float64)
+    return np.floor(means + 0.5).astype(np.int64)
+
+
+def contrast(
+    images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """PIL's contrast: a blend with the image's mean grey level."""
+    means = contrast_means(images).astype(np.float32)[:, None]
+    return apply_luts(images, blend(means, LEVELS[None], params["factor"][:, None])), masks
+
+
+def saturation(
+    images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """PIL's colour enhance: a blend with the image's ``L`` grey."""
+    if images.shape[-1] != 3:
+        return images, masks
+    gray = luma(images)[..., None]
+    images[...] = blend(gray, images, _per_sample(params["factor"], 4))
+    return images, masks
+
+
+def grayscale(
+    images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """PIL's ``L`` in every channel."""
+    if images.shape[-1] == 3:
+        images[...] = luma(images)[..., None]
+    return images, masks
+
+
+def rgb_to_hsv(rgb: np.ndarray) -> np.ndarray:
+    """torchvision's float HSV of ``(..., 3)`` float32 RGB in [0, 1]."""
+    maxc, minc = rgb.max(axis=-1), rgb.min(axis=-1)
+    equal = maxc == minc
+    span = maxc - minc
+    ones = np.ones_like(maxc)
+    sat = span / np.where(equal, ones, maxc)
+    divisor = np.where(equal, ones, span)[..., None]
+    rc, gc, bc = np.moveaxis((maxc[..., None] - rgb) / divisor, -1, 0)
+    red, green = rgb[..., 0], rgb[..., 1]
+    not_red = maxc != red
+    is_green = maxc == green
+    hue = (bc - gc) * ~not_red
+    hue += (2.0 + rc - bc) * (is_green & not_red)
+    hue += (4.0 + gc - rc) * (not_red & ~is_green)
+    hue = np.fmod(hue / np.float32(6.0) + np.float32(1.0), np.float32(1.0))
+    return np.stack([hue, sat, maxc], axis=-1)
+
+
+def hsv_to_rgb(hsv: np.ndarray) -> np.ndarray:
+    """torchvision's RGB of ``(..., 3)`` float32 HSV."""
+    hue, sat, val = np.moveaxis(hsv, -1, 0)
+    h6 = hue * np.float32(6.0)
+    sextant = np.floor(h6)
+    frac = h6 - sextant
+    sxf = sat * frac
+    one_minus_s = np.float32(1.0) - sat
+    q = np.clip((np.float32(1.0) - sxf) * val, 0.0, 1.0)
+    t = np.clip((sxf + one_minus_s) * val, 0.0, 1.0)
+    p = np.clip(one_minus_s * val, 0.0, 1.0)
+    vpqt = np.stack([val, p, q, t], axis=-1)
+    select = SEXTANT_SELECT[:, np.remainder(sextant.astype(np.int64), 6)]  # (3, ...)
+    return np.take_along_axis(vpqt, np.moveaxis(select, 0, -1), axis=-1)
+
+
+def hue(
+    images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """torchvision's hue shift: float HSV, hue rotated by ``factor`` turns."""
+    if images.shape[-1] != 3:
+        return images, masks
+    hsv = rgb_to_hsv(images.astype(np.float32) / np.float32(255.0))
+    shift = _per_sample(params["factor"].astype(np.float32), 3)
+    hsv[..., 0] = np.remainder(hsv[..., 0] + shift, np.float32(1.0))
+    rgb = hsv_to_rgb(hsv)
+    images[...] = (rgb * np.float32(255.0 + 1.0 - 1e-3)).astype(np.uint8)
+    return images, masks
+
+
+SMOOTH_WEIGHTS = SMOOTH / np.float32(13.0)
+
+
+def smooth(images: np.ndarray) -> np.ndarray:
+    """PIL's ``ImageFilter.SMOOTH`` of each image: the 3x3 kernel ``SMOOTH / 13``, rounded,
+    the outer rows and columns kept.
+
+    OpenCV's uint8 filter rounds the float sum: exact, since a sum of integers over 13 is
+    never within 1/26 of a tie."""
+    out = images.copy()
+    for k in range(len(images)):
+        smoothed = cv2.filter2D(images[k], -1, SMOOTH_WEIGHTS, borderType=cv2.BORDER_REFLECT_101)
+        out[k, 1:-1, 1:-1] = smoothed.reshape(images.shape[1:])[1:-1, 1:-1]
+    return out
+
+
+def sharpness(
+    images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """PIL's sharpness: a blend with the smoothed image."""
+    images[...] = blend(smooth(images), images, _per_sample(params["factor"], 4))
+    return images, masks
+
+
+def invert(
+    images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """``255 - x``."""
+    np.subtract(255, images, out=images)
+    return images, masks
+
+
+def histograms(images: np.ndarray) -> np.ndarray:
+    """``(N, C, 256)`` int64 per-channel histograms."""
+    count, channels = len(images), images.shape[-1]
+    hist = np.empty((count, channels, 256), np.int64)
+    for k in range(count):
+        for channel in range(channels):
+            counts = cv2.calcHist([images[k]], [channel], None, [256], [0, 256])
+            hist[k, channel] = counts.ravel()
+    return hist
+
+
+def equalize_luts(hist: np.ndarray) -> np.ndarray:
+    """PIL's ``ImageOps.equalize`` tables from ``(..., 256)`` histograms."""
+    levels = np.arange(256)
+    last = 255 - np.argmax(hist[..., ::-1] > 0, axis=-1)
+    last_count = np.take_along_axis(hist, last[..., None], axis=-1)[..., 0]
+    step = (hist.sum(axis=-1) - last_count) // 255
+    below = np.cumsum(hist, axis=-1) - hist  # pixels below each level
+    safe = np.maximum(step, 1)[..., None]
+    spread = (safe // 2 + below) // safe
+    return table(np.where(step[..., None] > 0, spread, levels))
+
+
+def autocontrast_luts(low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """PIL's ``ImageOps.autocontrast`` tables (no cutoff) from per-channel minima and
+    maxima (any shape; a trailing 256 axis is added)."""
+    levels = np.arange(256, dtype=np.float64)
+    span = (high - low).astype(np.float64)[..., None]
+    scale = 255.0 / np.where(span > 0, span, 1.0)
+    stretched = np.trunc(levels * scale - low[..., None] * scale)
+    return table(np.where(span > 0, stretched, levels))
+
+
+def equalize(
+    images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """PIL's per-channel histogram equalisation."""
+    return apply_luts(images, equalize_luts(histograms(images))), masks
+
+
+def autocontrast(
+    images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """PIL's per-channel stretch of [min, max] to [0, 255]."""
+    present = histograms(images) > 0  # min and max per channel, from the histogram
+    low = np.argmax(present, axis=-1)
+    high = 255 - np.argmax(present[..., ::-1], axis=-1)
+    return apply_luts(images, autocontrast_luts(low, high)), masks
+
+
+def blur(
+    images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """torchvision's Gaussian blur: reflected borders, rounded to uint8."""
+    size_x, size_y = options["kernel_size"]
+    for k, sigma in enumerate(params["sigma"].tolist()):
+        taps_x, taps_y = gaussian_taps(size_x, sigma), gaussian_taps(size_y, sigma)
+        blurred = cv2.sepFilter2D(
+            images[k], cv2.CV_32F, taps_x, taps_y, borderType=cv2.BORDER_REFLECT_101
+        )
+        images[k] = np.clip(np.rint(blurred), 0, 255).astype(np.uint8).reshape(images.shape[1:])
+    return images, masks
+
+
+def opencv_matrix(matrix: np.ndarray) -> np.ndarray:
+    """An inverse map in PIL's coordinates (:mod:`fastdata._affine`) in OpenCV's, whose
+    origin is the top-left pixel's centre."""
+    linear, offset = matrix[:, :2], matrix[:, 2]
+    return np.concatenate([linear, (linear @ [0.5, 0.5] + offset - 0.5)[:, None]], axis=1)
+
+
+INTERPOLATION_FLAGS = {"nearest": cv2.INTER_NEAREST, "bilinear": cv2.INTER_LINEAR}
+
+
+def affine(
+    images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Warp by inverse maps; outside pixels take ``fill`` (masks: nearest, 0)."""
+    height, width, channels = images.shape[1:]
+    fill = options["fill"]
+    border = tuple(float(v) for v in (fill * channels if len(fill) == 1 else fill))
+    flags = INTERPOLATION_FLAGS[options["interpolation"]] | cv2.WARP_INVERSE_MAP
+    out = np.empty_like(images)
+    mask_outs = [np.empty_like(mask) for mask in masks]
+    for k, matrix in enumerate(params["matrix"]):
+        transform = opencv_matrix(matrix)
+        target = out[k] if channels > 1 else out[k, ..., 0]
+        cv2.warpAffine(
+            images[k], transform, (width, height), dst=target, flags=flags,
+            borderMode=cv2.BORDER_CONSTANT, borderValue=border,
+        )  # fmt: skip
+        for mask, mask_out in zip(masks, mask_outs, strict=True):
+            mask_out[k] = cv2.warpAffine(
+                mask[k], transform, (width, height),
+                flags=cv2.INTER_NEAREST | cv2.WARP_INVERSE_MAP,
+                borderMode=cv2.BORDER_CONSTANT, borderValue=0,
+            )  # fmt: skip
+    return out, mask_outs
+
+
+def erase(
+    images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Set each sample's box to ``value`` (or its seeded noise)."""
+    value = options["value"]
+    for k, ((top, left, height, width), seed) in enumerate(
+        zip(params["box"].tolist(), params["seed"].tolist(), strict=True)
+    ):
+        region = images[k, top : top + height, left : left + width]
+        if value == "random":
+            region[...] = erase_noise(seed, region.shape)
+        else:
+            region[...] = np.asarray(value, np.uint8)
+    return images, masks
+
+
+CPU_KERNELS: dict[str, Kernel] = {
+    **{name: _lut_kernel(build) for name, build in PARAMETER_LUTS.items()},
+    "contrast": contrast,
+    "saturation": _each(saturation),
+    "hue": _each(hue),
+    "sharpness": _each(sharpness),
+    "grayscale": grayscale,
+    "invert": invert,
+    "equalize": equalize,
+    "autocontrast": autocontrast,
+    "blur": blur,
+    "affine": affine,
+    "erase": erase,
+}

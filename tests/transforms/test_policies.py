@@ -1,0 +1,322 @@
+"""Geometry (against PIL), random erasing, and the RandAugment / TrivialAugmentWide
+policies: their draws follow the reference distributions (statistical tests over many
+draws), every op runs at both ends of its magnitude, and one seed gives one result on the
+CPU and on the device."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from fastdata import gpu, ops, transforms
+from fastdata._affine import rotate_matrices, shear_matrices, translate_matrices
+from fastdata._ops_policy import (
+    MAX_LEVEL,
+    RAND_AUGMENT_OPS,
+    TRIVIAL_AUGMENT_OPS,
+    rand_augment_values,
+)
+from fastdata.transforms._kernels import CPU_KERNELS
+
+stats = pytest.importorskip("scipy.stats")
+
+FILL = (10, 20, 30)
+
+
+def _photo(height: int = 40, width: int = 56, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:height, 0:width]
+    base = np.stack([xx * 4, yy * 5, (xx + yy) * 2], axis=-1)
+    return np.clip(base + rng.normal(0, 20, (height, width, 3)), 0, 255).astype(np.uint8)
+
+
+def _warp(image: np.ndarray, matrix: np.ndarray, interpolation: str) -> np.ndarray:
+    options = {"interpolation": interpolation, "fill": FILL}
+    out, _ = CPU_KERNELS["affine"](image[None].copy(), {"matrix": matrix}, options, [])
+    return out[0]
+
+
+def _inside(matrix: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Output pixels whose 2x2 bilinear taps all lie inside the input."""
+    ys, xs = np.mgrid[0:height, 0:width] + 0.5
+    (a, b, c), (d, e, f) = matrix[0]
+    source_x, source_y = a * xs + b * ys + c, d * xs + e * ys + f
+    return (
+        (source_x >= 1.5)
+        & (source_x <= width - 1.5)
+        & (source_y >= 1.5)
+        & (source_y <= height - 1.5)
+    )
+
+
+CASES = [
+    ("rotate", 17.0, lambda image, res, v: image.rotate(v, resample=res, fillcolor=FILL)),
+    ("rotate", -45.0, lambda image, res, v: image.rotate(v, resample=res, fillcolor=FILL)),
+    ("rotate", 135.0, lambda image, res, v: image.rotate(v, resample=res, fillcolor=FILL)),
+    ("shear_x", 0.3, lambda image, res, v: image.transform(image.size, Image.AFFINE, (1, v, 0, 0, 1, 0), resample=res, fillcolor=FILL)),  # noqa: E501
+    ("shear_y", -0.99, lambda image, res, v: image.transform(image.size, Image.AFFINE, (1, 0, 0, v, 1, 0), resample=res, fillcolor=FILL)),  # noqa: E501
+    ("translate_x", -25.2, lambda image, res, v: image.transform(image.size, Image.AFFINE, (1, 0, v, 0, 1, 0), resample=res, fillcolor=FILL)),  # noqa: E501
+    ("translate_y", 7.0, lambda image, res, v: image.transform(image.size, Image.AFFINE, (1, 0, 0, 0, 1, v), resample=res, fillcolor=FILL)),  # noqa: E501
+]  # fmt: skip
+
+
+def _matrix(kind: str, value: float, height: int, width: int) -> np.ndarray:
+    one, zero = np.array([value]), np.array([0.0])
+    if kind == "rotate":
+        return rotate_matrices(np.array([height]), np.array([width]), one)
+    if kind == "shear_x":
+        return shear_matrices(one, zero)
+    if kind == "shear_y":
+        return shear_matrices(zero, one)
+    if kind == "translate_x":
+        return translate_matrices(one, zero)
+    return translate_matrices(zero, one)
+
+
+@pytest.mark.parametrize(("kind", "value", "reference"), CASES)
+def test_geometry_matches_pil(kind: str, value: float, reference: object) -> None:
+    """Nearest: PIL's pixels but for exact half-pixel ties (at most 2%); bilinear: within
+    one level wherever the taps are inside the image (at the border the fill is blended
+    as a constant border; PIL repeats the edge pixel there)."""
+    image = _photo()
+    height, width = image.shape[:2]
+    matrix = _matrix(kind, value, height, width)
+    pil = Image.fromarray(image)
+    nearest = np.asarray(reference(pil, Image.NEAREST, value))  # type: ignore[operator]
+    differs = np.any(_warp(image, matrix, "nearest") != nearest, axis=-1)
+    assert differs.mean() <= 0.02
+    bilinear = np.asarray(reference(pil, Image.BILINEAR, value))  # type: ignore[operator]
+    diff = np.abs(_warp(image, matrix, "bilinear").astype(int) - bilinear)
+    assert diff[_inside(matrix, height, width)].max() <= 1
+
+
+def test_quarter_turns_and_shifts_are_exact_moves() -> None:
+    image = _photo(32, 32)
+    matrix = _matrix("rotate", 90.0, 32, 32)
+    assert np.array_equal(_warp(image, matrix, "bilinear"), np.rot90(image))
+    shifted = _warp(image, _matrix("translate_x", 5.0, 32, 32), "nearest")
+    assert np.array_equal(shifted[:, :-5], image[:, 5:])
+    assert np.all(shifted[:, -5:] == FILL)
+
+
+def test_masks_follow_the_geometry_nearest() -> None:
+    images = np.stack([_photo(seed=s) for s in range(8)])
+    masks = images[..., 0] // 32  # labels 0..7 that move like the red channel
+    for transform in (
+        transforms.RandomAffine(40, (0.2, 0.2), (0.7, 1.3), (-10, 10, -5, 5), fill=0, seed=1),
+        transforms.RandAugment(3, 9, 0.5, p=1.0, interpolation="nearest", fill=0, seed=2),
+        transforms.TrivialAugmentWide(seed=3),
+    ):
+        out, moved = transform(images.copy(), masks=masks.copy())
+        assert out.shape == images.shape
+        assert moved.shape == masks.shape and moved.dtype == np.uint8
+        assert set(np.unique(moved)) <= set(np.unique(masks))
+    affine = transforms.RandomAffine(40, (0.2, 0.2), fill=0, seed=1)
+    out, moved = affine(images.copy(), masks=images[..., 0].copy())
+    assert np.array_equal(moved, out[..., 0])  # nearest with fill 0: the same pixels
+
+
+def _both(op: ops.Operation, seed: int) -> tuple[transforms.BatchTransform, torch.nn.Module]:
+    cpu_type = {
+        ops.RandomAffine: transforms.RandomAffine,
+        ops.RandomErasing: transforms.RandomErasing,
+        ops.RandAugment: transforms.RandAugment,
+        ops.TrivialAugmentWide: transforms.TrivialAugmentWide,
+    }[type(op)]
+    device_type = {
+        ops.RandomAffine: gpu.DeviceRandomAffine,
+        ops.RandomErasing: gpu.DeviceRandomErasing,
+        ops.RandAugment: gpu.DeviceRandAugment,
+        ops.TrivialAugmentWide: gpu.DeviceTrivialAugmentWide,
+    }[type(op)]
+    return cpu_type.from_op(op, seed=seed), device_type.from_op(op, seed=seed)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        ops.RandomAffine(30, (0.1, 0.1), (0.8, 1.2), 10),
+        ops.RandomAffine(180, shear=(-20, 20, -20, 20), interpolation="bilinear", fill=(1, 2, 3)),
+        ops.RandomErasing(p=0.7),
+        ops.RandomErasing(p=1.0, value="random"),
+        ops.RandomErasing(p=1.0, value=(255, 0, 128)),
+        ops.RandAugment(2, 9, 0.5),
+        ops.RandAugment(4, 10, float("inf"), p=1.0, increasing=True),
+        ops.TrivialAugmentWide(),
+        ops.TrivialAugmentWide(interpolation="bilinear", fill=128),
+    ],
+    ids=repr,
+)
+def test_one_seed_one_result_on_cpu_and_device(op: ops.Operation) -> None:
+    """Bilinear warps agree within one level (float rounding); everything else exactly."""
+    images = np.stack([_photo(24, 32, seed=s) for s in range(16)])
+    masks = images[..., 1] // 64
+    cpu_transform, device_module = _both(op, seed=11)
+    planar = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
+    for _ in range(2):
+        on_cpu, cpu_masks = cpu_transform(images.copy(), masks=masks.copy())
+        on_device, device_masks = device_module(planar, torch.from_numpy(masks))
+        diff = np.abs(on_device.permute(0, 2, 3, 1).numpy().astype(int) - on_cpu)
+        assert diff.max() <= 1 and (diff > 0).mean() < 0.01
+        agree = (device_masks.numpy() == cpu_masks).mean()
+        assert agree > 0.995  # nearest: ties at exact half pixels may round apart
+
+
+def test_device_modules_keep_layouts() -> None:
+    images = torch.from_numpy(np.stack([_photo(16, 20, seed=s) for s in range(4)]))
+    planar = images.permute(0, 3, 1, 2)
+    out_hwc = gpu.DeviceRandAugment(2, 9, seed=1, layout="HWC")(images.contiguous())
+    out_chw = gpu.DeviceRandAugment(2, 9, seed=1)(planar.contiguous())
+    assert torch.equal(out_hwc.permute(0, 3, 1, 2), out_chw)
+    channels_last = planar.contiguous(memory_format=torch.channels_last)
+    out_cl = gpu.DeviceRandAugment(2, 9, seed=1)(channels_last)
+    assert out_cl.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(out_cl, out_chw)
+
+
+def _timm_rand_augment_draws(count: int, magnitude: float, std: float, seed: int) -> tuple:
+    """timm's RandAugment sampling (auto_augment.RandAugment / RandAugmentOp), in Python."""
+    rng = random.Random(seed)
+    names, levels, applied = [], [], []
+    for _ in range(count):
+        names.append(rng.randrange(len(RAND_AUGMENT_OPS)))  # np.random.choice, replace
+        applied.append(not rng.random() > 0.5)  # prob 0.5
+        level = rng.gauss(magnitude, std) if std > 0 else magnitude
+        levels.append(max(0.0, min(level, MAX_LEVEL)))
+    return np.array(names), np.array(applied), np.array(levels)
+
+
+def test_rand_augment_draws_follow_timms_distribution() -> None:
+    op = ops.RandAugment(num_ops=2, magnitude=9, magnitude_std=0.5)
+    count = 20_000
+    draws = np.random.default_rng(0).random((count, op.draws_per_sample))
+    chosen, applied, level, negate = op.plan(draws)
+    names, ref_applied, ref_levels = _timm_rand_augment_draws(2 * count, 9, 0.5, seed=0)
+    ops_drawn = np.where(applied, chosen, -1)[applied]
+    # op choice: uniform over the 15 ops (chi-square against the expected counts)
+    observed = np.bincount(ops_drawn, minlength=len(RAND_AUGMENT_OPS))
+    assert stats.chisquare(observed).pvalue > 1e-3
+    assert stats.chisquare(np.bincount(names, minlength=15)).pvalue > 1e-3
+    # applied with probability 0.5, like timm's
+    assert stats.binomtest(int(applied.sum()), applied.size, 0.5).pvalue > 1e-3
+    assert abs(applied.mean() - ref_applied.mean()) < 0.02
+    # magnitudes: N(9, 0.5) clipped to [0, 10], the same distribution as timm's draws
+    assert stats.ks_2samp(level.ravel(), ref_levels).pvalue > 1e-3
+    assert level.min() >= 0 and level.max() <= MAX_LEVEL
+    assert stats.binomtest(int(negate.sum()), negate.size, 0.5).pvalue > 1e-3
+    # mstd = inf: uniform in [0, magnitude]
+    uniform = ops.RandAugment(2, 9, float("inf")).plan(draws)[2]
+    assert stats.kstest(uniform.ravel(), stats.uniform(0, 9).cdf).pvalue > 1e-3
+
+
+def test_trivial_augment_draws_follow_torchvisions_distribution() -> None:
+    op = ops.TrivialAugmentWide()
+    count = 30_000
+    draws = np.random.default_rng(1).random((count, op.draws_per_sample))
+    chosen, magnitude = op.plan(draws)
+    assert stats.chisquare(np.bincount(chosen, minlength=14)).pvalue > 1e-3
+    rotations = magnitude[chosen == 5]  # signed, linspace(0, 135, 31)
+    bins = np.round(np.abs(rotations) / (135 / 30)).astype(int)
+    assert np.allclose(np.abs(rotations), bins * 135 / 30)
+    assert stats.chisquare(np.bincount(bins, minlength=31)).pvalue > 1e-3
+    assert (
+        stats.binomtest(int((rotations < 0).sum()), int((rotations != 0).sum()), 0.5).pvalue > 1e-3
+    )
+    bits = magnitude[chosen == 10]
+    expected_bits = 8 - np.round(np.arange(31) / 5)  # torchvision's posterize bins
+    assert set(np.unique(bits)) == set(expected_bits)
+    thresholds = magnitude[chosen == 11]
+    assert thresholds.min() == 0 and thresholds.max() == 255
+
+
+@pytest.mark.parametrize("increasing", [False, True])
+@pytest.mark.parametrize("level", [0.0, 10.0])
+def test_every_rand_augment_op_at_both_ends_of_its_magnitude(
+    level: float, increasing: bool
+) -> None:
+    images = np.stack([_photo(20, 24, seed=s) for s in range(2)])
+    for name in RAND_AUGMENT_OPS:
+        values = rand_augment_values(name, np.full(2, level), np.array([False, True]), increasing)
+        if name == "posterize":
+            assert values.min() >= 1  # never 0 bits (timm asks for 0; Pillow >= 13 refuses)
+        if name in ("saturation", "contrast", "brightness", "sharpness"):
+            assert values.min() >= 0.1
+        if name == "solarize":
+            assert values.min() >= 0 and values.max() <= 256
+    # every op, forced, on both executors, at this magnitude
+    for op_index in range(len(RAND_AUGMENT_OPS)):
+        op = ops.RandAugment(1, level, 0.0, p=1.0, increasing=increasing, interpolation="nearest")
+        draws = np.array([[(op_index + 0.5) / len(RAND_AUGMENT_OPS), 0.0, 0.5, 0.5, 0.2]] * 2)
+        steps = op.steps(draws, np.full(2, 20), np.full(2, 24))
+        assert len(steps) <= 1
+        for step in steps:
+            out, _ = CPU_KERNELS[step.kernel](images.copy(), step.params, step.options, [])
+            assert out.shape == images.shape and out.dtype == np.uint8
+
+
+@pytest.mark.parametrize("magnitude_bin", [0, 30])
+def test_every_trivial_augment_op_at_both_ends(magnitude_bin: int) -> None:
+    images = np.stack([_photo(20, 24, seed=s) for s in range(2)])
+    op = ops.TrivialAugmentWide()
+    for op_index in range(len(TRIVIAL_AUGMENT_OPS)):
+        draws = np.array([[(op_index + 0.5) / 14, (magnitude_bin + 0.5) / 31, 0.9]] * 2)
+        for step in op.steps(draws, np.full(2, 20), np.full(2, 24)):
+            out, _ = CPU_KERNELS[step.kernel](images.copy(), step.params, step.options, [])
+            assert out.shape == images.shape
+            if step.kernel == "posterize":
+                assert step.params["bits"].min() >= 2
+
+
+def test_random_erasing_follows_torchvision() -> None:
+    images = np.full((400, 20, 30, 3), 200, np.uint8)
+    erasing = transforms.RandomErasing(p=0.5, value=(0, 1, 2), seed=4)
+    out = erasing(images.copy())
+    erased = np.any(out != 200, axis=(1, 2, 3))
+    assert stats.binomtest(int(erased.sum()), 400, 0.5).pvalue > 1e-3
+    areas = [np.all(o == (0, 1, 2), axis=-1).sum() / 600 for o in out[erased]]
+    assert min(areas) >= 0.02 - 0.01 and max(areas) <= 0.33 + 0.02
+    for sample in out[erased]:  # one rectangle of the value
+        rows, cols = np.nonzero(np.all(sample == (0, 1, 2), axis=-1))
+        assert len(rows) == (np.ptp(rows) + 1) * (np.ptp(cols) + 1)
+    noise = transforms.RandomErasing(p=1.0, value="random", seed=4)(images.copy())
+    again = transforms.RandomErasing(p=1.0, value="random", seed=4)(images.copy())
+    assert np.array_equal(noise, again) and len(np.unique(noise)) > 100
+    tiny = np.zeros((3, 1, 1, 3), np.uint8)  # no box fits: nothing erased
+    assert np.array_equal(transforms.RandomErasing(p=1.0, value=9)(tiny.copy()), tiny)
+
+
+def test_policy_and_geometry_arguments_are_validated() -> None:
+    with pytest.raises(ValueError, match=r"magnitude must be in \[0, 10.0\], got 11"):
+        ops.RandAugment(magnitude=11)
+    with pytest.raises(TypeError, match="num_ops must be a non-negative int"):
+        transforms.RandAugment(num_ops=1.5)
+    with pytest.raises(ValueError, match="num_magnitude_bins must be an int >= 2"):
+        gpu.DeviceTrivialAugmentWide(num_magnitude_bins=1)
+    with pytest.raises(ValueError, match="interpolation must be one of"):
+        ops.RandomAffine(10, interpolation="bicubic")
+    with pytest.raises(ValueError, match=r"fill must be in \[0, 255\]"):
+        ops.RandAugment(fill=300)
+    with pytest.raises(ValueError, match=r"translate values must be in \[0, 1\]"):
+        ops.RandomAffine(0, translate=(0.5, 2))
+    with pytest.raises(ValueError, match="value must be an int, ints or 'random'"):
+        ops.RandomErasing(value="noise")
+    with pytest.raises(ValueError, match="scale must give"):
+        ops.RandomErasing(scale=(0.5, 0.1))
+
+
+def test_policies_are_values_executors_rebuild() -> None:
+    op = ops.RandAugment(num_ops=2, magnitude=9, magnitude_std=0.5)
+    assert op.draws_per_sample == 10 and op.moves_pixels and op.keeps_size
+    cpu = transforms.RandAugment.from_op(op, seed=0)
+    assert cpu.op is op and cpu.magnitude_std == 0.5
+    assert transforms.RandAugment(2, 9, 0.5).op == op
+    device = gpu.DeviceRandAugment.from_op(op, seed=0)
+    assert device.op is op
+    assert transforms.TrivialAugmentWide().op == ops.TrivialAugmentWide(31, "nearest", 0)
+    assert ops.RandAugment(num_ops=0).draws_per_sample == 0
+    images = np.stack([_photo(8, 8)] * 2)
+    assert np.array_equal(transforms.RandAugment(num_ops=0)(images.copy()), images)

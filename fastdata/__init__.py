@@ -12,9 +12,10 @@ in ``fastdata.ops``. The preprocessing entry point is
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from fastdata import _lazy
+from fastdata._version import __version__
 from fastdata.errors import (
     DecodeError,
     FastDataError,
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
     from fastdata.shards import FieldSpec, Manifest, ShardReader, ShardWriter, load_manifest
     from fastdata.tune import ProfileReport, TuneResult, autotune, profile
 
-__version__ = "0.1.0"
 
 # public name -> the module that defines it
 _LAZY_NAMES = {
@@ -62,19 +62,7 @@ _LAZY_NAMES = {
 _LAZY_SUBPACKAGES = frozenset({"gpu", "ops", "transforms"})
 
 
-def __getattr__(name: str) -> Any:
-    """Load a public name, or the ``gpu``/``ops``/``transforms`` module, on first access."""
-    if name in _LAZY_NAMES:
-        value = getattr(importlib.import_module(_LAZY_NAMES[name]), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    if name in _LAZY_SUBPACKAGES:
-        return importlib.import_module(f"fastdata.{name}")
-    raise AttributeError(f"module 'fastdata' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY_NAMES) | _LAZY_SUBPACKAGES)
+__getattr__, __dir__ = _lazy.lazy_attributes(__name__, _LAZY_NAMES, _LAZY_SUBPACKAGES)
 
 
 __all__ = [

@@ -3,49 +3,38 @@
 A layout names the dims of one sample: ``"CHW"`` (channels first) or ``"HWC"`` (channels
 last); a batch adds its leading ``B`` dim, so a ``"CHW"`` batch is ``(B, C, H, W)``.
 Device modules also take ``"auto"``: they tell the two apart by which dim equals the
-channel count. The batch spellings ``"BCHW"``/``"BHWC"`` of earlier releases still work
-and warn (``FutureWarning``) with the name to use instead.
+channel count. The batch spellings ``"BCHW"``/``"BHWC"`` of earlier releases are refused
+with the name to use instead.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 LAYOUTS = ("CHW", "HWC")
 AUTO = "auto"
-_RENAMED = {"BCHW": "CHW", "BHWC": "HWC"}
+_FORMER_SPELLINGS = {"BCHW": "CHW", "BHWC": "HWC"}
 
 
-def check_layout(layout: str, *, auto: bool = False, stacklevel: int = 2) -> str:
+def check_layout(layout: str, *, auto: bool = False) -> str:
     """The layout name ``layout`` stands for, validated.
 
     Args:
-        layout: ``"CHW"``, ``"HWC"``, ``"auto"`` when ``auto`` is true, or a renamed
-            spelling (``"BCHW"``, ``"BHWC"``), which warns and maps to its new name.
+        layout: ``"CHW"``, ``"HWC"``, or ``"auto"`` when ``auto`` is true.
         auto: Whether ``"auto"`` is allowed (device modules that detect the layout).
-        stacklevel: Where a ``FutureWarning`` points, counted as ``warnings.warn`` counts
-            from the caller (2: the caller's caller, the user's code when a constructor
-            calls this directly).
 
     Raises:
         TypeError: ``layout`` is not a string.
-        ValueError: ``layout`` is none of the allowed names.
+        ValueError: ``layout`` is none of the allowed names (the message names the one to
+            use for a former spelling, ``"BCHW"`` or ``"BHWC"``).
     """
     allowed = (*LAYOUTS, AUTO) if auto else LAYOUTS
     if not isinstance(layout, str):
         raise TypeError(f"layout must be a string, one of {allowed}, got {layout!r}")
-    new = _RENAMED.get(layout)
-    if new is not None:
-        warnings.warn(
-            f"layout={layout!r} is now spelled layout={new!r} (a sample's dims; the batch dim "
-            "is implied); the old spelling will be removed in a future release",
-            FutureWarning,
-            stacklevel=stacklevel + 1,
-        )
-        return new
     if layout not in allowed:
-        raise ValueError(f"layout must be one of {allowed}, got {layout!r}")
+        former = _FORMER_SPELLINGS.get(layout)
+        hint = f" (now spelled {former!r}: a sample's dims, the batch dim is implied)"
+        raise ValueError(f"layout must be one of {allowed}, got {layout!r}{hint if former else ''}")
     return layout
 
 

@@ -141,7 +141,7 @@ class MixExecutor(ops.Executor):
 
     def _setup(self, op: ops.Operation, layout: str, seed: int | None) -> None:
         self.op = op
-        self.layout = check_layout(layout, stacklevel=4)
+        self.layout = check_layout(layout)
         self._draws = UniformDraws(seed)
 
     def mix(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

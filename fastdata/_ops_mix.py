@@ -10,8 +10,8 @@ import numpy as np
 
 from fastdata._affine import cutmix_boxes
 from fastdata._draws import beta_from_uniform
+from fastdata._operation import Operation
 from fastdata._ops_steps import check_number, check_probability, frozen_set
-from fastdata.ops import Operation
 
 MIX_MODES = ("batch", "elem")
 

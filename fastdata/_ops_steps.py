@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from fastdata.ops import Operation
+from fastdata._operation import Operation
 
 # Kernel names every executor implements (CPU: fastdata/transforms/_kernels.py, device:
 # fastdata/gpu/_kernels.py). Colour kernels change values only; the others move pixels.

@@ -4,10 +4,10 @@ transforms (``Resize``, ``RandomResizedCrop``) use it.
 An axis that shrinks by less than 2x (what is left after a JPEG's reduced-size decode, and
 the usual ``Resize(256)`` of a photo) gets a 3-tap Gaussian low-pass whose sigma grows
 with the factor, then bilinear sampling; a shrink of 2x or more is area-averaged; an
-image that grows is sampled bilinearly. Chosen by measurement (``benchmarks/bench_resize.py``):
-OpenCV's ``INTER_AREA`` takes a slow generic path at non-integer factors (about 3x the
-time of this kernel for 500x375 -> 341x256 on one core), plain ``INTER_LINEAR`` aliases,
-and PIL's antialiased bilinear is slower still. Its pixels stay within 1.5 levels of 255
+image that grows is sampled bilinearly. Chosen by measurement (``benchmarks/bench_resize.py``;
+the figures are in docs/benchmarks.md): OpenCV's ``INTER_AREA`` takes a slow generic path
+at non-integer factors, plain ``INTER_LINEAR`` aliases, and PIL's antialiased bilinear is
+slower still. Its pixels stay within 1.5 levels of 255
 (mean absolute difference) of PIL's antialiased bilinear resize on photos
 (``tests/test_resize.py``).
 """

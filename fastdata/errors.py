@@ -13,8 +13,8 @@ logger = logging.getLogger(__name__)
 
 DecodeReason = Literal["empty", "truncated", "corrupt", "too_large", "not_an_image", "mismatch"]
 DECODE_REASONS: tuple[str, ...] = get_args(DecodeReason)
-# What preprocessing called "raise" before the policies had one vocabulary.
-_RAISE_ALIAS = "fail"
+# Spellings of earlier releases: refused, with the one to use now.
+_FORMER_SPELLINGS = {"fail": "raise"}
 
 
 class FastDataError(Exception):
@@ -133,7 +133,7 @@ class OnError(str, Enum):
     """What to do with one sample that cannot be read or decoded: the ``on_error``
     argument of datasets, decoders and preprocessing (``--on-error`` on the command line).
 
-    - ``"raise"`` (also spelled ``"fail"``): stop, raising the error (a
+    - ``"raise"``: stop, raising the error (a
       :class:`DecodeError`; a preprocessing job stops with a :class:`PreprocessError`).
     - ``"warn"``: leave the sample out and report it: a ``RuntimeWarning``
       ``"skipped a sample: ..."`` (preprocessing: a log record at WARNING level, which the
@@ -160,32 +160,32 @@ class OnError(str, Enum):
     @classmethod
     def spellings(cls) -> tuple[str, ...]:
         """Every string :meth:`parse` accepts (the command line's ``--on-error`` choices)."""
-        return (*(member.value for member in cls), _RAISE_ALIAS)
+        return tuple(member.value for member in cls)
 
     @classmethod
     def parse(cls, value: OnError | str, name: str = "on_error") -> OnError:
         """The policy a user's ``value`` names.
 
         Args:
-            value: An :class:`OnError`, ``"raise"``, ``"fail"`` (the same as ``"raise"``),
-                ``"warn"`` or ``"skip"``.
+            value: An :class:`OnError`, ``"raise"``, ``"warn"`` or ``"skip"``.
             name: The argument's name, for the error message.
 
         Raises:
             TypeError: ``value`` is not a string.
-            ValueError: ``value`` is not one of the spellings above.
+            ValueError: ``value`` is not one of the spellings above (the message names the
+                spelling to use for a former one, such as ``"fail"``).
         """
         if isinstance(value, cls):
             return value
         if not isinstance(value, str):
             raise TypeError(f"{name} must be a str, got {type(value).__name__}")
-        if value == _RAISE_ALIAS:
-            return cls.RAISE
         try:
             return cls(value)
         except ValueError:
+            former = _FORMER_SPELLINGS.get(value)
+            hint = f" (now spelled {former!r})" if former else ""
             raise ValueError(
-                f"{name} must be one of {cls.spellings()} ('fail' is 'raise'), got {value!r}"
+                f"{name} must be one of {cls.spellings()}, got {value!r}{hint}"
             ) from None
 
     def handle(

@@ -23,10 +23,9 @@ import torch
 from torch.utils.data import DataLoader
 
 import fastdata
-from fastdata import PreprocessOptions
 from fastdata.cli import main
 from fastdata.datasets import ShardDataset, passthrough_collate
-from fastdata.preprocess import preprocess
+from tests.conftest import DEMO_IMAGES, make_demo_workdir
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -109,29 +108,13 @@ def run(page: Path, namespace: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 GUIDES = DOCS / "guides"
-NUM_IMAGES = 320
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory, sample_tool: Any) -> Path:
-    """``demo-data/sample`` (320 JPEGs: 5 batches of 64); ``out/`` written by the
-    preprocessing guide's own example; ``out-jpeg/`` for the JPEG examples."""
+    """The demo folder, its ``out/`` written by the preprocessing guide's own example."""
     root = tmp_path_factory.mktemp("guides")
-    sample_tool.make_sample_dataset(
-        root / "demo-data" / "sample", NUM_IMAGES, num_classes=3, seed=0, image_size=(64, 48)
-    )
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(root)
-        scope = run(GUIDES / "preprocess.md")
-        assert scope["summary"].num_processed == NUM_IMAGES
-        preprocess(
-            "demo-data/sample",
-            "out-jpeg/",
-            PreprocessOptions(sizes=(256,), storage="jpeg"),
-            workers=1,
-            show_progress=False,
-        )
-    return root
+    return make_demo_workdir(root, sample_tool, lambda: run(GUIDES / "preprocess.md")["summary"])
 
 
 def test_datasets_guide(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -150,7 +133,7 @@ def test_datasets_guide(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert scope["images"].shape == (64, 3, 224, 224) and scope["images"].dtype == torch.uint8
     assert scope["labels"].shape == (64,) and scope["labels"].dtype == torch.int64
-    assert len(scope["cached"]) == len(scope["pixels"]) == NUM_IMAGES
+    assert len(scope["cached"]) == len(scope["pixels"]) == DEMO_IMAGES
     assert len(scope["arrays"]) == 8
     jpeg_images, _ = next(iter(scope["loader"]))
     assert jpeg_images.shape == (64, 3, 224, 224)

@@ -15,7 +15,6 @@ from fastdata.errors import DECODE_REASONS, DecodeError, OnError
     ("value", "policy"),
     [
         ("raise", OnError.RAISE),
-        ("fail", OnError.RAISE),
         ("warn", OnError.WARN),
         ("skip", OnError.SKIP),
         (OnError.SKIP, OnError.SKIP),
@@ -27,7 +26,7 @@ def test_parse_accepts_every_spelling(value: OnError | str, policy: OnError) -> 
 
 
 def test_spellings_are_what_parse_accepts() -> None:
-    assert OnError.spellings() == ("raise", "warn", "skip", "fail")
+    assert OnError.spellings() == ("raise", "warn", "skip")
     for spelling in OnError.spellings():
         OnError.parse(spelling)
 
@@ -36,10 +35,18 @@ def test_spellings_are_what_parse_accepts() -> None:
 def test_parse_refuses_other_values(value: str) -> None:
     with pytest.raises(
         ValueError,
-        match=r"on_error must be one of \('raise', 'warn', 'skip', 'fail'\) "
-        rf"\('fail' is 'raise'\), got '{value}'",
+        match=rf"on_error must be one of \('raise', 'warn', 'skip'\), got '{value}'$",
     ):
         OnError.parse(value)
+
+
+def test_the_former_spelling_fail_is_refused_naming_raise() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"^policy must be one of \('raise', 'warn', 'skip'\), got 'fail' "
+        r"\(now spelled 'raise'\)$",
+    ):
+        OnError.parse("fail", name="policy")
 
 
 def test_parse_refuses_other_types_naming_the_argument() -> None:

@@ -20,9 +20,12 @@ def test_the_names_and_auto() -> None:
 
 
 @pytest.mark.parametrize(("old", "new"), [("BCHW", "CHW"), ("BHWC", "HWC")])
-def test_former_batch_spellings_warn_and_map_to_the_new_names(old: str, new: str) -> None:
-    with pytest.warns(FutureWarning, match=f"layout='{old}' is now spelled layout='{new}'"):
-        assert check_layout(old) == new
+def test_former_batch_spellings_are_refused_naming_the_new_one(old: str, new: str) -> None:
+    with pytest.raises(
+        ValueError,
+        match=rf"layout must be one of \('CHW', 'HWC'\), got '{old}' \(now spelled '{new}'",
+    ):
+        check_layout(old)
 
 
 @pytest.mark.parametrize(
@@ -47,14 +50,21 @@ def test_auto_resolves_by_the_channel_dim() -> None:
         resolve_layout((2, 3, 8, 3), "auto", 3)
 
 
-def test_device_modules_take_the_old_spellings_with_a_warning_pointing_at_the_caller() -> None:
+def test_device_modules_refuse_the_old_spellings() -> None:
+    for make in (
+        lambda: Normalize([1.0] * 3, [1.0] * 3, layout="BHWC"),
+        lambda: DeviceRandomHorizontalFlip(p=0.0, layout="BHWC"),
+        lambda: DeviceRandomResizedCrop(4, layout="BHWC", seed=0),
+    ):
+        with pytest.raises(ValueError, match=r"got 'BHWC' \(now spelled 'HWC'"):
+            make()
+
+
+def test_device_modules_take_the_layout_names() -> None:
     images = torch.randint(0, 255, (2, 6, 5, 3), dtype=torch.uint8)  # (B, H, W, C)
-    with pytest.warns(FutureWarning) as caught:
-        normalize = Normalize([1.0] * 3, [1.0] * 3, layout="BHWC")
-        flip = DeviceRandomHorizontalFlip(p=0.0, layout="BHWC")
-        crop = DeviceRandomResizedCrop(4, layout="BHWC", seed=0)
-    assert {w.filename for w in caught} == {__file__}
-    assert normalize.layout == flip.layout == crop.layout == "HWC"
+    normalize = Normalize([1.0] * 3, [1.0] * 3, layout="HWC")
+    flip = DeviceRandomHorizontalFlip(p=0.0, layout="HWC")
+    crop = DeviceRandomResizedCrop(4, layout="HWC", seed=0)
     torch.testing.assert_close(normalize(images), images.permute(0, 3, 1, 2).float() - 1)
     assert torch.equal(flip(images), images)
     assert crop(images).shape == (2, 4, 4, 3)

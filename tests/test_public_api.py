@@ -106,6 +106,11 @@ def imports(path: Path) -> Iterator[tuple[int, str, list[str]]]:
                 yield node.lineno, target, [alias.name for alias in node.names]
 
 
+def is_private(name: str) -> bool:
+    """``_name`` is private; a dunder (``__version__``) is not."""
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
 def private_reaches(path: Path) -> list[str]:
     """What ``path`` imports of another package's private names.
 
@@ -127,7 +132,7 @@ def private_reaches(path: Path) -> list[str]:
         if parts and parts[0] == own:
             continue
         if parts and is_top_level_module(parts[0]):
-            private = [name for name in names if name.startswith("_")]
+            private = [name for name in names if is_private(name)]
             found += [f"{where} import {name}" for name in private]
             continue
         if any(part.startswith("_") for part in parts):
@@ -162,6 +167,8 @@ def test_no_package_imports_another_packages_private_names() -> None:
         ("from fastdata import _system", "datasets/_x.py", False),
         ("from fastdata.shards import load_manifest", "_crop.py", False),
         ("from fastdata.shards._schema import x", "_crop.py", True),
+        ("from fastdata._version import __version__", "cli/x.py", False),
+        ("from fastdata._version import _private", "cli/x.py", True),
     ],
 )
 def test_the_private_import_rule(
@@ -172,7 +179,7 @@ def test_the_private_import_rule(
     root = tmp_path
     package = root / "fastdata"
     (package / where).parent.mkdir(parents=True, exist_ok=True)
-    for shared in ("_crop.py", "_system.py"):
+    for shared in ("_crop.py", "_system.py", "_version.py"):
         (package / shared).write_text("")
     (package / where).write_text(source + "\n")
     monkeypatch.setitem(globals(), "ROOT", root)

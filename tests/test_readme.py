@@ -18,12 +18,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from fastdata import PreprocessOptions
 from fastdata.datasets import ShardDataset, passthrough_collate
-from fastdata.preprocess import preprocess
+from tests.conftest import DEMO_IMAGES, make_demo_workdir
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-NUM_IMAGES = 320
 
 
 def example(marker: str) -> str:
@@ -42,26 +40,14 @@ def run(code: str, namespace: dict[str, Any] | None = None) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory, sample_tool: Any) -> Path:
-    """``demo-data/sample`` (320 JPEGs: 5 batches of 64) and, by the README's own
-    preprocessing example, ``out/``; plus ``out-jpeg/`` for the examples that read JPEG
-    shards."""
-    root = tmp_path_factory.mktemp("readme")
-    sample_tool.make_sample_dataset(
-        root / "demo-data" / "sample", NUM_IMAGES, num_classes=3, seed=0, image_size=(64, 48)
+    """The demo folder, its ``out/`` written by the README's own preprocessing example,
+    run as the README shows it: a script's guarded main block."""
+    code = example('summary = preprocess("demo-data/sample"')
+    return make_demo_workdir(
+        tmp_path_factory.mktemp("readme"),
+        sample_tool,
+        lambda: run(code, {"__name__": "__main__"})["summary"],
     )
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(root)
-        # run as the README shows it: a script's guarded main block
-        scope = run(example('summary = preprocess("demo-data/sample"'), {"__name__": "__main__"})
-        assert scope["summary"].num_processed == NUM_IMAGES
-        preprocess(
-            "demo-data/sample",
-            "out-jpeg/",
-            PreprocessOptions(sizes=(256,), storage="jpeg"),
-            workers=1,
-            show_progress=False,
-        )
-    return root
 
 
 def test_dataset_examples(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,7 +66,7 @@ def test_dataset_examples(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     )
     assert scope["images"].shape == (64, 3, 224, 224) and scope["images"].dtype == torch.uint8
     assert scope["labels"].dtype == torch.int64
-    assert len(scope["cached"]) == len(scope["pixels"]) == NUM_IMAGES
+    assert len(scope["cached"]) == len(scope["pixels"]) == DEMO_IMAGES
     assert len(scope["arrays"]) == 8
 
 

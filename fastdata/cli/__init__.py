@@ -25,7 +25,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-import fastdata
+from fastdata._version import __version__
 from fastdata.cli._args import HelpFormatter, Parser
 from fastdata.errors import FastDataError
 
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Make PyTorch training stop waiting for data.",
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"fastdata {fastdata.__version__}")
+    parser.add_argument("--version", action="version", version=f"fastdata {__version__}")
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="log debug messages; tracebacks on errors"
     )

@@ -11,6 +11,8 @@ import math
 from collections.abc import Callable
 from typing import NoReturn
 
+from fastdata.errors import OnError
+
 QUIET_HELP = "no progress bars"
 
 
@@ -74,6 +76,15 @@ def non_negative_float(text: str) -> float:
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
     return value
+
+
+def on_error_policy(text: str) -> OnError:
+    """``--on-error``: an :class:`~fastdata.errors.OnError` spelling; a former one is
+    refused naming the spelling to use."""
+    try:
+        return OnError.parse(text, name="--on-error")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--on-error ")) from None
 
 
 def int_between(low: int, high: int) -> Callable[[str], int]:

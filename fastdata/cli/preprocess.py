@@ -11,7 +11,14 @@ from typing import Any
 from fastdata._codec import DEFAULT_MAX_PIXELS, output_size_problem
 from fastdata._system import format_bytes
 from fastdata.cli import EXIT_OK
-from fastdata.cli._args import QUIET_HELP, HelpFormatter, int_between, positive_float, positive_int
+from fastdata.cli._args import (
+    QUIET_HELP,
+    HelpFormatter,
+    int_between,
+    on_error_policy,
+    positive_float,
+    positive_int,
+)
 from fastdata.errors import OnError
 from fastdata.preprocess import (
     DEFAULT_SHARD_BYTES,
@@ -106,10 +113,11 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--on-error",
+        type=on_error_policy,
         choices=OnError.spellings(),
         default=str(OnError.SKIP),
         help="an unreadable input: skip it or warn (also log it), either way recorded in "
-        "index.json's 'skipped'; or raise (alias fail): stop",
+        "index.json's 'skipped'; or raise: stop",
     )
     parser.add_argument(
         "--max-pixels",

@@ -69,7 +69,7 @@ class BatchedDataset(Dataset):
             )
         self.store = store
         self.fields = tuple(fields)
-        self.layout = check_layout(layout, stacklevel=3)
+        self.layout = check_layout(layout)
         self.decode = decodes
         # A Decoder's geometry: each image decoded into its output size and crop.
         self.crop_decode = crop_decode
@@ -425,7 +425,7 @@ class BatchedDataset(Dataset):
             value = stack_images(value)
         tensor = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
         spec = self.store.specs[name]
-        channels_last = spec.field_kind.sample_layout == "HWC"
+        channels_last = spec.field_kind.sample_axes == "HWC"
         if tensor.dim() == 4 and channels_last and self.layout == "CHW":
             tensor = tensor.permute(0, 3, 1, 2)
         return tensor

@@ -25,12 +25,24 @@ the iterator state that confirms it, and the sampler warns at its next step when
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from fastdata.datasets.distributed import ShardAwareDistributedSampler
+
+class IteratedSampler(Protocol):
+    """What an :class:`EpochIterator` reads and moves of its sampler (a
+    :class:`~fastdata.datasets.ShardAwareDistributedSampler`, which imports this module)."""
+
+    dataset: Any
+    epoch: int
+    _unconfirmed_load: bool
+    _yielded: int
+
+    def _check_saved_position(self) -> None: ...
+
+    def _confirm_saved_position(self) -> None: ...
+
 
 # Marks a state whose ``num_consumed`` counts the samples handed out, not those consumed.
 HANDED_OUT = "handed_out"
@@ -45,7 +57,7 @@ class EpochIterator(Iterator[int]):
     hand each batch out (torchdata).
     """
 
-    def __init__(self, sampler: ShardAwareDistributedSampler, indices: np.ndarray) -> None:
+    def __init__(self, sampler: IteratedSampler, indices: np.ndarray) -> None:
         self._sampler = sampler
         self._source = indices
         self._indices: list[int] | None = None  # made at the first step (after a load)

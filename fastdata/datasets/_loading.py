@@ -149,7 +149,7 @@ def load_shards(
 
 
 def load_arrays(
-    arrays: dict[str, np.ndarray], layouts: dict[str, str], *, override_memory_check: bool
+    arrays: dict[str, np.ndarray], axes: dict[str, str], *, override_memory_check: bool
 ) -> RAMStore:
     """Copy same-length arrays (``(N, ...)`` each) into shared buffers, one per field."""
     lengths = {name: len(array) for name, array in arrays.items()}
@@ -161,7 +161,7 @@ def load_arrays(
     )
     specs, buffers = [], {}
     for name, array in arrays.items():
-        spec = FieldSpec(name, "array", array.dtype.name, tuple(array.shape[1:]), layouts[name])
+        spec = FieldSpec(name, "array", array.dtype.name, tuple(array.shape[1:]), axes[name])
         buffer = SharedBuffer(array.nbytes, name)
         buffer.array.view(array.dtype).reshape(array.shape)[:] = array
         specs.append(spec)

@@ -150,14 +150,14 @@ class RAMDataset(BatchedDataset):
         """
         image_array = _uint8(images, "images", (3, 4))
         arrays = {"image": image_array}
-        layouts = {"image": "NHWC"[1 : image_array.ndim] if image_array.ndim == 4 else "HW"}
+        axes = {"image": "NHWC"[1 : image_array.ndim] if image_array.ndim == 4 else "HW"}
         if targets is not None:
             arrays["label"] = label_array(targets, len(image_array))
-            layouts["label"] = ""
+            axes["label"] = ""
         if masks is not None:
             arrays["mask"] = _uint8(masks, "masks", (3,))
-            layouts["mask"] = "HW"
-        store = load_arrays(arrays, layouts, override_memory_check=not check_memory)
+            axes["mask"] = "HW"
+        store = load_arrays(arrays, axes, override_memory_check=not check_memory)
         return cls._wrap(store, tuple(arrays), transform, options)
 
     @classmethod

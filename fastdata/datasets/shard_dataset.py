@@ -44,8 +44,7 @@ class ShardDataset(BatchedDataset):
         layout: One sample's dims, the batch dim implied (as in :mod:`fastdata.gpu`).
             ``"CHW"``: images ``(B, C, H, W)``, a channels-last view of the
             ``(B, H, W, C)`` memory (no copy; ``.contiguous()`` makes it planar).
-            ``"HWC"``: ``(B, H, W, C)``. ``"BCHW"``/``"BHWC"``: former spellings
-            (``FutureWarning``).
+            ``"HWC"``: ``(B, H, W, C)``.
         decode: For encoded image fields (JPEG-mode shards): decode to ``(H, W, 3)`` uint8
             with OpenCV. ``False`` returns the encoded bytes as 1-D uint8 tensors (for
             decoding on the GPU). A ``"cpu"`` :class:`~fastdata.decode.Decoder` (from

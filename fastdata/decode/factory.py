@@ -197,7 +197,6 @@ def create_decoder(
     target = _check_device(device)
     name = resolve_backend(backend, target)
     parse_size(size)
-    on_error = OnError.parse(on_error)
     entry = _REGISTRY[name]
     target = torch.device(target) if target is not None else torch.device(entry.default_device())
     if entry.check_device is not None:

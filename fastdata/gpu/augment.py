@@ -57,7 +57,7 @@ class _SeededModule(nn.Module, ops.Executor):
     def __init__(self, op: ops.Operation, layout: str, seed: int | None) -> None:
         super().__init__()
         self.op = op
-        self.layout = check_layout(layout, stacklevel=3)
+        self.layout = check_layout(layout)
         self._draws = UniformDraws(seed)
 
     def _uniform(self, count: int) -> np.ndarray:
@@ -100,8 +100,7 @@ class DeviceRandomHorizontalFlip(_SeededModule):
     Args:
         p: Probability that a sample is flipped, in [0, 1].
         layout: ``"CHW"`` (batches ``(B, C, H, W)``) or ``"HWC"`` (``(B, H, W, C)``), any
-            dtype, any memory format; ``"BCHW"``/``"BHWC"`` are the former spellings
-            (``FutureWarning``).
+            dtype, any memory format.
         seed: Seed of the module's draws (``None``: torch's default generator, so
             ``torch.manual_seed`` makes a run reproducible).
 

@@ -45,8 +45,7 @@ class Normalize(nn.Module):
         dtype: Output dtype: ``torch.float32``, ``torch.float16`` or ``torch.bfloat16``.
         layout: Input layout: ``"CHW"`` (batches ``(B, C, H, W)``), ``"HWC"``
             (``(B, H, W, C)``) or ``"auto"`` (told apart by which dim equals the channel
-            count; an ambiguous shape raises ``ValueError``). ``"BCHW"``/``"BHWC"`` are
-            the former spellings (``FutureWarning``).
+            count; an ambiguous shape raises ``ValueError``).
         channels_last: Return the output in ``torch.channels_last`` memory format (the
             logical shape is ``(B, C, H, W)`` either way).
 

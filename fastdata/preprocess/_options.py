@@ -38,7 +38,7 @@ class PreprocessOptions:
         shard_bytes: Target size of one shard file in bytes (default 64 MiB).
         on_error: A corrupt, truncated or non-image input: ``"skip"`` it (default) or
             ``"warn"`` (also log it), either way recorded in the manifest's ``skipped``; or
-            ``"raise"`` (also spelled ``"fail"``): the job stops. A JPEG whose data is
+            ``"raise"``: the job stops. A JPEG whose data is
             damaged but decodes (libjpeg warns) counts as such an input, except that
             ``"warn"`` keeps it and logs that it did. See
             :class:`~fastdata.errors.OnError`; the manifest records the policy's name.

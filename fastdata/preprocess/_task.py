@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, Union
+from typing import Any, Protocol, Union, cast
 
 import cv2
 import numpy as np
@@ -118,8 +118,8 @@ def build_fields(listing: SourceListing, options: PreprocessOptions) -> tuple[Fi
     """The schema of a job's shards."""
     if listing.kind == "npy":
         shape = listing.array_shape
-        layout = {2: "HW", 3: "DHW", 4: "DHWC"}.get(len(shape), "")
-        fields = [FieldSpec("volume", "array", listing.array_dtype, shape, layout)]
+        axes = {2: "HW", 3: "DHW", 4: "DHWC"}.get(len(shape), "")
+        fields = [FieldSpec("volume", "array", listing.array_dtype, shape, axes)]
     else:
         channels = 1 if options.grayscale else 3
         fields = []
@@ -310,7 +310,7 @@ def write_shard(task: ShardTask, job: ShardJob, results: Iterable[SampleResult])
     from fastdata.shards import ShardWriter  # noqa: PLC0415
 
     path = Path(job.out) / task.file
-    on_error = OnError.parse(job.options.on_error)
+    on_error = cast(OnError, job.options.on_error)  # PreprocessOptions parsed it
     totals: dict[str, PixelStats] = {}
     skipped: list[dict[str, str]] = []
     try:

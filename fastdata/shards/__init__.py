@@ -7,8 +7,9 @@ and writer.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from fastdata import _lazy
 
 if TYPE_CHECKING:
     from fastdata.shards._checksum import VerifyProblem, shard_matches, verify_shards
@@ -43,18 +44,7 @@ _LAZY_NAMES = {
 }  # fmt: skip
 
 
-def __getattr__(name: str) -> Any:
-    """Load a public name on first access."""
-    if name in _LAZY_NAMES:
-        value = getattr(importlib.import_module(_LAZY_NAMES[name]), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    raise AttributeError(f"module 'fastdata.shards' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY_NAMES))
-
+__getattr__, __dir__ = _lazy.lazy_attributes(__name__, _LAZY_NAMES)
 
 __all__ = [
     "COMPRESSIONS",

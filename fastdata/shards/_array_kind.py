@@ -14,6 +14,7 @@ from fastdata.shards._field_kind import (
     COPY_BLOCK_BYTES,
     Column,
     FieldKind,
+    FieldSpecLike,
     Mapper,
     Region,
     checked_dataset,
@@ -22,8 +23,6 @@ from fastdata.shards._field_kind import (
 
 if TYPE_CHECKING:
     import h5py
-
-    from fastdata.shards._schema import FieldSpec
 
 
 class ArrayKind(FieldKind):
@@ -35,10 +34,10 @@ class ArrayKind(FieldKind):
     fixed_size = True
 
     @classmethod
-    def check(cls, spec: FieldSpec) -> None:
-        if spec.layout and len(spec.layout) != len(spec.shape):
+    def check(cls, spec: FieldSpecLike) -> None:
+        if spec.axes and len(spec.axes) != len(spec.shape):
             raise ValueError(
-                f"layout {spec.layout!r} of field {spec.name!r} does not match shape {spec.shape}"
+                f"axes {spec.axes!r} of field {spec.name!r} does not match shape {spec.shape}"
             )
 
     @cached_property
@@ -47,16 +46,16 @@ class ArrayKind(FieldKind):
         return int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
 
     @property
-    def sample_layout(self) -> str:
-        return self.spec.layout
+    def sample_axes(self) -> str:
+        return self.spec.axes
 
     @property
     def image_size(self) -> tuple[int, int] | None:
-        shape, layout = self.spec.shape, self.spec.layout
+        shape, axes = self.spec.shape, self.spec.axes
         if len(shape) == 2:
             return shape[0], shape[1]
         if len(shape) == 3:
-            return (shape[1], shape[2]) if layout == "CHW" else (shape[0], shape[1])
+            return (shape[1], shape[2]) if axes == "CHW" else (shape[0], shape[1])
         return None
 
     @property
@@ -65,7 +64,7 @@ class ArrayKind(FieldKind):
 
     def describe(self) -> str:
         spec = self.spec
-        return f"{spec.dtype} {tuple(spec.shape)} {spec.layout}".rstrip()
+        return f"{spec.dtype} {tuple(spec.shape)} {spec.axes}".rstrip()
 
     def to_bytes(self, value: Any) -> bytes | memoryview:
         spec = self.spec
@@ -82,7 +81,7 @@ class ArrayKind(FieldKind):
     def preallocate(self, h5: h5py.File, max_samples: int) -> int | None:
         spec = self.spec
         ds = create_contiguous(h5, spec.name, (max_samples, *spec.shape), spec.dtype)
-        ds.attrs["layout"] = spec.layout
+        ds.attrs["axes"] = spec.axes
         offset = ds.id.get_offset()
         if offset is None:
             raise OSError(f"HDF5 gave no offset for field {spec.name!r} of {h5.filename}")
@@ -94,7 +93,7 @@ class ArrayKind(FieldKind):
         sample_nbytes = self.sample_nbytes
         if compression is None or n == 0 or sample_nbytes == 0:
             ds = create_contiguous(h5, spec.name, shape, spec.dtype)
-            ds.attrs["layout"] = spec.layout
+            ds.attrs["axes"] = spec.axes
             offset = ds.id.get_offset()
             nbytes = n * sample_nbytes
             return (
@@ -109,7 +108,7 @@ class ArrayKind(FieldKind):
             chunks=(1, *spec.shape),
             compression=compression,
         )
-        ds.attrs["layout"] = spec.layout
+        ds.attrs["axes"] = spec.axes
         rows = np.memmap(column.path, dtype=spec.dtype, mode="r", offset=column.offset, shape=shape)
         rows_per_block = max(1, COPY_BLOCK_BYTES // sample_nbytes)
         for start in range(0, n, rows_per_block):

@@ -12,6 +12,7 @@ from fastdata._gather import gather_encoded
 from fastdata.shards._field_kind import (
     Column,
     FieldKind,
+    FieldSpecLike,
     Mapper,
     Region,
     checked_dataset,
@@ -20,8 +21,6 @@ from fastdata.shards._field_kind import (
 
 if TYPE_CHECKING:
     import h5py
-
-    from fastdata.shards._schema import FieldSpec
 
 
 class EncodedKind(FieldKind):
@@ -35,7 +34,7 @@ class EncodedKind(FieldKind):
     image_encodings: ClassVar[tuple[str, ...]] = ("jpeg", "png", "image")
 
     @classmethod
-    def check(cls, spec: FieldSpec) -> None:
+    def check(cls, spec: FieldSpecLike) -> None:
         if np.dtype(spec.dtype) != np.uint8:
             raise ValueError(
                 f"encoded field {spec.name!r} must have dtype 'uint8', got {spec.dtype!r}"
@@ -54,7 +53,7 @@ class EncodedKind(FieldKind):
         return self.spec.encoding in self.image_encodings
 
     @property
-    def sample_layout(self) -> str:
+    def sample_axes(self) -> str:
         return "HWC" if self.decodes_to_image else ""
 
     def describe(self) -> str:

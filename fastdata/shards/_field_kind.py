@@ -15,14 +15,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
 if TYPE_CHECKING:
     import h5py
-
-    from fastdata.shards._schema import FieldSpec
 
 # h5py is imported where a file is written or opened, not here: preprocessing workers build
 # field specs (and so their kinds) but never touch a file, and start faster without it.
@@ -54,6 +52,29 @@ class Column:
     num_samples: int
 
 
+class FieldSpecLike(Protocol):
+    """What a kind reads of its field: a :class:`~fastdata.shards.FieldSpec` (which
+    looks its kind up in the registry, so the kinds name its attributes, not its class)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def axes(self) -> str: ...
+
+    @property
+    def encoding(self) -> str | None: ...
+
+
 class FieldKind(ABC):
     """How one kind of field is stored, read and described (subclass per kind).
 
@@ -71,12 +92,12 @@ class FieldKind(ABC):
     #: ``False``: samples vary in size and a batch is a list.
     fixed_size: ClassVar[bool]
 
-    def __init__(self, spec: FieldSpec) -> None:
+    def __init__(self, spec: FieldSpecLike) -> None:
         self.spec = spec
 
     @classmethod
     @abstractmethod
-    def check(cls, spec: FieldSpec) -> None:
+    def check(cls, spec: FieldSpecLike) -> None:
         """``ValueError`` when ``spec`` is not a valid field of this kind.
 
         Args:
@@ -89,7 +110,7 @@ class FieldKind(ABC):
         """Bytes per sample (0 when samples vary in size)."""
 
     @property
-    def sample_layout(self) -> str:
+    def sample_axes(self) -> str:
         """Axis letters of one sample as a dataset yields it (``""``: not an image)."""
         return ""
 

@@ -38,7 +38,9 @@ class FieldSpec:
         dtype: NumPy dtype name of an array field (``"uint8"``, ``"uint16"``, ``"int64"``);
             ``"uint8"`` for encoded fields (the bytes).
         shape: Per-sample shape of an array field, e.g. ``(224, 224, 3)``; ``()`` for scalars.
-        layout: Axis names of the per-sample shape, e.g. ``"HWC"``, ``"HW"``, ``"DHW"``.
+        axes: Axis letters of the per-sample shape, e.g. ``"HWC"``, ``"HW"``, ``"DHW"``
+            (the manifest key ``axes``; manifests written before it was named so say
+            ``layout``, which is read the same).
         encoding: For encoded fields: ``"jpeg"``, ``"png"`` or ``"utf-8"``.
     """
 
@@ -46,7 +48,7 @@ class FieldSpec:
     kind: str
     dtype: str
     shape: tuple[int, ...] = ()
-    layout: str = ""
+    axes: str = ""
     encoding: str | None = None
 
     def __post_init__(self) -> None:
@@ -93,9 +95,10 @@ class FieldSpec:
         name = _expect(entry.get("name"), str, f"{key}.name")
         if not name or "/" in name or name in (".", ".."):
             raise ValueError(f"{key}.name must be a non-empty name without '/', got {name!r}")
-        layout = _expect(entry.get("layout", ""), str, f"{key}.layout")
+        axes_key = _axes_key(entry, key)
+        axes = _expect(entry.get(axes_key, ""), str, f"{key}.{axes_key}")
         try:
-            return cls(name, kind, dtype, tuple(shape), layout, encoding)
+            return cls(name, kind, dtype, tuple(shape), axes, encoding)
         except ValueError as exc:  # the kind's own rules
             raise ValueError(f"{key}: {exc}") from exc
 
@@ -160,6 +163,20 @@ def is_plain_name(name: str) -> bool:
         and "\\" not in name
         and "\0" not in name
     )
+
+
+# What a field's ``axes`` was called in manifests written before the name changed.
+_FORMER_AXES_KEY = "layout"
+
+
+def _axes_key(entry: dict[str, Any], key: str) -> str:
+    """The key of a field entry that holds its axes: ``axes``, or ``layout`` in a manifest
+    written before; both at once is malformed (which one is meant?)."""
+    if _FORMER_AXES_KEY not in entry:
+        return "axes"
+    if "axes" in entry:
+        raise ValueError(f"{key} has both axes and its former name {_FORMER_AXES_KEY}: keep axes")
+    return _FORMER_AXES_KEY
 
 
 def _expect(value: Any, kind: type, key: str) -> Any:

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import fastdata
 from fastdata._files import write_json_atomic
 from fastdata._system import usable_cpus
+from fastdata._version import __version__
 from fastdata.shards import Manifest
 
 logger = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ def cache_key(dataset: Any, batch_size: int, settings: Mapping[str, Any]) -> str
         "batch_size": batch_size,
         "host": platform.node(),
         "cpus": usable_cpus(),
-        "fastdata": fastdata.__version__,
+        "fastdata": __version__,
         "settings": dict(sorted(settings.items())),
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]

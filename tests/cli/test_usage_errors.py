@@ -80,6 +80,12 @@ def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["--address", "auto"], "--address needs --engine ray"),
         (["--kind", "npy", "--masks", "MASKS"], "--masks is for image folders"),
         (["--bogus"], "unrecognized arguments: --bogus"),
+        (
+            ["--on-error", "fail"],
+            "argument --on-error: must be one of ('raise', 'warn', 'skip'), got 'fail' "
+            "(now spelled 'raise')",
+        ),
+        (["--on-error", "ignore"], "must be one of ('raise', 'warn', 'skip'), got 'ignore'"),
     ],
 )
 def test_preprocess_rejects_bad_options(

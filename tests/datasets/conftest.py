@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
+import torch.distributed as dist
 
 from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
 from tests.decode.conftest import rgb_jpeg
@@ -37,11 +42,16 @@ def _reference(tmp_path: Path) -> Reference:
     return Reference(tmp_path, images, labels, masks, jpegs)
 
 
-def write_shards(root: Path, fields: list[FieldSpec], samples: list[dict]) -> Path:
-    """Write ``samples`` into shards of ``SHARD_SIZES`` plus the manifest."""
+def write_shards(
+    root: Path,
+    fields: list[FieldSpec],
+    samples: list[dict],
+    shard_sizes: Sequence[int] = SHARD_SIZES,
+) -> Path:
+    """Write ``samples`` into shards of ``shard_sizes`` plus the manifest."""
     root.mkdir(parents=True, exist_ok=True)
     infos, start = [], 0
-    for number, count in enumerate(SHARD_SIZES):
+    for number, count in enumerate(shard_sizes):
         with ShardWriter(root / f"shard-{number:05d}.h5", fields) as writer:
             for sample in samples[start : start + count]:
                 writer.append(sample)
@@ -49,6 +59,24 @@ def write_shards(root: Path, fields: list[FieldSpec], samples: list[dict]) -> Pa
         start += count
     save_manifest(root, Manifest(fields=fields, shards=infos, class_names=list("abcde")))
     return root
+
+
+@contextmanager
+def gloo_group(rank: int, store: str, world_size: int = 2) -> Iterator[None]:
+    """Join a gloo process group on loopback as ``rank`` (in a process ``mp.spawn``
+    started; ``store`` is the rendezvous file), and leave it at the end."""
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=60),
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.fixture

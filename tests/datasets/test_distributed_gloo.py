@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -14,22 +12,11 @@ from torch.utils.data import DataLoader
 
 from fastdata.datasets import ShardDataset, passthrough_collate
 from fastdata.datasets.distributed import ShardAwareDistributedSampler
-from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
+from fastdata.shards import FieldSpec
+from tests.datasets.conftest import gloo_group, write_shards
 
 SIZES = [9, 4, 12, 7, 5, 8, 11]  # 56 samples: 28 per rank, 7 batches of 4
 BATCH = 4
-
-
-def _write_shards(root: Path, sizes: list[int]) -> None:
-    fields = [FieldSpec("label", "array", "int64")]
-    shards, start = [], 0
-    for number, count in enumerate(sizes):
-        with ShardWriter(root / f"shard-{number:05d}.h5", fields) as writer:
-            for i in range(start, start + count):
-                writer.append({"label": i})
-            shards.append(writer.close())
-        start += count
-    save_manifest(root, Manifest(fields=fields, shards=shards))
 
 
 def _epoch(loader: DataLoader) -> list[int]:
@@ -43,15 +30,7 @@ def _epoch(loader: DataLoader) -> list[int]:
 
 
 def _worker(rank: int, root: str, store: str) -> None:
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{store}",
-        rank=rank,
-        world_size=2,
-        timeout=timedelta(seconds=60),
-    )
-    try:
+    with gloo_group(rank, store):
         dataset = ShardDataset(root, fields=("label",))  # labels = global indices
         sampler = ShardAwareDistributedSampler(dataset, seed=7)  # world from the process group
         loader = DataLoader(dataset, BATCH, sampler=sampler, collate_fn=passthrough_collate)
@@ -76,12 +55,11 @@ def _worker(rank: int, root: str, store: str) -> None:
         dist.all_gather_object(gathered, result)
         if rank == 0:
             Path(root, "result.json").write_text(json.dumps(gathered))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_two_gloo_ranks_cover_the_dataset_once_per_epoch_and_resume(tmp_path: Path) -> None:
-    _write_shards(tmp_path, SIZES)
+    labels = [{"label": i} for i in range(sum(SIZES))]  # label = global index
+    write_shards(tmp_path, [FieldSpec("label", "array", "int64")], labels, SIZES)
     mp.spawn(_worker, args=(str(tmp_path), str(tmp_path / "store")), nprocs=2, join=True)
     ranks = json.loads((tmp_path / "result.json").read_text())
     assert ranks[0]["batches"] == ranks[1]["batches"] == 7

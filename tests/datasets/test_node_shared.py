@@ -4,7 +4,6 @@ import io
 import json
 import os
 import pickle
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ from fastdata.datasets.node_shared import (
     share_on_node,
     shared_memory_usage,
 )
+from tests.datasets.conftest import gloo_group
 
 IMAGES = (48, 64, 64, 3)  # 576 KiB of uint8 pixels
 
@@ -63,15 +63,7 @@ def test_unreachable_descriptor_is_explained() -> None:
 
 
 def _worker(rank: int, store: str, out: str) -> None:
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{store}",
-        rank=rank,
-        world_size=2,
-        timeout=timedelta(seconds=60),
-    )
-    try:
+    with gloo_group(rank, store):
         report: dict[str, object] = {}
         for mode in ("shared", "per_rank"):
             dataset = share_on_node(_build) if mode == "shared" else _build()
@@ -89,8 +81,6 @@ def _worker(rank: int, store: str, out: str) -> None:
         except Exception as exc:  # recorded per rank
             report["failure"] = f"{type(exc).__name__}: {exc}"
         Path(out, f"rank{rank}.json").write_text(json.dumps(report))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_two_ranks_hold_one_copy(tmp_path: Path) -> None:

@@ -109,12 +109,13 @@ def test_a_transform_that_is_not_callable_is_refused(raw_shards: Reference) -> N
         ShardDataset(raw_shards.path, transform=3)  # type: ignore[arg-type]
 
 
-def test_datasets_take_the_layout_names_and_the_former_spelling(raw_shards: Reference) -> None:
+def test_datasets_take_the_layout_names_and_refuse_the_former_spelling(
+    raw_shards: Reference,
+) -> None:
     hwc = ShardDataset(raw_shards.path, fields=("image",), layout="HWC")
     assert hwc.__getitems__([2]).shape == (1, *SIZE, 3)
-    with pytest.warns(FutureWarning, match="layout='BHWC' is now spelled layout='HWC'"):
-        old = ShardDataset(raw_shards.path, fields=("image",), layout="BHWC")
-    assert old.layout == "HWC"
+    with pytest.raises(ValueError, match=r"got 'BHWC' \(now spelled 'HWC'"):
+        ShardDataset(raw_shards.path, fields=("image",), layout="BHWC")
     images = np.zeros((2, *SIZE, 3), np.uint8)
     with pytest.raises(ValueError, match=r"layout must be one of \('CHW', 'HWC'\), got 'auto'"):
         RAMDataset.from_arrays(images, layout="auto")

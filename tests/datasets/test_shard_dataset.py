@@ -164,7 +164,7 @@ def test_a_damaged_jpeg_is_an_error_or_left_out_or_kept_with_a_warning(
 
 def test_on_error_takes_the_policy_type_and_every_spelling(corrupt_shards: Reference) -> None:
     indices = [4, 5, 6]
-    for policy in ("raise", "fail", OnError.RAISE):
+    for policy in ("raise", OnError.RAISE):
         with pytest.raises(DecodeError) as caught:
             ShardDataset(corrupt_shards.path, on_error=policy).__getitems__(indices)
         # the decoder's error, told where the sample is stored, keeps its reason

@@ -133,7 +133,7 @@ def test_decode_errors_carry_their_reason_whatever_the_policy(images: dict[str, 
             ("batch item 1", "truncated"),
             ("batch item 2", "empty"),
         ]
-    assert create_decoder("cpu", size=32, on_error="fail").on_error is OnError.RAISE
+    assert create_decoder("cpu", size=32, on_error="raise").on_error is OnError.RAISE
     assert "on_error='skip'" in repr(create_decoder("cpu", size=32, on_error=OnError.SKIP))
 
 

@@ -12,7 +12,7 @@ import torch
 from fastdata.decode import Decoder, create_decoder, dali, factory, nvjpeg
 from fastdata.decode.factory import resolve_backend
 from fastdata.decode.nvjpeg import load_decode_jpeg
-from fastdata.errors import FastDataError
+from fastdata.errors import FastDataError, OnError
 
 
 def test_auto_picks_nvjpeg_only_with_cuda_and_torchvision(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -155,3 +155,20 @@ def test_each_backend_gets_the_arguments_it_takes(monkeypatch: pytest.MonkeyPatc
     assert calls["cpu"] == {**common, "device": torch.device("cpu"), "num_threads": 3}
     assert calls["nvjpeg"] == {**common, "device": torch.device("cuda")}
     assert calls["dali"] == {**common, "device": torch.device("cuda"), "num_threads": 3}
+
+
+def test_on_error_is_parsed_once_by_the_decoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``create_decoder`` hands ``on_error`` on as given; the decoder parses it, once."""
+    parsed: list[object] = []
+    parse = OnError.parse.__func__  # type: ignore[attr-defined]
+
+    def counting_parse(cls: type[OnError], value: OnError | str, name: str = "on_error") -> OnError:
+        parsed.append(value)
+        return parse(cls, value, name)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(OnError, "parse", classmethod(counting_parse))
+    decoder = create_decoder("cpu", size=8, on_error="warn")
+    assert decoder.on_error is OnError.WARN
+    assert parsed == ["warn"]
+    with pytest.raises(ValueError, match="on_error must be one of"):
+        create_decoder("cpu", size=8, on_error="ignore")

@@ -11,10 +11,9 @@ from collections import defaultdict
 from pathlib import Path
 from types import ModuleType
 
-import numpy as np
 import pytest
 
-from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
+from tests.conftest import write_image_shards
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -26,23 +25,8 @@ NUM_SAMPLES = sum(SHARD_SIZES)
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``(16, 16, 3)`` uint8 images; label ``i`` for sample ``i`` (60 classes)."""
     root = tmp_path_factory.mktemp("examples") / "shards"
-    root.mkdir()
-    rng = np.random.default_rng(0)
-    fields = [
-        FieldSpec("image", "array", "uint8", (16, 16, 3), "HWC"),
-        FieldSpec("label", "array", "int64"),
-    ]
-    infos, index = [], 0
-    for number, count in enumerate(SHARD_SIZES):
-        with ShardWriter(root / f"shard-{number:05d}.h5", fields) as writer:
-            for _ in range(count):
-                image = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
-                writer.append({"image": image, "label": index})
-                index += 1
-            infos.append(writer.close())
     class_names = [f"c{i}" for i in range(NUM_SAMPLES)]
-    save_manifest(root, Manifest(fields=fields, shards=infos, class_names=class_names))
-    return root
+    return write_image_shards(root, SHARD_SIZES, class_names=class_names)
 
 
 def run_example(args: list[str], cwd: Path, timeout_s: float = 300) -> str:

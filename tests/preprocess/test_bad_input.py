@@ -63,7 +63,7 @@ def test_truncated_jpeg_is_skipped_not_stored_as_garbage(tmp_path: Path, sample_
 
 
 def test_fail_mode_stops_naming_the_file(damaged_folder: Path, tmp_path: Path) -> None:
-    options = PreprocessOptions(sizes=(16,), on_error="fail")
+    options = PreprocessOptions(sizes=(16,), on_error="raise")
     with pytest.raises(PreprocessError, match=r"truncated\.jpg.*--on-error skip"):
         preprocess(damaged_folder, tmp_path / "o", options, workers=2, show_progress=False)
     assert not (tmp_path / "o" / "index.json").exists()
@@ -79,7 +79,7 @@ def test_cli_fail_mode_exit_code(damaged_folder: Path, tmp_path: Path, capsys: A
             "--size",
             "16",
             "--on-error",
-            "fail",
+            "raise",
             "-q",
         ]
     )
@@ -88,8 +88,8 @@ def test_cli_fail_mode_exit_code(damaged_folder: Path, tmp_path: Path, capsys: A
     assert not (tmp_path / "o" / "index.json").exists()
 
 
-@pytest.mark.parametrize("spelling", ["raise", "fail", OnError.RAISE])
-def test_raise_and_fail_are_one_policy(
+@pytest.mark.parametrize("spelling", ["raise", OnError.RAISE])
+def test_raise_as_string_or_member_is_one_policy(
     damaged_folder: Path, tmp_path: Path, spelling: OnError | str
 ) -> None:
     options = PreprocessOptions(sizes=(16,), on_error=spelling)
@@ -210,11 +210,11 @@ def _segmentation(tmp_path: Path, images: list[str], masks: list[str]) -> tuple[
 
 def test_mask_without_image(tmp_path: Path, capsys: Any) -> None:
     images, masks = _segmentation(tmp_path, ["a"], ["a", "b"])
-    fail = PreprocessOptions(on_error="fail")
+    fail = PreprocessOptions(on_error="raise")
     with pytest.raises(PreprocessError, match=r"1 mask\(s\) without an image, e.g. .*b\.png"):
         preprocess(images, tmp_path / "o", fail, masks=masks, show_progress=False)
     args = ["preprocess", str(images), str(tmp_path / "o"), "--masks", str(masks), "-q"]
-    args.extend(["--on-error", "fail"])
+    args.extend(["--on-error", "raise"])
     assert main(args) == 1
     assert "without an image" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
@@ -222,7 +222,7 @@ def test_mask_without_image(tmp_path: Path, capsys: Any) -> None:
 
 def test_image_without_mask(tmp_path: Path) -> None:
     images, masks = _segmentation(tmp_path, ["a", "c"], ["a"])
-    fail = PreprocessOptions(on_error="fail")
+    fail = PreprocessOptions(on_error="raise")
     with pytest.raises(PreprocessError, match=r"image\(s\) without a mask, e.g. .*c\.png"):
         preprocess(images, tmp_path / "o", fail, masks=masks, show_progress=False)
 

@@ -104,7 +104,7 @@ def test_jpeg_with_lying_or_corrupt_frame_header_is_skipped_not_grey(
     reasons = _reasons(tmp_path / "o")
     assert "65500x65500 = 4,290,250,000 pixels, over the limit" in reasons["huge.jpg"]
     assert "corrupt or truncated JPEG" in reasons["bigger.jpg"]
-    fail = PreprocessOptions(sizes=(16,), on_error="fail")
+    fail = PreprocessOptions(sizes=(16,), on_error="raise")
     with pytest.raises(PreprocessError, match=r"bigger\.jpg: corrupt or truncated JPEG"):
         preprocess(src, tmp_path / "o2", fail, show_progress=False)
 
@@ -117,7 +117,7 @@ def test_decoder_exceptions_follow_on_error(tmp_path: Path) -> None:
     summary = preprocess(src, tmp_path / "o", no_limit, show_progress=False)
     assert (summary.num_samples, summary.num_skipped) == (1, 1)
     assert "OpenCV" in _reasons(tmp_path / "o")["bomb.png"]
-    fail = PreprocessOptions(sizes=(16,), max_pixels=None, on_error="fail")
+    fail = PreprocessOptions(sizes=(16,), max_pixels=None, on_error="raise")
     with pytest.raises(PreprocessError, match=r"bomb\.png: not a decodable image"):
         preprocess(src, tmp_path / "o2", fail, show_progress=False)
     # a mask bomb

@@ -36,10 +36,9 @@ from fastdata.preprocess import (
     _engine,
     _fork,
     _pool,
-    list_source,
     preprocess,
 )
-from fastdata.preprocess._task import build_fields
+from tests.preprocess.conftest import alive, idle_worker_pids, shard_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 N = 40  # three chunks of items: both workers get some
@@ -104,10 +103,6 @@ def _readers(record: Path) -> set[int]:
     return {int(p.name) for p in record.iterdir()} - {os.getpid()}
 
 
-def _shards(out: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(out.glob("shard-*.h5"))}
-
-
 def _run(
     dataset: Any,
     out: Path,
@@ -144,8 +139,8 @@ def test_forked_workers_read_it_and_write_the_bytes_of_pickled_and_single_runs(
     assert len(_readers(tmp_path / "pickled")) == 2  # spawned workers that unpickled it
     _run(H5Images(images, tmp_path / "single", keep_open=True), tmp_path / "c", workers=1)
     assert _readers(tmp_path / "single") == set()
-    assert len(_shards(tmp_path / "a")) == 5
-    assert _shards(tmp_path / "a") == _shards(tmp_path / "b") == _shards(tmp_path / "c")
+    assert len(shard_bytes(tmp_path / "a")) == 5
+    assert shard_bytes(tmp_path / "a") == shard_bytes(tmp_path / "b") == shard_bytes(tmp_path / "c")
     manifests = [load_manifest(tmp_path / name) for name in "abc"]
     assert manifests[0].stats == manifests[1].stats == manifests[2].stats
 
@@ -184,7 +179,7 @@ def test_where_forking_is_unsafe_this_process_reads_it_with_a_warning(
         "make it picklable (e.g. open files in __getitem__, not in __init__) to read it in parallel"
     )
     _run(H5Images(images, tmp_path / "single", keep_open=True), tmp_path / "c", workers=1)
-    assert _shards(tmp_path / "o") == _shards(tmp_path / "c")
+    assert shard_bytes(tmp_path / "o") == shard_bytes(tmp_path / "c")
 
 
 def test_a_local_engine_refuses_to_fork_where_it_is_unsafe(
@@ -272,11 +267,11 @@ def test_forked_job_resumes_after_a_crash(
         patch.setattr(_engine.LocalEngine, "run", _crash_after(2))
         with pytest.raises(KeyboardInterrupt):
             _run(H5Images(images, tmp_path / "r", keep_open=True), tmp_path / "o", workers=2)
-    assert sorted(_shards(tmp_path / "o")) == ["shard-00000.h5", "shard-00001.h5"]
+    assert sorted(shard_bytes(tmp_path / "o")) == ["shard-00000.h5", "shard-00001.h5"]
     summary = _run(H5Images(images, tmp_path / "r", keep_open=True), tmp_path / "o", workers=2)
     assert (summary.num_reused_shards, summary.num_processed) == (2, N - 16)
     _run(H5Images(images, tmp_path / "r", keep_open=True), tmp_path / "clean", workers=1)
-    assert _shards(tmp_path / "o") == _shards(tmp_path / "clean")
+    assert shard_bytes(tmp_path / "o") == shard_bytes(tmp_path / "clean")
 
 
 @needs_fork
@@ -356,15 +351,6 @@ data = OpenFile()
 '''
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie no one reaped does not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 @needs_fork
 def test_cli_from_python_forks_then_resumes_after_kill_9(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -393,9 +379,9 @@ def test_cli_from_python_forks_then_resumes_after_kill_9(
     workers = {int(p.name) for p in (tmp_path / "pids").iterdir()} - {process.pid}
     assert len(workers) == 2
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_alive(p) for p in workers):
+    while time.monotonic() < deadline and any(alive(p) for p in workers):
         time.sleep(0.05)
-    assert not [p for p in workers if _alive(p)], "workers outlived the parent"
+    assert not [p for p in workers if alive(p)], "workers outlived the parent"
     env["ITEM_DELAY_S"] = "0"
     assert subprocess.run(command, env=env, check=False).returncode == 0
     assert (
@@ -414,7 +400,7 @@ def test_cli_from_python_forks_then_resumes_after_kill_9(
     )
     sys.modules["unpicklable_data"].data.handle.close()  # the module this process imported
     monkeypatch.delitem(sys.modules, "unpicklable_data")
-    assert _shards(tmp_path / "o") == _shards(tmp_path / "clean")
+    assert shard_bytes(tmp_path / "o") == shard_bytes(tmp_path / "clean")
     assert len(ShardReader(tmp_path / "o")) == 40
 
 
@@ -474,9 +460,7 @@ def test_file_jobs_fork_their_workers_where_safe(
     options = PreprocessOptions(sizes=(8,))
 
     def worker_cmdlines() -> list[bytes]:
-        with _pool._idle_lock:
-            pids = [p.pid for _, pool in _pool._idle_pool for p in pool._processes]
-        return [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in pids]
+        return [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in idle_worker_pids()]
 
     _pool.close_idle_pools()
     preprocess(tmp_path / "src", tmp_path / "forked", options, workers=2, show_progress=False)
@@ -488,19 +472,14 @@ def test_file_jobs_fork_their_workers_where_safe(
     spawned = worker_cmdlines()
     assert len(spawned) == 2 and all(b"spawn_main" in c for c in spawned)
     _pool.close_idle_pools()
-    assert _shards(tmp_path / "forked") == _shards(tmp_path / "spawned")
+    assert shard_bytes(tmp_path / "forked") == shard_bytes(tmp_path / "spawned")
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
-def test_forked_workers_hold_no_pipe_end_of_another_pool(tmp_path: Path) -> None:
+def test_forked_workers_hold_no_pipe_end_of_another_pool(one_image_job: ShardJob) -> None:
     """A worker holding another pool's end of a pipe keeps it open after that pool closes
     it: that pool's workers would never see it closed."""
-    src = tmp_path / "src" / "class_a"
-    src.mkdir(parents=True)
-    cv2.imwrite(str(src / "0.png"), np.zeros((8, 8, 3), np.uint8))
-    listing = list_source(tmp_path / "src")
-    options = PreprocessOptions(sizes=(8,))
-    job = ShardJob(str(tmp_path / "out"), options, build_fields(listing, options), listing.kind)
+    job = one_image_job
 
     def sockets(pid: int) -> set[str]:
         fds = Path(f"/proc/{pid}/fd")
@@ -518,18 +497,13 @@ def test_forked_workers_hold_no_pipe_end_of_another_pool(tmp_path: Path) -> None
 
 
 def test_a_pool_forked_while_another_thread_closes_a_pool_starts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    one_image_job: ShardJob, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A worker forked while another thread is inside ``Connection.close()`` (its
     descriptor closed, its handle not yet cleared) closed that descriptor again and died
     with EBADF (or closed a file that had since taken the number). The window is held open
     here: closing waits for the fork, which must wait for the close instead."""
-    src = tmp_path / "src" / "class_a"
-    src.mkdir(parents=True)
-    cv2.imwrite(str(src / "0.png"), np.zeros((8, 8, 3), np.uint8))
-    listing = list_source(tmp_path / "src")
-    options = PreprocessOptions(sizes=(8,))
-    job = ShardJob(str(tmp_path / "out"), options, build_fields(listing, options), listing.kind)
+    job = one_image_job
     first = _pool.WorkerPool(1, job, "fork")
     in_window, forked = threading.Event(), threading.Event()
     close_fd = Connection._close  # type: ignore[attr-defined]

@@ -17,6 +17,7 @@ import pytest
 from fastdata import ShardReader
 from fastdata.errors import PreprocessError
 from fastdata.preprocess import PreprocessOptions, preprocess
+from tests.preprocess.conftest import alive
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -121,14 +122,6 @@ def _maps(pid: int) -> list[str]:
         return []
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def _cmdline(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -179,9 +172,9 @@ def test_kill_9_leaves_no_worker_and_no_named_semaphore(tmp_path: Path, group: b
         parent.wait()
         # a worker still starting (importing) arms its parent check when it gets going
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(_alive(p) for p in workers):
+        while time.monotonic() < deadline and any(alive(p) for p in workers):
             time.sleep(0.05)
-        assert not [p for p in workers if _alive(p)], "processes outlived their parent"
+        assert not [p for p in workers if alive(p)], "processes outlived their parent"
     finally:
         if parent.poll() is None:
             os.killpg(parent.pid, signal.SIGKILL)

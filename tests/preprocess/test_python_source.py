@@ -36,6 +36,7 @@ from fastdata.preprocess._dataset_items import DatasetTypeError, DatasetValueErr
 from fastdata.preprocess._python_source import DatasetItem, list_dataset
 from fastdata.preprocess._runner import plan_tasks
 from fastdata.preprocess._task import build_fields
+from tests.preprocess.conftest import shard_bytes
 
 N = 12
 SIDE = 16
@@ -144,10 +145,6 @@ def make_pil_dataset() -> PILDataset:
 ARRAY_DATASET = ArrayDataset()
 
 
-def _shards(out: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(out.glob("shard-*.h5"))}
-
-
 def _run(dataset: Any, out: Path, options: PreprocessOptions = OPTIONS, **kw: Any) -> Any:
     kw.setdefault("workers", 1)
     return preprocess(dataset, out, options, show_progress=False, **kw)
@@ -185,7 +182,7 @@ def test_array_and_tensor_datasets_store_the_same_bytes_as_pil(tmp_path: Path) -
     _run(PILDataset(), tmp_path / "pil")
     _run(ArrayDataset(), tmp_path / "array", workers=2)
     _run(TensorDataset(), tmp_path / "tensor")
-    assert len(_shards(tmp_path / "pil")) == 3
+    assert len(shard_bytes(tmp_path / "pil")) == 3
     pil_images, pil_labels = _stored(tmp_path / "pil")
     for other in ("array", "tensor"):
         images, labels = _stored(tmp_path / other)
@@ -281,7 +278,7 @@ def test_a_dataset_workers_cannot_unpickle_is_one_clear_error(tmp_path: Path) ->
     assert not (tmp_path / "o" / "index.json").exists()
     _run(UnpicklesNowhere(), tmp_path / "forked", engine=_engine.LocalEngine(2))
     _run(UnpicklesNowhere(), tmp_path / "here", workers=1)
-    assert _shards(tmp_path / "forked") == _shards(tmp_path / "here")
+    assert shard_bytes(tmp_path / "forked") == shard_bytes(tmp_path / "here")
 
 
 class _RemoteEngine:
@@ -430,7 +427,7 @@ def test_unreadable_inputs_follow_on_error(tmp_path: Path) -> None:
     assert (summary.num_samples, summary.num_skipped) == (5, 1)
     skipped = load_manifest(tmp_path / "o").skipped
     assert skipped[0]["path"] == "dataset[3]" and "truncated" in skipped[0]["reason"].lower()
-    fail = PreprocessOptions(sizes=(SIDE,), on_error="fail")
+    fail = PreprocessOptions(sizes=(SIDE,), on_error="raise")
     with pytest.raises(PreprocessError, match=r"dataset\[3\]: cannot read \(OSError: Truncated"):
         _run(FileDataset(paths), tmp_path / "f", fail, workers=2)
 
@@ -556,7 +553,7 @@ def test_identical_runs_give_identical_bytes(tmp_path: Path) -> None:
     time.sleep(1.1)  # HDF5 timestamps have one-second resolution
     _run(DictMaskDataset(), tmp_path / "b", workers=2)
     a, b = load_manifest(tmp_path / "a"), load_manifest(tmp_path / "b")
-    assert _shards(tmp_path / "a") == _shards(tmp_path / "b")
+    assert shard_bytes(tmp_path / "a") == shard_bytes(tmp_path / "b")
     assert a.shards == b.shards and a.stats == b.stats and a.source == b.source
 
 
@@ -580,14 +577,14 @@ def test_resume_keeps_finished_shards_and_a_changed_dataset_is_refused(
         patch.setattr(_engine.LocalEngine, "run", _crash_after(1))
         with pytest.raises(KeyboardInterrupt):
             _run(ArrayDataset(), out)
-    assert sorted(_shards(out)) == ["shard-00000.h5"]
+    assert sorted(shard_bytes(out)) == ["shard-00000.h5"]
     changed = PatchedDataset({N - 1: (pixels(0), 0)})  # the last item differs
     with pytest.raises(PreprocessError, match="holds the output of another job"):
         _run(changed, out)
     summary = _run(ArrayDataset(), out)
     assert (summary.num_reused_shards, summary.num_processed, summary.num_samples) == (1, 8, N)
     _run(ArrayDataset(), tmp_path / "clean")
-    assert _shards(out) == _shards(tmp_path / "clean")
+    assert shard_bytes(out) == shard_bytes(tmp_path / "clean")
     assert load_manifest(out).stats == load_manifest(tmp_path / "clean").stats
 
 

@@ -146,7 +146,7 @@ def test_ray_shards_are_byte_identical_to_local_ones(
 def test_a_failing_task_stops_the_job_naming_its_input_and_the_rerun_resumes(
     ray_instance: Any, sample_imagefolder: Path, tmp_path: Path
 ) -> None:
-    options = PreprocessOptions(sizes=(16,), shard_bytes=OPTIONS.shard_bytes, on_error="fail")
+    options = PreprocessOptions(sizes=(16,), shard_bytes=OPTIONS.shard_bytes, on_error="raise")
     last = sorted(sample_imagefolder.glob("*/*.jpg"))[-1]
     good = last.read_bytes()
     last.write_bytes(good[:100])  # truncated JPEG in the last shard

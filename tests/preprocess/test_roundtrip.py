@@ -151,7 +151,7 @@ def test_npy_volumes_keep_dtype(tmp_path: Path, dtype: str) -> None:
     preprocess(src, tmp_path / "o", show_progress=False)
     reader = ShardReader(tmp_path / "o")
     spec = reader.field("volume")
-    assert (spec.dtype, spec.shape, spec.layout) == (dtype, (4, 5, 6), "DHW")
+    assert (spec.dtype, spec.shape, spec.axes) == (dtype, (4, 5, 6), "DHW")
     np.testing.assert_array_equal(reader.read_batch("volume", [0, 1, 2]), np.stack(volumes))
     stats = reader.manifest.stats["volume"]
     assert math.isclose(stats["mean"][0], float(np.stack(volumes).mean()), rel_tol=1e-9)

@@ -281,7 +281,7 @@ def test_unpaired_images_and_masks_follow_on_error(
     reasons = {Path(s["path"]).name: s["reason"] for s in load_manifest(tmp_path / "o").skipped}
     assert reasons["c.jpg"].startswith("image without a mask")
     assert reasons["z.png"].startswith("mask without an image")
-    fail = PreprocessOptions(sizes=(8,), on_error="fail")
+    fail = PreprocessOptions(sizes=(8,), on_error="raise")
     with pytest.raises(PreprocessError, match=r"without an image, e\.g\. .*z\.png"):
         preprocess(images, tmp_path / "o2", fail, masks=masks, show_progress=False)
     warn = PreprocessOptions(sizes=(8,), on_error="warn")

@@ -29,29 +29,13 @@ from fastdata.preprocess import (
     preprocess,
 )
 from fastdata.preprocess._task import build_fields
+from tests.preprocess.conftest import alive, idle_worker_pids, shard_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _idle_pids() -> list[int]:
-    with _pool._idle_lock:
-        return [p.pid for _, pool in _pool._idle_pool for p in pool._processes]
-
-
-def _shards(out: Path) -> dict[str, bytes]:
-    return {f.name: f.read_bytes() for f in sorted(out.glob("shard-*.h5"))}
-
-
 def _run(src: Path, out: Path, options: PreprocessOptions, workers: int = 2) -> None:
     preprocess(src, out, options, workers=workers, show_progress=False)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def test_the_next_job_reuses_the_workers_and_writes_the_same_bytes(
@@ -59,37 +43,37 @@ def test_the_next_job_reuses_the_workers_and_writes_the_same_bytes(
 ) -> None:
     options = PreprocessOptions(sizes=(16,), shard_bytes=7 * 16 * 16 * 3)  # 4 shards
     _run(sample_imagefolder, tmp_path / "first", options)
-    workers = _idle_pids()
+    workers = idle_worker_pids()
     assert len(workers) == 2
     # a job of another layout in between: other slot memory, encoded fields
     other = PreprocessOptions(sizes=(24, 16), storage="jpeg")
     _run(sample_imagefolder, tmp_path / "other", other)
-    assert _idle_pids() == workers
+    assert idle_worker_pids() == workers
     _run(sample_imagefolder, tmp_path / "again", options)
-    assert _idle_pids() == workers
+    assert idle_worker_pids() == workers
     _run(sample_imagefolder, tmp_path / "alone", options, workers=1)  # no pool at all
-    expected = _shards(tmp_path / "alone")
+    expected = shard_bytes(tmp_path / "alone")
     assert len(expected) == 4
-    assert _shards(tmp_path / "first") == expected
-    assert _shards(tmp_path / "again") == expected
+    assert shard_bytes(tmp_path / "first") == expected
+    assert shard_bytes(tmp_path / "again") == expected
     # the statistics travel from the workers as tuples of floats: exactly the same sums
     assert load_manifest(tmp_path / "first").stats == load_manifest(tmp_path / "alone").stats
     _run(sample_imagefolder, tmp_path / "other-alone", other, workers=1)
-    assert _shards(tmp_path / "other") == _shards(tmp_path / "other-alone")
+    assert shard_bytes(tmp_path / "other") == shard_bytes(tmp_path / "other-alone")
 
 
 def test_a_failed_job_closes_its_workers(sample_imagefolder: Path, tmp_path: Path) -> None:
     options = PreprocessOptions(sizes=(16,))
     _run(sample_imagefolder, tmp_path / "warm", options)
-    before = _idle_pids()
+    before = idle_worker_pids()
     (sample_imagefolder / "class_000" / "broken.jpg").write_bytes(b"not a jpeg")
-    failing = PreprocessOptions(sizes=(16,), on_error="fail")
+    failing = PreprocessOptions(sizes=(16,), on_error="raise")
     with pytest.raises(PreprocessError, match=r"broken\.jpg"):
         _run(sample_imagefolder, tmp_path / "fails", failing)
-    assert _idle_pids() == []
-    assert not [pid for pid in before if _alive(pid)]
+    assert idle_worker_pids() == []
+    assert not [pid for pid in before if alive(pid)]
     _run(sample_imagefolder, tmp_path / "after", options)
-    assert set(_idle_pids()).isdisjoint(before)
+    assert set(idle_worker_pids()).isdisjoint(before)
 
 
 def test_idle_workers_exit_and_the_next_job_starts_new_ones(
@@ -98,14 +82,14 @@ def test_idle_workers_exit_and_the_next_job_starts_new_ones(
     monkeypatch.setattr(_pool, "IDLE_EXIT_S", 0.2)
     options = PreprocessOptions(sizes=(16,))
     _run(sample_imagefolder, tmp_path / "first", options)
-    workers = _idle_pids()
+    workers = idle_worker_pids()
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
+    while time.monotonic() < deadline and any(alive(pid) for pid in workers):
         time.sleep(0.05)
-    assert not [pid for pid in workers if _alive(pid)]
+    assert not [pid for pid in workers if alive(pid)]
     _run(sample_imagefolder, tmp_path / "second", options)
-    assert set(_idle_pids()).isdisjoint(workers)
-    assert _shards(tmp_path / "second") == _shards(tmp_path / "first")
+    assert set(idle_worker_pids()).isdisjoint(workers)
+    assert shard_bytes(tmp_path / "second") == shard_bytes(tmp_path / "first")
 
 
 def test_another_working_directory_gets_new_workers(
@@ -114,11 +98,11 @@ def test_another_working_directory_gets_new_workers(
     """Workers resolve relative paths in the directory they started in."""
     options = PreprocessOptions(sizes=(16,))
     _run(sample_imagefolder, tmp_path / "first", options)
-    workers = _idle_pids()
+    workers = idle_worker_pids()
     monkeypatch.chdir(sample_imagefolder.parent)
     _run(Path(sample_imagefolder.name), tmp_path / "relative", options)
-    assert set(_idle_pids()).isdisjoint(workers)
-    assert not [pid for pid in workers if _alive(pid)]
+    assert set(idle_worker_pids()).isdisjoint(workers)
+    assert not [pid for pid in workers if alive(pid)]
 
 
 def test_a_worker_imports_no_h5py_tqdm_or_ray(sample_imagefolder: Path, tmp_path: Path) -> None:
@@ -146,13 +130,13 @@ def test_a_worker_imports_no_h5py_tqdm_or_ray(sample_imagefolder: Path, tmp_path
 def test_close_idle_pools_stops_the_kept_workers(sample_imagefolder: Path, tmp_path: Path) -> None:
     options = PreprocessOptions(sizes=(16,))
     _run(sample_imagefolder, tmp_path / "first", options)
-    kept = _idle_pids()
+    kept = idle_worker_pids()
     assert kept
     _pool.close_idle_pools()
-    assert _idle_pids() == []
-    assert not [pid for pid in kept if _alive(pid)]
+    assert idle_worker_pids() == []
+    assert not [pid for pid in kept if alive(pid)]
     _run(sample_imagefolder, tmp_path / "second", options)  # starts new ones
-    assert _idle_pids() and not set(_idle_pids()) & set(kept)
+    assert idle_worker_pids() and not set(idle_worker_pids()) & set(kept)
 
 
 _EDITED_MODULE = """
@@ -250,7 +234,7 @@ def test_jobs_from_two_threads_write_what_each_writes_alone(
     assert not errors
     for name, options in jobs.items():
         _run(sample_imagefolder, tmp_path / f"{name}-alone", options, workers=1)
-        assert _shards(tmp_path / f"{name}-together") == _shards(tmp_path / f"{name}-alone")
+        assert shard_bytes(tmp_path / f"{name}-together") == shard_bytes(tmp_path / f"{name}-alone")
         together = load_manifest(tmp_path / f"{name}-together")
         assert together.stats == load_manifest(tmp_path / f"{name}-alone").stats
 
@@ -282,4 +266,4 @@ def test_a_job_survives_the_end_of_the_thread_that_ran_the_last_one(
 
     monkeypatch.setattr(_engine, "write_shard", write_after_the_other_thread_ends)
     _run(sample_imagefolder, tmp_path / "second", options)
-    assert _shards(tmp_path / "second") == _shards(tmp_path / "first")
+    assert shard_bytes(tmp_path / "second") == shard_bytes(tmp_path / "first")

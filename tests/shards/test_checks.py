@@ -207,6 +207,12 @@ def test_shard_file_outside_the_folder_is_refused(tmp_path: Path, name: str) -> 
         (lambda d: d["shards"].__setitem__(0, "shard-00000.h5"), r"shards\[0\] must be an object"),
         (lambda d: d["shards"][0].pop("sha256"), r"shards\[0\].sha256 must be a string"),
         (lambda d: d.update(class_names="abc"), "class_names must be a list"),
+        (lambda d: d["fields"][0].update(axes=3), r"fields\[0\].axes must be a str"),
+        (lambda d: d["fields"][0].update(axes="HW"), r"fields\[0\]: axes 'HW' of field 'image'"),
+        (
+            lambda d: d["fields"][0].update(layout="HWC"),
+            r"fields\[0\] has both axes and its former name layout: keep axes",
+        ),
     ],
 )
 def test_malformed_manifest_names_the_key(tmp_path: Path, edit: Any, message: str) -> None:
@@ -214,6 +220,18 @@ def test_malformed_manifest_names_the_key(tmp_path: Path, edit: Any, message: st
     _edit_manifest(root, edit)
     with pytest.raises(ShardFormatError, match=f"malformed manifest \\({message}"):
         load_manifest(root)
+
+
+def test_axes_are_written_as_axes_and_read_under_their_former_key(tmp_path: Path) -> None:
+    root = _write_set(tmp_path / "s")
+    written = json.loads((root / "index.json").read_text())["fields"][0]
+    assert written["axes"] == "HWC" and "layout" not in written
+    with h5py.File(root / "shard-00000.h5") as h5:
+        assert h5["image"].attrs["axes"] == "HWC" and "layout" not in h5["image"].attrs
+    # a manifest of an earlier version: the field entries say "layout"
+    _edit_manifest(root, lambda d: [f.update(layout=f.pop("axes")) for f in d["fields"]])
+    assert load_manifest(root).fields == FIELDS
+    assert ShardReader(root).read_batch("image", [2]).shape == (1, 4, 4, 3)
 
 
 def test_manifest_that_is_not_an_object_is_refused(tmp_path: Path) -> None:

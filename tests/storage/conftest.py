@@ -8,12 +8,11 @@ import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
 from fastdata.storage import RemoteLocation, _backend, parse_location
 from fastdata.storage._backend import object_store
+from tests.conftest import write_image_shards
 from tests.storage._proxy import FaultProxy
 
 moto_server = pytest.importorskip("moto.server", reason="the test extra installs moto[server]")
@@ -71,22 +70,7 @@ def bucket(
 
 def write_set(root: Path, shard_sizes: tuple[int, ...] = (8, 8, 8, 8, 6), seed: int = 0) -> Path:
     """A shard set of ``(16, 16, 3)`` uint8 images and int64 labels (label = index)."""
-    fields = [
-        FieldSpec("image", "array", "uint8", (16, 16, 3), "HWC"),
-        FieldSpec("label", "array", "int64"),
-    ]
-    rng = np.random.default_rng(seed)
-    root.mkdir(parents=True, exist_ok=True)
-    infos, index = [], 0
-    for number, count in enumerate(shard_sizes):
-        with ShardWriter(root / f"shard-{number:05d}.h5", fields) as writer:
-            for _ in range(count):
-                image = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
-                writer.append({"image": image, "label": index})
-                index += 1
-            infos.append(writer.close())
-    save_manifest(root, Manifest(fields=fields, shards=infos, class_names=["a"]))
-    return root
+    return write_image_shards(root, shard_sizes, seed=seed, class_names=["a"])
 
 
 def upload_folder(bucket: str, folder: Path, prefix: str) -> str:

@@ -9,12 +9,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
 from fastdata.tune._measure import LoaderConfig, Measurement, Window, predict_bytes
+from tests.conftest import write_image_shards
 
 
 def burn_cpu(seconds: float) -> None:
@@ -232,15 +231,4 @@ def sleep_step(seconds: float) -> Any:
 
 def write_tiny_shards(root: Path, num_samples: int = 64, seed: int = 0) -> Path:
     """A one-shard set of ``(16, 16, 3)`` uint8 images and int64 labels under ``root``."""
-    fields = [
-        FieldSpec("image", "array", "uint8", (16, 16, 3), "HWC"),
-        FieldSpec("label", "array", "int64"),
-    ]
-    rng = np.random.default_rng(seed)
-    with ShardWriter(root / "shard-00000.h5", fields) as writer:
-        for index in range(num_samples):
-            image = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
-            writer.append({"image": image, "label": index})
-        info = writer.close()
-    save_manifest(root, Manifest(fields=fields, shards=[info]))
-    return root
+    return write_image_shards(root, [num_samples], seed=seed)

@@ -23,6 +23,7 @@ from fastdata.datasets._collate import mark_collated
 from fastdata.datasets._decoding import (
     PlannedCrop,
     as_buffer,
+    decode_into_center,
     decode_into_crop,
     plan_crops,
     resolve_decode,
@@ -286,14 +287,17 @@ class BatchedDataset(Dataset):
 
         # A leading random resized crop: every box and DCT scale of the batch planned in one
         # vectorised call here, and each crop decoded straight into its row of the batch.
+        # A leading Resize + CenterCrop: each image decoded, resized and cropped into its row.
         planned: list[PlannedCrop | None] = []
+        center = self.plan.decode_center if crop_decode is None else None
         crops: torch.Tensor | None = None
         if leading_crop is not None and draws is not None and crop_decode is None:
-            raw = [as_buffer(item) for item in raw]
-            planned = plan_crops(raw, leading_crop.op, draws)
+            planned = plan_crops([as_buffer(item) for item in raw], leading_crop.op, draws)
+        decoded_size = None if crop_decode is not None else self.plan.decoded_size
+        if decoded_size is not None:
             after = self.plan.after_decode
             crops = self._buffers.empty(
-                (len(raw), *leading_crop.op.size, 3),
+                (len(raw), *decoded_size, 3),
                 torch.uint8,
                 returned=after is None or after.in_place,
             )
@@ -318,6 +322,16 @@ class BatchedDataset(Dataset):
                             damaged=damaged,
                             planned=planned[k],
                             out=None if crop_rows is None else crop_rows[k],
+                        )
+                    elif center is not None and crop_rows is not None:
+                        decode_into_center(
+                            raw[k],
+                            *center,
+                            crop_rows[k],
+                            min_side=self.decode_min_side,
+                            source=name,
+                            max_pixels=self.max_pixels,
+                            damaged=damaged,
                         )
                     else:
                         decoded[k] = decode_image(
@@ -356,7 +370,7 @@ class BatchedDataset(Dataset):
             values[name] = self._stack_transformed(outputs)
             return
         transform: BatchTransform = plan.transform  # type: ignore[assignment]
-        if plan.decode_crop is not None:  # its leading crop ran in the decode
+        if plan.decoded_size is not None:  # its leading crop ran in the decode
             if plan.after_decode is None:
                 return
             transform = plan.after_decode

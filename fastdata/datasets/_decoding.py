@@ -17,7 +17,7 @@ import numpy as np
 from fastdata import ops
 from fastdata._codec import JpegHeader, decode_image, jpeg_header, reduction_factors
 from fastdata._draws import UniformDraws
-from fastdata._resize import resize_image
+from fastdata._resize import resize_center_crop, resize_image
 from fastdata.errors import DecodeError
 from fastdata.ops import RandomResizedCrop
 
@@ -201,3 +201,41 @@ def decode_into_crop(
         top, left, height, width = planned.box
     resize_image(image[top : top + height, left : left + width], out_w, out_h, out)
     return out
+
+
+def decode_into_center(
+    data: Any,
+    resize: ops.Resize,
+    center: ops.CenterCrop,
+    out: np.ndarray,
+    *,
+    min_side: int | None,
+    source: str,
+    max_pixels: int | None,
+    damaged: list[DecodeError] | None,
+) -> np.ndarray:
+    """Decode one image (a JPEG at the smallest DCT scale whose shorter side is still at
+    least ``min_side``) and write ``center`` of its ``resize`` into ``out`` (``(H, W, 3)``
+    uint8 of ``center.size``): the pixels of the ``Resize`` and ``CenterCrop`` transforms on
+    the decoded image, with the resize's low-pass filter run only where the crop samples.
+
+    Raises:
+        DecodeError: The bytes are not a decodable image.
+        ValueError: The resized image is smaller than the crop (as ``CenterCrop`` says).
+    """
+    try:
+        image = decode_image(
+            as_buffer(data),
+            min_side=min_side,
+            max_pixels=max_pixels,
+            source=source,
+            damaged=damaged,
+        )
+    except cv2.error as error:
+        raise DecodeError(f"OpenCV: {str(error).strip()[-200:]}", source) from error
+    if image.ndim == 2:
+        image = image[:, :, None]
+    resized_h, resized_w = resize.target(image.shape[0], image.shape[1])
+    crop_h, crop_w = center.output_size((resized_h, resized_w)) or center.size
+    box = ((resized_h - crop_h) // 2, (resized_w - crop_w) // 2, crop_h, crop_w)
+    return resize_center_crop(image, (resized_h, resized_w), box, out)

@@ -55,17 +55,9 @@ from fastdata.transforms import CenterCrop, Compose, RandomHorizontalFlip, Rando
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import add_publish_argument, images_per_second, load_tool, save
+from bench_resize import PHOTO_NAMES
 
 SIDE, CROP, WORKERS = 256, 224, 2
-# scikit-image's bundled photographs (no charts or text)
-_PHOTO_NAMES = (
-    "astronaut",
-    "coffee",
-    "chelsea",
-    "rocket",
-    "immunohistochemistry",
-    "hubble_deep_field",
-)
 _SIZES = ((500, 375), (375, 500), (500, 333), (480, 360), (333, 500), (500, 400))
 
 
@@ -82,7 +74,7 @@ def build_photo_set(folder: Path, count: int) -> list[Path]:
     from skimage import data as photo_data  # noqa: PLC0415 - the demo extra
 
     folder.mkdir(parents=True, exist_ok=True)
-    sources = [np.ascontiguousarray(getattr(photo_data, name)()[..., :3]) for name in _PHOTO_NAMES]
+    sources = [np.ascontiguousarray(getattr(photo_data, name)()[..., :3]) for name in PHOTO_NAMES]
     paths = []
     for k in range(count):
         path = folder / f"{k:05d}.jpg"

@@ -41,17 +41,20 @@ from fastdata.transforms import CenterCrop, Compose, Resize
 SIDE, CROP = 256, 224
 
 
+# scikit-image's bundled photographs (bench_ram_jpeg.py uses them too)
+PHOTO_NAMES = (
+    "astronaut",
+    "coffee",
+    "chelsea",
+    "rocket",
+    "immunohistochemistry",
+    "hubble_deep_field",
+)
+
+
 def _photos(count: int) -> list[np.ndarray]:
-    names = [
-        "astronaut",
-        "coffee",
-        "chelsea",
-        "rocket",
-        "immunohistochemistry",
-        "hubble_deep_field",
-    ]
     sources = []
-    for name in names:
+    for name in PHOTO_NAMES:
         image = getattr(photo_data, name)()
         sources.append(np.ascontiguousarray(image[..., :3]))
     photos = []

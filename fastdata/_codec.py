@@ -341,7 +341,9 @@ def reduction_for(source_hw: tuple[int, int] | None, min_side: int | None) -> in
     if source_hw is None or not min_side:
         return 1
     shorter = min(source_hw)
-    return int(reduction_factors(np.array([[shorter, shorter]]), (min_side, min_side))[0])
+    # scalar arithmetic: called per image, where NumPy's per-call cost would dominate
+    fitting = [f for f in JPEG_REDUCTIONS if shorter >= f * min_side]
+    return fitting[-1] if fitting else 1
 
 
 def decode_image(

@@ -66,3 +66,52 @@ def resize_image(
     if out is not None:
         return out
     return resized[..., None] if image.ndim == 3 and resized.ndim == 2 else resized
+
+
+def resize_center_crop(
+    image: np.ndarray,
+    resized_hw: tuple[int, int],
+    box: tuple[int, int, int, int],
+    out: np.ndarray,
+) -> np.ndarray:
+    """``resize_image(image, width, height)[top : top + h, left : left + w]`` written into
+    ``out``, the same pixels, with the low-pass filter run only on the source pixels the
+    box samples (plus the filter's and the bilinear neighbour's margin): the pixels outside
+    them reach only resized pixels outside the box, which are dropped.
+
+    Args:
+        image: ``(H, W, C)`` uint8, any strides.
+        resized_hw: The ``(height, width)`` the whole image is resized to.
+        box: ``(top, left, height, width)`` inside the resized image.
+        out: ``(height, width, C)`` uint8, C-contiguous (a row of a batch).
+
+    Returns:
+        ``out``.
+    """
+    h, w = image.shape[:2]
+    resized_h, resized_w = resized_hw
+    top, left, box_h, box_w = box
+    scale_y, scale_x = h / resized_h, w / resized_w
+    source = image
+    if max(scale_x, scale_y) < _AREA_FROM_SCALE and (scale_x > 1 or scale_y > 1):
+        # cv2.resize samples source row (i + 0.5) * scale - 0.5 and the next one; the
+        # 3-tap filter reads one more on each side
+        first_y = max(int((top + 0.5) * scale_y - 0.5) - 2, 0)
+        last_y = min(int((top + box_h - 0.5) * scale_y - 0.5) + 3, h)
+        first_x = max(int((left + 0.5) * scale_x - 0.5) - 2, 0)
+        last_x = min(int((left + box_w - 0.5) * scale_x - 0.5) + 3, w)
+        source = np.empty_like(image)  # outside the region: never sampled for the box
+        source[first_y:last_y, first_x:last_x] = cv2.GaussianBlur(
+            _plane(image[first_y:last_y, first_x:last_x]),
+            (3 if scale_x > 1 else 1, 3 if scale_y > 1 else 1),
+            sigmaX=max(_SIGMA_PER_EXTRA_SCALE * (scale_x - 1), 1e-3),
+            sigmaY=max(_SIGMA_PER_EXTRA_SCALE * (scale_y - 1), 1e-3),
+            borderType=cv2.BORDER_REFLECT_101,
+        ).reshape(last_y - first_y, last_x - first_x, *image.shape[2:])
+        resized = cv2.resize(_plane(source), (resized_w, resized_h), interpolation=cv2.INTER_LINEAR)
+    else:
+        resized = resize_image(image, resized_w, resized_h)
+    if resized.ndim == 2:
+        resized = resized[..., None]
+    out[...] = resized[top : top + box_h, left : left + box_w]
+    return out

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastdata._resize import resize_image
+from fastdata._resize import resize_center_crop, resize_image
 
 # Mean absolute difference from PIL's antialiased bilinear resize (a triangle filter as
 # wide as the shrink), in levels of 255, per image; and the 99th percentile of the
@@ -75,3 +75,33 @@ def test_a_crop_view_one_channel_and_out_are_kept(sample_tool: Any) -> None:
     assert one.shape == (160, 224, 1)
     np.testing.assert_array_equal(one[:, :, 0], resize_image(grey[:, :, 0], 224, 160))
     np.testing.assert_array_equal(resize_image(photo, 500, 375), photo)  # same size: a copy
+
+
+@pytest.mark.parametrize(
+    ("image_hw", "channels"),
+    [((375, 500), 3), ((333, 517), 3), ((230, 230), 3), ((1200, 700), 3), ((100, 150), 3),
+     ((511, 257), 1)],
+)  # fmt: skip
+@pytest.mark.parametrize(
+    ("side", "crop"), [(256, (224, 224)), (224, (224, 224)), (300, (128, 200))]
+)
+def test_resize_center_crop_gives_the_pixels_of_resize_then_crop(
+    image_hw: tuple[int, int], channels: int, side: int, crop: tuple[int, int]
+) -> None:
+    """The low-pass filter run only where the crop samples changes no pixel: shrinking by
+    less than 2x (filtered), by more (area) and enlarging (bilinear)."""
+    image = np.random.default_rng(sum(image_hw)).integers(0, 256, (*image_hw, channels), np.uint8)
+    height, width = image_hw
+    resized = (
+        (side, round(width * side / height))
+        if height <= width
+        else (round(height * side / width), side)
+    )
+    if resized[0] < crop[0] or resized[1] < crop[1]:
+        pytest.skip("crop larger than the resized image")
+    box = ((resized[0] - crop[0]) // 2, (resized[1] - crop[1]) // 2, *crop)
+    expected = resize_image(image, resized[1], resized[0])[
+        box[0] : box[0] + crop[0], box[1] : box[1] + crop[1]
+    ]
+    out = np.empty((*crop, channels), np.uint8)
+    np.testing.assert_array_equal(resize_center_crop(image, resized, box, out), expected)

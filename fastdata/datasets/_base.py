@@ -20,7 +20,14 @@ from fastdata._system import available_memory_bytes, usable_cpus
 from fastdata._threads import parallel_for
 from fastdata.datasets._buffers import BatchBuffers
 from fastdata.datasets._collate import mark_collated
-from fastdata.datasets._decoding import decode_into_crop, resolve_decode
+from fastdata.datasets._decoding import (
+    PlannedCrop,
+    as_buffer,
+    decode_into_center,
+    decode_into_crop,
+    plan_crops,
+    resolve_decode,
+)
 from fastdata.datasets._loader import ResumableDataLoader
 from fastdata.datasets._memory import MemoryReport
 from fastdata.datasets._plan import TransformPlan, plan_transform
@@ -258,7 +265,7 @@ class BatchedDataset(Dataset):
         single: bool,
         pool: tuple[Executor | None, int],
         epoch: int | None = None,
-    ) -> list[Any]:
+    ) -> list[Any] | torch.Tensor:
         spec = self.store.specs[name]
         raw = self.store.gather(name, indices)
         if spec.encoding == "utf-8":
@@ -278,6 +285,24 @@ class BatchedDataset(Dataset):
                 elif leading_crop is not None:
                     draws = leading_crop.uniform(len(raw), leading_crop.op.draws_per_sample)
 
+        # A leading random resized crop: every box and DCT scale of the batch planned in one
+        # vectorised call here, and each crop decoded straight into its row of the batch.
+        # A leading Resize + CenterCrop: each image decoded, resized and cropped into its row.
+        planned: list[PlannedCrop | None] = []
+        center = self.plan.decode_center if crop_decode is None else None
+        crops: torch.Tensor | None = None
+        if leading_crop is not None and draws is not None and crop_decode is None:
+            planned = plan_crops([as_buffer(item) for item in raw], leading_crop.op, draws)
+        decoded_size = None if crop_decode is not None else self.plan.decoded_size
+        if decoded_size is not None:
+            after = self.plan.after_decode
+            crops = self._buffers.empty(
+                (len(raw), *decoded_size, 3),
+                torch.uint8,
+                returned=after is None or after.in_place,
+            )
+        crop_rows = None if crops is None else crops.numpy()
+
         def body(start: int, stop: int) -> None:
             for k in range(start, stop):
                 # "warn" keeps a damaged JPEG that decodes (reported below); others refuse it
@@ -288,10 +313,22 @@ class BatchedDataset(Dataset):
                             raw[k], draws[k], source=name, damaged=damaged
                         )
                     elif leading_crop is not None and draws is not None:
-                        decoded[k] = decode_into_crop(
+                        decode_into_crop(
                             raw[k],
                             leading_crop.op,
                             draws[k],
+                            source=name,
+                            max_pixels=self.max_pixels,
+                            damaged=damaged,
+                            planned=planned[k],
+                            out=None if crop_rows is None else crop_rows[k],
+                        )
+                    elif center is not None and crop_rows is not None:
+                        decode_into_center(
+                            raw[k],
+                            *center,
+                            crop_rows[k],
+                            min_side=self.decode_min_side,
                             source=name,
                             max_pixels=self.max_pixels,
                             damaged=damaged,
@@ -314,7 +351,7 @@ class BatchedDataset(Dataset):
             error = exc.with_source(f"dataset[{index}], {self.store.source(index)}")
             policy.handle(error, stacklevel=4)
             keep[k] = keep[k] and error.kept
-        return decoded
+        return decoded if crops is None else crops
 
     def _transform_fields(
         self, values: dict[str, Any], executor: Executor | None, tasks: int
@@ -333,7 +370,7 @@ class BatchedDataset(Dataset):
             values[name] = self._stack_transformed(outputs)
             return
         transform: BatchTransform = plan.transform  # type: ignore[assignment]
-        if plan.decode_crop is not None:  # its leading crop ran in the decode
+        if plan.decoded_size is not None:  # its leading crop ran in the decode
             if plan.after_decode is None:
                 return
             transform = plan.after_decode

@@ -13,8 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fastdata import ops
 from fastdata.shards import FieldSpec
-from fastdata.transforms import BatchTransform, Compose, RandomResizedCrop
+from fastdata.transforms import BatchTransform, CenterCrop, Compose, RandomResizedCrop, Resize
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,12 @@ class TransformPlan:
         decode_crop: The transform's leading random resized crop when encoded images are
             decoded straight into it (crop-in-decode: the same draws and boxes, the JPEG
             decoded at the smallest DCT scale that covers the box); ``None`` otherwise.
-        after_decode: What of the transform is left to run after a ``decode_crop``
-            (``None``: nothing).
+        after_decode: What of the transform is left to run after a ``decode_crop`` or a
+            ``decode_center`` (``None``: nothing).
+        decode_center: The transform's leading ``Resize`` (of the default kernel) and
+            ``CenterCrop`` when encoded images are decoded straight into their centre crop
+            (the same pixels: the low-pass filter runs only where the crop samples, the crop
+            is written into its row of the batch); ``None`` otherwise.
     """
 
     transform: Callable[..., Any] | None
@@ -60,6 +65,15 @@ class TransformPlan:
     writes_out: bool = False
     decode_crop: RandomResizedCrop | None = None
     after_decode: BatchTransform | None = None
+    decode_center: tuple[ops.Resize, ops.CenterCrop] | None = None
+
+    @property
+    def decoded_size(self) -> tuple[int, int] | None:
+        """The ``(height, width)`` every image is decoded into (a leading crop handed to the
+        decode), or ``None``."""
+        if self.decode_crop is not None:
+            return self.decode_crop.op.size
+        return None if self.decode_center is None else self.decode_center[1].size
 
     @property
     def per_sample(self) -> bool:
@@ -139,9 +153,11 @@ def plan_transform(
     # Reduced JPEG decoding would shrink images below their full-size masks.
     auto_side = None if masks else transform.min_input_side
     output_size = _output_size(transform, fields[0], image_size)
-    leading = None
-    if not kind.fixed_size and decoded_size is None and not masks and decode_min_side is None:
-        leading = _leading_crop(transform)
+    leading = center = None
+    if not kind.fixed_size and decoded_size is None and not masks:
+        if decode_min_side is None:
+            leading = _leading_crop(transform)
+        center = _leading_center_crop(transform)
     return TransformPlan(
         transform,
         fields[0],
@@ -153,7 +169,8 @@ def plan_transform(
         masks,
         transform.writes_out and output_size is not None,
         None if leading is None else leading[0],
-        None if leading is None else leading[1],
+        leading[1] if leading is not None else center[1] if center is not None else None,
+        None if center is None else center[0],
     )
 
 
@@ -168,6 +185,22 @@ def _leading_crop(
         return None
     rest = steps[1:]
     return first, (Compose(rest) if len(rest) > 1 else rest[0] if rest else None)
+
+
+def _leading_center_crop(
+    transform: BatchTransform,
+) -> tuple[tuple[ops.Resize, ops.CenterCrop], BatchTransform | None] | None:
+    """``transform``'s leading ``Resize`` (of the default kernel) + ``CenterCrop`` and the
+    rest (``None``: nothing), or ``None`` when it does not start with them."""
+    steps = transform.transforms if isinstance(transform, Compose) else [transform]
+    if len(steps) < 2 or not isinstance(steps[0], Resize) or not isinstance(steps[1], CenterCrop):
+        return None
+    if steps[0].interpolation is not None:
+        return None
+    rest = steps[2:]
+    return (steps[0].op, steps[1].op), (
+        Compose(rest) if len(rest) > 1 else rest[0] if rest else None
+    )
 
 
 def _output_size(

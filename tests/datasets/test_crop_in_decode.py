@@ -133,3 +133,33 @@ def test_only_a_leading_default_kernel_crop_without_masks_or_min_side_is_handed_
     assert plan(Compose([RandomHorizontalFlip(), RandomResizedCrop(32)])) is None
     assert plan(RandomResizedCrop(32, interpolation=cv2.INTER_LINEAR)) is None
     assert plan(RandomResizedCrop(32), decode_min_side=64) is None
+
+
+class _EpochIndices(list[int]):
+    """Batch indices that carry their epoch, as the batches of ``dataset.loader()`` do."""
+
+    epoch = 1
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_batch_planned_at_once_keeps_each_rows_crop_when_samples_are_skipped(
+    jpeg_files: list[Path], threads: int
+) -> None:
+    """The boxes of a whole batch are drawn in one call and each crop is decoded into its
+    row of one batch: a skipped sample and a PNG among the JPEGs leave every other row the
+    crop of its own image, as cropping after a full decode gives it (draws keyed by
+    ``(seed, epoch, index)``, as a dataset's loader keys them)."""
+    jpeg_files[3].write_bytes(b"\xff\xd8 not a jpeg")
+    image = np.random.default_rng(0).integers(0, 256, (192, 256, 3), dtype=np.uint8)
+    jpeg_files[5].write_bytes(cv2.imencode(".png", image)[1].tobytes())
+    in_decode, after = _datasets(
+        jpeg_files,
+        lambda: RandomResizedCrop(96, seed=2),
+        on_error="skip",
+        num_threads=threads,
+    )
+    indices = _EpochIndices([7, 3, 5, 0, 11, 2])
+    images, labels = in_decode.__getitems__(indices)
+    expected_images, expected_labels = after.__getitems__(indices)
+    assert labels.tolist() == expected_labels.tolist() == [7, 5, 0, 11, 2]
+    np.testing.assert_array_equal(images.numpy(), expected_images.numpy())

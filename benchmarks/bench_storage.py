@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,9 @@ def fastdata_reader(path: str, limit: int | None, workers: int, cache: Path | No
 
 def _row_process(spec: dict[str, Any], results: Any, progress: Any) -> None:
     """One row, in its own process: build, read two epochs, report."""
+    # A spawned process inherits "spawn" as its default start method; loaders then start
+    # their workers as on Linux by default (forked), not re-importing this script each.
+    multiprocessing.set_start_method("fork", force=True)
     try:
         if spec["kind"] == "fastdata":
             build_s, epochs, expected = fastdata_reader(
@@ -269,6 +273,34 @@ def run_row(spec: dict[str, Any], time_limit_s: float) -> dict[str, Any]:
     return row
 
 
+def server_ceiling(url: str, num_samples: int, threads: int = 4) -> dict[str, Any]:
+    """What the server and proxy deliver to plain parallel GETs of every shard (bodies read
+    and dropped): the ceiling of any row's first epoch on this machine."""
+    location = url.removeprefix("s3://").rstrip("/")
+    bucket, _, prefix = location.partition("/")
+    client = boto3.client("s3")
+    keys = [
+        item["Key"]
+        for item in client.list_objects_v2(Bucket=bucket, Prefix=prefix + "/")["Contents"]
+        if item["Key"].endswith(".h5")
+    ]
+
+    def get(key: str) -> int:
+        return len(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        total = sum(pool.map(get, keys))
+    elapsed = time.perf_counter() - started
+    row = {
+        "name": f"server-ceiling ({threads} parallel GETs)",
+        "images_per_s": round(num_samples / elapsed, 1),
+        "mb_per_s": round(total / elapsed / 1e6, 1),
+    }
+    print(f"{row['name']:26s} {row['images_per_s']:7.0f} img/s ({row['mb_per_s']:.0f} MB/s)")
+    return row
+
+
 def peer_rows(
     args: argparse.Namespace, local: Path, work: Path, endpoint: str, sizes: tuple[int, int]
 ) -> list[dict[str, Any]]:
@@ -344,6 +376,7 @@ def main() -> None:
                   f"preprocess to s3:// {upload_s:.1f} s; {args.latency_ms:g} ms per request; "
                   f"{args.workers} workers")  # fmt: skip
             quarter = max(manifest.num_bytes // 4, *(s.num_bytes for s in manifest.shards))
+            ceiling = server_ceiling(url, manifest.num_samples)
             own = {"kind": "fastdata", "workers": args.workers, "limit": None, "cache": None}
             rows = (
                 []
@@ -366,6 +399,7 @@ def main() -> None:
                     ),
                 ]
             )
+            rows.append(ceiling)
             rows += peer_rows(args, local, work, endpoint, (manifest.num_samples, quarter))
         save("storage", {"settings": vars(args), "rows": rows}, publish=args.publish)
     finally:

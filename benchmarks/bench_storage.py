@@ -3,15 +3,19 @@
 One run: the same photos, preprocessed to raw 224x224 shards of about ``--shard-mb`` MiB,
 served by moto's S3 server on 127.0.0.1 (a separate process) behind a proxy that adds
 ``--latency-ms`` to every request. Each row reads two epochs with a DataLoader of
-``--workers`` workers in the shard-aware shuffled order and reports, per epoch, images/s;
-client CPU ms per image (this process and its workers; the server is not counted); the
-cache folder's peak bytes (sampled in a thread) against its limit; peak RSS; the time to
-build the dataset; and whether every sample came exactly once.
+``--workers`` workers and reports, per epoch, images/s; client CPU ms per image (the row's
+process and every process it starts: workers, download helpers; the server and proxy are
+not counted); the cache folder's peak bytes (sampled every 10 ms) against its limit; the
+row's peak RSS; the time to build the dataset; and whether every sample came exactly once.
+Each row runs in a process of its own, stopped after ``--row-time-limit`` seconds (then
+recorded as failed, with the epoch and images it had reached), so a run always finishes.
 
 Rows: ``local`` (the same set on disk), ``fastdata-s3`` (no limit), ``fastdata-s3-capped``
-(``cache_limit`` a quarter of the set). Peers (LitData, MosaicML streaming, webdataset)
-run when installed, each from the same photos in its own format; a missing one is skipped
-with one line. Figures measured on a shared machine are indicative; rerun with:
+(``cache_limit`` a quarter of the set), then each peer installed (LitData, MosaicML
+streaming, webdataset), uncapped and capped at the same quarter, reading the same decoded
+photos written in its own format (see ``_storage_peers.py``); a missing one is skipped with
+one line. Install the peers in a venv of their own (torch pinned), never as dependencies.
+Figures measured on a shared machine are indicative; compare rows of one run. Rerun with:
 
     python benchmarks/bench_storage.py [--num-images 2000] [--latency-ms 20] [--publish]
 """
@@ -22,7 +26,7 @@ import argparse
 import contextlib
 import multiprocessing
 import os
-import resource
+import queue
 import shutil
 import socket
 import sys
@@ -30,9 +34,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import _storage_peers
 import boto3
 import cv2
 import numpy as np
@@ -109,10 +115,11 @@ def s3_server(latency_ms: float) -> Iterator[str]:
 
 
 class Peaks:
-    """Samples the cache folder's bytes and this process tree's RSS in a thread."""
+    """Samples a folder's bytes (recursively) and a process tree's RSS in a thread."""
 
-    def __init__(self, folder: Path | None) -> None:
+    def __init__(self, folder: Path | None, pid: int) -> None:
         self.folder = folder
+        self.pid = pid
         self.cache_bytes = 0
         self.rss_bytes = 0
         self._stop = threading.Event()
@@ -120,34 +127,42 @@ class Peaks:
         self._thread.start()
 
     def _run(self) -> None:
-        me = psutil.Process()
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(self.pid)
         while not self._stop.wait(0.01):
             if self.folder is not None and self.folder.exists():
-                total = 0
-                for entry in os.scandir(self.folder):
-                    with contextlib.suppress(FileNotFoundError):
-                        total += entry.stat().st_size if entry.is_file() else 0
-                self.cache_bytes = max(self.cache_bytes, total)
-            with contextlib.suppress(psutil.Error):
-                processes = [me, *me.children(recursive=True)]
-                rss = sum(p.memory_info().rss for p in processes if p.name() != "moto_server")
-                self.rss_bytes = max(self.rss_bytes, rss)
+                self.cache_bytes = max(self.cache_bytes, folder_bytes(self.folder))
+            with contextlib.suppress(psutil.Error, NameError):
+                processes = [root, *root.children(recursive=True)]
+                self.rss_bytes = max(self.rss_bytes, sum(p.memory_info().rss for p in processes))
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
 
 
-def _cpu_s() -> float:
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+def folder_bytes(folder: Path) -> int:
+    total = 0
+    for parent, _, names in os.walk(folder):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(parent, name)).st_size
+    return total
 
 
-def run_fastdata(
-    name: str, path: str, args: argparse.Namespace, cache: Path | None, limit: int | None
-) -> dict[str, Any]:
-    peaks = Peaks(cache)
+def tree_cpu_s() -> float:
+    """CPU seconds of this process, its live descendants and those it reaped."""
+    me = psutil.Process()
+    times = me.cpu_times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            times = child.cpu_times()
+            total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
+def fastdata_reader(path: str, limit: int | None, workers: int, cache: Path | None) -> Any:
     started = time.perf_counter()
     dataset = ShardDataset(path, ("image", "path"), cache_dir=cache, cache_limit=limit)
     build_s = time.perf_counter() - started
@@ -156,56 +171,170 @@ def run_fastdata(
         dataset,
         batch_size=64,
         sampler=sampler,
-        num_workers=args.workers,
+        num_workers=workers,
         collate_fn=passthrough_collate,
-        persistent_workers=args.workers > 0,
+        persistent_workers=workers > 0,
     )
-    epochs = []
-    for epoch in range(2):
-        sampler.set_epoch(epoch)
-        seen: list[str] = []
-        cpu, clock = _cpu_s(), time.perf_counter()
+
+    def epoch(number: int) -> Iterator[list[str]]:
+        sampler.set_epoch(number)
         for _, paths in loader:
-            seen.extend(paths)
-        elapsed, cpu = time.perf_counter() - clock, _cpu_s() - cpu
-        epochs.append({
-            "images_per_s": round(len(seen) / elapsed, 1),
-            "cpu_ms_per_image": round(1000 * cpu / max(len(seen), 1), 3),
-            "every_sample_once": len(set(seen)) == len(seen) == len(dataset),
-        })  # fmt: skip
-    del loader
+            yield list(paths)
+
+    return build_s, (epoch(number) for number in range(2)), len(dataset)
+
+
+def _row_process(spec: dict[str, Any], results: Any, progress: Any) -> None:
+    """One row, in its own process: build, read two epochs, report."""
+    # A spawned process inherits "spawn" as its default start method; loaders then start
+    # their workers as on Linux by default (forked), not re-importing this script each.
+    multiprocessing.set_start_method("fork", force=True)
+    try:
+        if spec["kind"] == "fastdata":
+            build_s, epochs, expected = fastdata_reader(
+                spec["path"], spec["limit"], spec["workers"], spec["cache"]
+            )
+        else:
+            settings = _storage_peers.PeerSettings(
+                _BUCKET, spec["prefix"], spec["endpoint"], spec["cache"], spec["limit"],
+                spec["workers"],
+            )  # fmt: skip
+            build_s, epochs = _storage_peers.READERS[spec["peer"]](settings)
+            expected = spec["num_samples"]
+        rows = []
+        for number, batches in enumerate(epochs):
+            seen: list[str] = []
+            cpu, clock = tree_cpu_s(), time.perf_counter()
+            for keys in batches:
+                seen.extend(keys)
+                progress[0], progress[1] = number + 1, len(seen)
+            elapsed, cpu = time.perf_counter() - clock, tree_cpu_s() - cpu
+            rows.append({
+                "images": len(seen),
+                "images_per_s": round(len(seen) / elapsed, 1),
+                "cpu_ms_per_image": round(1000 * cpu / max(len(seen), 1), 3),
+                "every_sample_once": len(set(seen)) == len(seen) == expected,
+            })  # fmt: skip
+        results.put({"build_s": round(build_s, 3), "epochs": rows})
+    except BaseException as exc:  # reported as the row's outcome
+        results.put({"failed": f"{type(exc).__name__}: {' '.join(str(exc).split())[-300:]}"})
+    results.close()
+    results.join_thread()  # the result is sent before the exit
+    os._exit(0)  # peers' loaders may leave non-daemon threads behind
+
+
+def run_row(spec: dict[str, Any], time_limit_s: float) -> dict[str, Any]:
+    """Run one row in a process of its own, killed after ``time_limit_s``."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    progress = context.Array("i", 2, lock=False)
+    cache = spec["cache"]
+    process = context.Process(target=_row_process, args=(spec, results, progress))
+    process.start()
+    peaks = Peaks(cache, process.pid)
+    outcome: dict[str, Any] | None = None
+    with contextlib.suppress(queue.Empty):
+        outcome = results.get(timeout=time_limit_s)
     peaks.stop()
-    row = {"name": name, "build_s": round(build_s, 3), "epochs": epochs,
-           "peak_cache_bytes": peaks.cache_bytes, "cache_limit_bytes": limit,
-           "peak_rss_mb": round(peaks.rss_bytes / 2**20, 1)}  # fmt: skip
+    if outcome is None:
+        outcome = {"failed": f"no result after {time_limit_s:g} s (epoch {progress[0]}, "
+                             f"{progress[1]} images read in it)"}  # fmt: skip
+    children: list[psutil.Process] = []
+    with contextlib.suppress(psutil.Error):
+        children = psutil.Process(process.pid).children(recursive=True)
+    process.kill()
+    process.join()
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    limit = spec["limit"]
+    row = {
+        "name": spec["name"],
+        **outcome,
+        "peak_cache_bytes": peaks.cache_bytes,
+        "cache_limit_bytes": limit,
+        "peak_rss_mb": round(peaks.rss_bytes / 2**20, 1),
+    }
+    epochs = row.get("epochs", [])
+    text = " | ".join(
+        f"epoch {i + 1}: {e['images_per_s']:7.0f} img/s, {e['cpu_ms_per_image']:.2f} ms CPU/img"
+        + ("" if e["every_sample_once"] else f" (SAMPLES WRONG: {e['images']})")
+        for i, e in enumerate(epochs)
+    )
+    if "failed" in row:
+        text = (text + " | " if text else "") + "FAILED: " + row["failed"]
     print(
-        f"{name:22s} build {build_s:6.2f} s | "
-        + " | ".join(
-            f"epoch {i + 1}: {e['images_per_s']:8.0f} img/s, {e['cpu_ms_per_image']:.2f} ms CPU/img"
-            + ("" if e["every_sample_once"] else " (SAMPLES WRONG)")
-            for i, e in enumerate(epochs)
-        )
-        + f" | cache peak {peaks.cache_bytes / 2**20:.1f} MiB"
+        f"{spec['name']:26s} build {row.get('build_s', float('nan')):6.2f} s | {text}"
+        f" | cache peak {peaks.cache_bytes / 2**20:.1f} MiB"
         + (f" (limit {limit / 2**20:.1f})" if limit else "")
-        + f" | RSS peak {peaks.rss_bytes / 2**20:.0f} MiB"
+        + f" | RSS peak {peaks.rss_bytes / 2**20:.0f} MiB",
+        flush=True,
     )
     return row
 
 
-def run_peers(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Peer rows: each needs its own conversion of the photos and reading code; those not
-    installed are skipped with one line."""
-    rows = []
-    for module, package in (("litdata", "litdata"), ("streaming", "mosaicml-streaming"),
-                            ("webdataset", "webdataset")):  # fmt: skip
+def server_ceiling(url: str, num_samples: int, threads: int = 4) -> dict[str, Any]:
+    """What the server and proxy deliver to plain parallel GETs of every shard (bodies read
+    and dropped): the ceiling of any row's first epoch on this machine."""
+    location = url.removeprefix("s3://").rstrip("/")
+    bucket, _, prefix = location.partition("/")
+    client = boto3.client("s3")
+    keys = [
+        item["Key"]
+        for item in client.list_objects_v2(Bucket=bucket, Prefix=prefix + "/")["Contents"]
+        if item["Key"].endswith(".h5")
+    ]
+
+    def get(key: str) -> int:
+        return len(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        total = sum(pool.map(get, keys))
+    elapsed = time.perf_counter() - started
+    row = {
+        "name": f"server-ceiling ({threads} parallel GETs)",
+        "images_per_s": round(num_samples / elapsed, 1),
+        "mb_per_s": round(total / elapsed / 1e6, 1),
+    }
+    print(f"{row['name']:26s} {row['images_per_s']:7.0f} img/s ({row['mb_per_s']:.0f} MB/s)")
+    return row
+
+
+def peer_rows(
+    args: argparse.Namespace, local: Path, work: Path, endpoint: str, sizes: tuple[int, int]
+) -> list[dict[str, Any]]:
+    """Peer rows, uncapped and capped; a peer not installed is skipped with one line.
+    ``sizes``: the set's sample count and the capped rows' cache limit."""
+    num_samples, quarter = sizes
+    rows: list[dict[str, Any]] = []
+    for module, package in _storage_peers.PEERS:
+        if args.only and package not in args.only:
+            continue
         try:
             __import__(module)
         except ImportError:
             print(f"{package}: skipped (not installed; pip install {package} in a venv with "
                   "torch pinned)")  # fmt: skip
+            rows.append({"name": package, "skipped": "not installed"})
             continue
-        print(f"{package}: installed, but its row is not implemented in this script yet")
-        rows.append({"name": package, "skipped": "not implemented"})
+        started = time.perf_counter()
+        prefix = _storage_peers.prepare(package, local, work, _BUCKET, int(args.shard_mb * 2**20))
+        print(f"{package}: shards written and uploaded in {time.perf_counter() - started:.1f} s",
+              flush=True)  # fmt: skip
+        for suffix, limit in (("", None), ("-capped", quarter)):
+            spec = {
+                "kind": "peer",
+                "name": package + suffix,
+                "peer": package,
+                "prefix": prefix,
+                "endpoint": endpoint,
+                "cache": work / f"cache-{package}{suffix}",
+                "limit": limit,
+                "workers": args.workers,
+                "num_samples": num_samples,
+            }
+            rows.append(run_row(spec, args.row_time_limit))
     return rows
 
 
@@ -215,6 +344,11 @@ def main() -> None:
     parser.add_argument("--shard-mb", type=float, default=10.0)
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--row-time-limit", type=float, default=300.0,
+                        help="seconds a row may take (build and two epochs) before it is "
+                        "stopped and recorded as failed")  # fmt: skip
+    parser.add_argument("--only", nargs="*", default=(),
+                        help="rows to run: fastdata and/or peer names (default: all)")  # fmt: skip
     add_publish_argument(parser)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fastdata-bench-storage-"))
@@ -241,11 +375,32 @@ def main() -> None:
                   f"~{args.shard_mb:g} MiB ({manifest.num_bytes / 2**20:.0f} MiB); "
                   f"preprocess to s3:// {upload_s:.1f} s; {args.latency_ms:g} ms per request; "
                   f"{args.workers} workers")  # fmt: skip
-            rows = [run_fastdata("local", str(local), args, None, None)]
-            rows.append(run_fastdata("fastdata-s3", url, args, work / "cache-full", None))
             quarter = max(manifest.num_bytes // 4, *(s.num_bytes for s in manifest.shards))
-            rows.append(run_fastdata("fastdata-s3-capped", url, args, work / "cache-q", quarter))
-            rows.extend(run_peers(args))
+            ceiling = server_ceiling(url, manifest.num_samples)
+            own = {"kind": "fastdata", "workers": args.workers, "limit": None, "cache": None}
+            rows = (
+                []
+                if args.only and "fastdata" not in args.only
+                else [
+                    run_row({**own, "name": "local", "path": str(local)}, args.row_time_limit),
+                    run_row(
+                        {**own, "name": "fastdata-s3", "path": url, "cache": work / "cache-full"},
+                        args.row_time_limit,
+                    ),
+                    run_row(
+                        {
+                            **own,
+                            "name": "fastdata-s3-capped",
+                            "path": url,
+                            "limit": quarter,
+                            "cache": work / "cache-q",
+                        },
+                        args.row_time_limit,
+                    ),
+                ]
+            )
+            rows.append(ceiling)
+            rows += peer_rows(args, local, work, endpoint, (manifest.num_samples, quarter))
         save("storage", {"settings": vars(args), "rows": rows}, publish=args.publish)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -110,11 +110,17 @@ def load_shards(
             }
 
         # Sizes first, then the copy, one shard at a time: a remote set's shards need not
-        # fit in its cache together (a set larger than the cache is then downloaded twice).
-        sizes = dict.fromkeys((spec.name for spec in specs), 0)
-        for s in shards:
-            for name, (payload, _) in packed(s).items():
-                sizes[name] += int(payload.nbytes)
+        # fit in its cache together. Fixed-size fields are sized from the manifest; only
+        # fields whose samples vary in size (encoded bytes) need the shards opened for it,
+        # so a remote set larger than its cache is downloaded once without them, twice
+        # with them.
+        sizes = {spec.name: n * _sample_bytes(spec) for spec in specs if spec.field_kind.fixed_size}
+        varying = [spec for spec in specs if spec.name not in sizes]
+        sizes.update((spec.name, 0) for spec in varying)
+        for s in shards if varying else ():
+            for spec in varying:
+                payload, _ = spec.field_kind.pack(reader.view(spec.name, s))
+                sizes[spec.name] += int(payload.nbytes)
             if reader.files.remote:
                 reader.close()
         packs = (packed(s) for s in shards)
@@ -146,6 +152,11 @@ def load_shards(
     finally:
         reader.close()
     return RAMStore(specs, buffers, offsets, n)
+
+
+def _sample_bytes(spec: FieldSpec) -> int:
+    """Bytes of one sample of a fixed-size field (its shape and dtype)."""
+    return int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
 
 
 def load_arrays(

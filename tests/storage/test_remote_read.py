@@ -60,3 +60,16 @@ def test_ram_dataset_from_a_remote_set(remote_set: tuple[Path, str], tmp_path: P
     local, url = remote_set
     remote = RAMDataset.from_shards(url, cache_dir=tmp_path / "c", show_progress=False)
     _same(_batches(remote), _batches(RAMDataset.from_shards(local, show_progress=False)))
+
+
+def test_ram_dataset_larger_than_the_cache_downloads_each_shard_once(
+    remote_set: tuple[Path, str], tmp_path: Path, proxy: FaultProxy
+) -> None:
+    local, url = remote_set
+    largest = max(path.stat().st_size for path in local.glob("*.h5"))
+    remote = RAMDataset.from_shards(
+        url, cache_dir=tmp_path / "c", cache_limit=largest, show_progress=False
+    )
+    _same(_batches(remote), _batches(RAMDataset.from_shards(local, show_progress=False)))
+    shard_gets = {path: n for path, n in proxy.gets.items() if path.endswith(".h5")}
+    assert len(shard_gets) == 5 and set(shard_gets.values()) == {1}

@@ -213,6 +213,11 @@ class DecodingLoader:
         batch (tuple): ``(images, *fields)``, images ``(K, C, H, W)`` uint8 on the decoder's
             device (channels_last), fields indexed alike.
 
+    Errors: over a :class:`~fastdata.datasets.ResumableDataLoader` (``dataset.loader(...)``),
+    a :class:`~fastdata.DecodeError` (raised, or in the ``on_error="warn"`` warning) names
+    the sample's dataset index, ``dataset[123] (batch item 7)``, decoding in workers or
+    not; over other iterables (or a batch the dataset left samples out of), the batch item.
+
     Resuming: over a :class:`~fastdata.datasets.ResumableDataLoader` (``dataset.loader(...)``),
     :meth:`state_dict` / :meth:`load_state_dict` resume mid-epoch exactly, workers or not:
     the batches read ahead and not yet yielded are not counted as consumed (the inner

@@ -110,7 +110,7 @@ class ResumableDataLoader(DataLoader):
         inner = super()._index_sampler
         if self._auto_collation:
             inner = _EpochBatches(inner, self)
-        return _RecordedBatches(inner, self) if self._shard_sampler() is not None else inner
+        return _RecordedBatches(inner, self)
 
     def _get_iterator(self) -> Any:
         if self.num_workers > 0 and not getattr(self, "in_order", True):
@@ -139,6 +139,17 @@ class ResumableDataLoader(DataLoader):
         """
         if self._pass is not None:
             self._pass.held_back = count
+
+    def last_batch_indices(self) -> list[int] | None:
+        """The dataset indices the current iteration's last batch handed out was read
+        from, in the order they were asked of the dataset (which may leave out samples it
+        cannot read, under its ``on_error``); ``None`` before the first batch, or when they
+        are not known (an iterable dataset).
+
+        For a wrapper that reports on samples by batch position (e.g.
+        :class:`~fastdata.decode.DecodingLoader` naming ``dataset[i]`` in a decode error).
+        """
+        return list(self._pass.last_indices) if self._pass and self._pass.last_indices else None
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loop is in the epoch: the sampler's state with the exact consumed samples.
@@ -223,12 +234,18 @@ class _Pass:
         self.recent: deque[int] = deque(maxlen=_RECENT)  # numbers of the last handed out
         self.problem: str | None = None  # why the consumed samples are unknown
         self.held_back: Callable[[], int] | None = None  # batches a wrapper has not used yet
+        self.drawn = 0  # batches drawn
+        self.in_flight: dict[int, list[int] | None] = {}  # their indices, until handed out
+        self.last_indices: list[int] | None = None  # of the batch handed out last
 
     def drew(self, batch: Any) -> None:
         """The batch sampler made ``batch`` (indices, or one index without batching)."""
+        indices = np.asarray(batch).reshape(-1)
+        known = indices.dtype.kind in "iu"  # an iterable dataset's "indices" are None
+        self.in_flight[self.drawn] = indices.tolist() if known else None
+        self.drawn += 1
         if self.sampler is None:
             return
-        indices = np.asarray(batch).reshape(-1)
         begin = self.ends[-1] if self.ends else 0
         self.ends.append(begin + len(indices))
         if self.problem is not None:
@@ -249,6 +266,7 @@ class _Pass:
             number = self.count
         elif number < 0:
             self.problem = "the loader could not tell which batch it handed out"
+        self.last_indices = self.in_flight.pop(number, None)
         self.count += 1
         self.recent.append(number)
         self.ahead.add(number)

@@ -70,6 +70,51 @@ def check_batch(encoded: Sequence[EncodedImage]) -> list[np.ndarray]:
     return [as_byte_array(item, i) for i, item in enumerate(encoded)]
 
 
+class CheckedBatch(list[np.ndarray]):
+    """A checked batch (1-D uint8 arrays, see :func:`check_batch`) and what its images
+    are, as the caller's users know them (:func:`item_source`)."""
+
+    def __init__(self, buffers: Iterable[np.ndarray], sources: Sequence[str] | None) -> None:
+        super().__init__(buffers)
+        self.sources = sources
+
+    def subset(self, indices: Sequence[int]) -> CheckedBatch:
+        """The images at ``indices``, with their sources."""
+        sources = self.sources
+        return CheckedBatch(
+            [self[i] for i in indices], None if sources is None else [sources[i] for i in indices]
+        )
+
+
+def batch_item(index: int) -> str:
+    """The default name of image ``index`` of a batch in a :class:`~fastdata.DecodeError`."""
+    return f"batch item {index}"
+
+
+def item_source(buffers: Sequence[np.ndarray], index: int) -> str:
+    """How a :class:`~fastdata.DecodeError` names image ``index`` of a batch a backend
+    decodes: the source the caller gave for it (``decode(encoded, sources=...)``), else
+    :func:`batch_item`. Every backend's error path names images through this."""
+    sources = buffers.sources if isinstance(buffers, CheckedBatch) else None
+    return sources[index] if sources is not None else batch_item(index)
+
+
+def check_sources(sources: Sequence[str] | None, count: int) -> Sequence[str] | None:
+    """``sources`` for a batch of ``count`` images: ``None`` or one string per image."""
+    if sources is None:
+        return None
+    if isinstance(sources, str) or not isinstance(sources, Sequence):
+        raise TypeError(f"sources must be a list of str or None, got {type(sources).__name__}")
+    if len(sources) != count:
+        raise ValueError(
+            f"sources must name each of the {count} encoded images, got {len(sources)} names"
+        )
+    for source in sources:
+        if not isinstance(source, str):
+            raise TypeError(f"sources must be a list of str, got a {type(source).__name__}")
+    return sources
+
+
 def resolve_num_threads(num_threads: int | None) -> int:
     """``num_threads``, or when ``None`` the CPUs this process may use divided by the
     processes on this machine under ``torchrun`` (``LOCAL_WORLD_SIZE``), at least 1: each
@@ -183,11 +228,16 @@ class Decoder(ABC):
         """Decode ``encoded`` and return ``(K, C, H, W)`` uint8 images (see :meth:`decode`)."""
         return self.decode(encoded).images
 
-    def decode(self, encoded: Sequence[EncodedImage]) -> DecodedBatch:
+    def decode(
+        self, encoded: Sequence[EncodedImage], *, sources: Sequence[str] | None = None
+    ) -> DecodedBatch:
         """Decode a batch of encoded images.
 
         Args:
             encoded: B encoded images: ``bytes`` or 1-D uint8 NumPy arrays / CPU tensors.
+            sources: What each image is, as your users know it (e.g.
+                ``"dataset[123] (batch item 7)"``): a :class:`~fastdata.DecodeError` names
+                its image so. By default ``"batch item {i}"``.
 
         Returns:
             The images that decoded, ``(K, C, H, W)`` uint8 on ``device`` in channels_last
@@ -196,27 +246,38 @@ class Decoder(ABC):
         Raises:
             DecodeError: A sample cannot be decoded (or is over ``max_pixels``) and
                 ``on_error="raise"``.
-            TypeError: ``encoded`` is not a list of encoded images.
+            TypeError: ``encoded`` is not a list of encoded images, or ``sources`` not a
+                list of str.
+            ValueError: ``sources`` does not hold one name per image.
         """
-        buffers = check_batch(encoded)
+        buffers = _checked(encoded, sources)
         allowed = self._within_max_pixels(buffers)
         if allowed is None:
             return self._decode(buffers)
-        return _kept_in_batch(self._decode([buffers[i] for i in allowed]), allowed)
+        return _kept_in_batch(self._decode(buffers.subset(allowed)), allowed)
 
-    def decode_stream(self, batches: Iterable[Sequence[EncodedImage]]) -> Iterator[DecodedBatch]:
+    def decode_stream(
+        self,
+        batches: Iterable[Sequence[EncodedImage]],
+        *,
+        sources: Iterable[Sequence[str] | None] | None = None,
+    ) -> Iterator[DecodedBatch]:
         """Decode ``batches`` in order, one :class:`DecodedBatch` each (what
         :class:`~fastdata.decode.DecodingLoader` calls). Backends that can work ahead (DALI,
         nvJPEG) start a batch before the previous one is collected; by default each batch
-        is decoded with :meth:`decode` when it is asked for."""
-        screened: deque[list[int] | None] = deque()
+        is decoded with :meth:`decode` when it is asked for.
 
-        def within_limit() -> Iterator[list[np.ndarray]]:
+        ``sources``: one entry per batch, as :meth:`decode` takes (``None``: the default
+        names), each read right after its batch (so a generator may follow ``batches``)."""
+        screened: deque[list[int] | None] = deque()
+        names = iter(sources) if sources is not None else None
+
+        def within_limit() -> Iterator[CheckedBatch]:
             for encoded in batches:
-                buffers = check_batch(encoded)
+                buffers = _checked(encoded, next(names, None) if names is not None else None)
                 allowed = self._within_max_pixels(buffers)
                 screened.append(allowed)
-                yield buffers if allowed is None else [buffers[i] for i in allowed]
+                yield buffers if allowed is None else buffers.subset(allowed)
 
         for decoded in self._decode_stream(within_limit()):
             allowed = screened.popleft()
@@ -240,7 +301,7 @@ class Decoder(ABC):
             return None
         allowed: list[int] = []
         for index, data in enumerate(buffers):
-            source = f"batch item {index}"
+            source = item_source(buffers, index)
             try:
                 check_pixels(image_size(data), self.max_pixels, source)
             except DecodeError as error:
@@ -259,6 +320,11 @@ class Decoder(ABC):
             f"device={self.device}, on_error={self.on_error.value!r}, grayscale={self.grayscale}, "
             f"max_pixels={self.max_pixels})"
         )
+
+
+def _checked(encoded: Sequence[EncodedImage], sources: Sequence[str] | None) -> CheckedBatch:
+    buffers = check_batch(encoded)
+    return CheckedBatch(buffers, check_sources(sources, len(buffers)))
 
 
 def _kept_in_batch(decoded: DecodedBatch, allowed: list[int]) -> DecodedBatch:

@@ -27,6 +27,7 @@ from fastdata.decode._base import (
     DecodedBatch,
     Decoder,
     channels_last,
+    item_source,
     resolve_num_threads,
 )
 from fastdata.decode._geometry import Box, crop_box, crop_boxes
@@ -293,7 +294,7 @@ class CpuDecoder(Decoder):
 
         def work(first: int) -> None:
             for index in range(first, count, self.num_threads):
-                source = f"batch item {index}"
+                source = item_source(buffers, index)
                 try:
                     planned, header = plan[index], headers[index]
                     if planned is None or header is None:  # not a JPEG

@@ -41,7 +41,7 @@ the mixed (nvJPEG) decoder may decode them without an error, the missing rows le
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -53,9 +53,8 @@ from fastdata._transfer import copy_to_device
 from fastdata.decode._base import (
     DecodedBatch,
     Decoder,
-    EncodedImage,
     channels_last,
-    check_batch,
+    item_source,
     resolve_num_threads,
 )
 from fastdata.decode._batching import decode_batch_or_each, is_environment_error
@@ -252,8 +251,8 @@ class DaliDecoder(Decoder):
             "DALI cannot decode go to the CPU decoder (much slower)",
         )
 
-    def _plan(self, encoded: Sequence[EncodedImage]) -> _Plan:
-        buffers = check_batch(encoded)
+    def _plan(self, buffers: list[np.ndarray]) -> _Plan:
+        """Plan a checked batch (which keeps the sources its errors name)."""
         draws = self._draws(len(buffers))
         headers = [jpeg_header(buf) for buf in buffers]
         accelerated = [
@@ -369,7 +368,7 @@ class DaliDecoder(Decoder):
                     if index in decoded:
                         self.count_fallback(
                             "cpu_decode",
-                            f"DALI could not decode batch item {index} ({result}); "
+                            f"DALI could not decode {item_source(buffers, index)} ({result}); "
                             "it goes to the CPU decoder",
                         )
                     pixels = decode_crop(
@@ -378,7 +377,7 @@ class DaliDecoder(Decoder):
                         self.random_crop,
                         draws[index],
                         grayscale=self.grayscale,
-                        source=f"batch item {index}",
+                        source=item_source(buffers, index),
                         max_pixels=self.max_pixels,
                     )
                     images.append(copy_to_device(torch.from_numpy(pixels), self.device))

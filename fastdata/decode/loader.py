@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from fastdata._transfer import copy_to_device
 from fastdata.datasets import ResumableDataLoader
-from fastdata.decode._base import Decoder
+from fastdata.decode._base import Decoder, batch_item
 from fastdata.decode.cpu import CpuDecoder
 from fastdata.errors import DecodeError
 
@@ -127,6 +127,28 @@ class _DecodeInWorkers:
         return _WorkerBatch(decoded.images, taken, len(encoded), decoder.last_errors)
 
 
+def _item_sources(source: Iterable[Any], count: int) -> list[str] | None:
+    """How decode errors name the ``count`` samples of the batch ``source`` handed out
+    last: ``"dataset[i] (batch item k)"`` when it is a ``ResumableDataLoader`` that knows
+    the dataset index of each (``None``: they keep the decoder's ``"batch item k"``)."""
+    if not isinstance(source, ResumableDataLoader):
+        return None
+    indices = source.last_batch_indices()
+    if indices is None or len(indices) != count:  # the dataset left samples out
+        return None
+    return [f"dataset[{index}] (batch item {item})" for item, index in enumerate(indices)]
+
+
+def _named(error: DecodeError, sources: list[str] | None) -> DecodeError:
+    """``error`` of a worker's decoder (which names ``"batch item k"``) named as
+    ``sources[k]``."""
+    if sources is None:
+        return error
+    by_item = {batch_item(item): name for item, name in enumerate(sources)}
+    name = by_item.get(error.source)
+    return error if name is None else error.with_source(name)
+
+
 def _with_collate(loader: DataLoader[Any], collate: Callable[[Any], Any]) -> DataLoader[Any]:
     """A DataLoader like ``loader`` (same dataset, sampler objects and worker settings)
     whose workers run ``collate``; a ResumableDataLoader for one (its state is exact)."""
@@ -190,6 +212,11 @@ class DecodingLoader:
     Yields:
         batch (tuple): ``(images, *fields)``, images ``(K, C, H, W)`` uint8 on the decoder's
             device (channels_last), fields indexed alike.
+
+    Errors: over a :class:`~fastdata.datasets.ResumableDataLoader` (``dataset.loader(...)``),
+    a :class:`~fastdata.DecodeError` (raised, or in the ``on_error="warn"`` warning) names
+    the sample's dataset index, ``dataset[123] (batch item 7)``, decoding in workers or
+    not; over other iterables (or a batch the dataset left samples out of), the batch item.
 
     Resuming: over a :class:`~fastdata.datasets.ResumableDataLoader` (``dataset.loader(...)``),
     :meth:`state_dict` / :meth:`load_state_dict` resume mid-epoch exactly, workers or not:
@@ -277,14 +304,16 @@ class DecodingLoader:
             for batch in batches:
                 if not isinstance(batch, _WorkerBatch):
                     raise TypeError(f"expected a batch decoded in a worker, got {type(batch)}")
+                sources = _item_sources(source, batch.size)
                 for error in batch.errors:
-                    self.decoder.on_error.handle(error, stacklevel=2)
+                    self.decoder.on_error.handle(_named(error, sources), stacklevel=2)
                 images = _to_device(batch.images, self.decoder.device)
                 yield from self._finish(images, batch.fields, batch.size, full)
             return
         # Fields wait here while their images are decoded (a backend may start decoding
         # the next batch before it hands out this one).
         waiting: deque[tuple[list[Any], int]] = deque()
+        names: deque[list[str] | None] = deque()  # of each batch read, for the decoder
         read_ahead = [0]  # batches read and not decoded yet: not consumed
         if isinstance(source, ResumableDataLoader):
             source.hold_back(lambda: read_ahead[0])
@@ -293,10 +322,16 @@ class DecodingLoader:
             for position, batch in enumerate(batches):
                 encoded, fields = _split(batch, position)
                 waiting.append((fields, len(encoded)))
+                names.append(_item_sources(source, len(encoded)))
                 read_ahead[0] += 1
                 yield encoded
 
-        for decoded in self.decoder.decode_stream(encoded_batches()):
+        def item_names() -> Iterator[list[str] | None]:
+            while True:  # read by the decoder right after each batch
+                yield names.popleft() if names else None
+
+        stream = self.decoder.decode_stream(encoded_batches(), sources=item_names())
+        for decoded in stream:
             fields, total = waiting.popleft()
             read_ahead[0] -= 1
             taken = [_select(field, decoded.kept, total, i + 1) for i, field in enumerate(fields)]

@@ -58,6 +58,7 @@ from fastdata._transfer import copy_to_device
 from fastdata.decode._base import (
     DecodedBatch,
     Decoder,
+    item_source,
 )
 from fastdata.decode._batching import crop_resize_batch, decode_batch_or_each
 from fastdata.decode._geometry import Box, crop_box
@@ -245,15 +246,16 @@ class NvJpegDecoder(Decoder):
         # One batch at a time on the side stream (decode_stream decodes on a thread).
         self._lock = threading.Lock()
 
-    def _fallback(self, data: np.ndarray, draws: np.ndarray, index: int) -> torch.Tensor:
-        """Decode one image on the CPU, with the same geometry, and upload it."""
+    def _fallback(self, data: np.ndarray, draws: np.ndarray, source: str) -> torch.Tensor:
+        """Decode one image (``source``, for errors) on the CPU, with the same geometry, and
+        upload it."""
         pixels = decode_crop(
             data,
             self.size,
             self.random_crop,
             draws,
             grayscale=self.grayscale,
-            source=f"batch item {index}",
+            source=source,
             max_pixels=self.max_pixels,
         )
         return copy_to_device(torch.from_numpy(pixels).permute(2, 0, 1), self.device)
@@ -372,10 +374,12 @@ class NvJpegDecoder(Decoder):
                     if index in decoded:
                         self.count_fallback(
                             "cpu_decode",
-                            f"nvJPEG could not decode batch item {index} ({result}); "
+                            f"nvJPEG could not decode {item_source(buffers, index)} ({result}); "
                             "it goes to the CPU decoder",
                         )
-                    fallen[len(kept)] = self._fallback(data, draws[index], index)
+                    fallen[len(kept)] = self._fallback(
+                        data, draws[index], item_source(buffers, index)
+                    )
             except DecodeError as error:
                 self.on_error.handle(error, stacklevel=4)
                 continue

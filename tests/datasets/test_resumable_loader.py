@@ -296,3 +296,31 @@ def test_without_batching_each_sample_is_a_batch(num_workers: int) -> None:
     resumed.load_state_dict(state)
     order = ShardAwareDistributedSampler(SIZES, 2, 0, seed=5).rank_indices().tolist()
     assert head + [int(i) for i in resumed] == order
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [Settings(), Settings(num_workers=2), Settings(num_workers=2, in_order=False)],
+    ids=["no-workers", "workers", "out-of-order"],
+)
+@pytest.mark.parametrize("sharded", [True, False], ids=["shard-sampler", "shuffle"])
+def test_last_batch_indices_are_those_of_the_batch_handed_out(
+    settings: Settings, sharded: bool
+) -> None:
+    if sharded:
+        loader = settings.loader(4)
+    else:  # any sampler: a plain shuffle
+        kwargs: dict[str, Any] = {"num_workers": settings.num_workers}
+        if settings.num_workers:
+            kwargs["multiprocessing_context"] = _FORK
+        if not settings.in_order:
+            if not HAS_IN_ORDER:
+                pytest.skip("DataLoader(in_order=...) needs torch >= 2.6")
+            kwargs["in_order"] = False
+        loader = ResumableDataLoader(Items(), batch_size=4, shuffle=True, **kwargs)
+    assert loader.last_batch_indices() is None
+    seen = []
+    for batch in loader:  # sample i is i: each batch holds its own indices
+        assert loader.last_batch_indices() == list(batch)
+        seen.extend(batch)
+    assert seen != sorted(seen)  # shuffled: the indices are not the batch positions

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import pickle
+import re
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -48,16 +50,21 @@ def _pass_through(batch: Any) -> Any:
     return batch
 
 
+def _write_shard(root: Path, blobs: list[bytes]) -> Path:
+    """A one-shard set at ``root`` of the JPEG ``blobs``, labels 100 + index."""
+    with ShardWriter(root / "shard-00000.h5", FIELDS) as writer:
+        for i, blob in enumerate(blobs):
+            writer.append({"image": blob, "label": 100 + i})
+        info = writer.close()
+    save_manifest(root, Manifest(fields=FIELDS, shards=[info]))
+    return root
+
+
 @pytest.fixture
 def shard_root(tmp_path: Path) -> Path:
     blobs = [rgb_jpeg(60 + 4 * i, 80, seed=i) for i in range(10)]
     blobs[3] = blobs[3][:40]  # truncated: does not decode
-    with ShardWriter(tmp_path / "shard-00000.h5", FIELDS) as writer:
-        for i, blob in enumerate(blobs):
-            writer.append({"image": blob, "label": 100 + i})
-        info = writer.close()
-    save_manifest(tmp_path, Manifest(fields=FIELDS, shards=[info]))
-    return tmp_path
+    return _write_shard(tmp_path, blobs)
 
 
 def _loader(root: Path, num_workers: int = 0) -> DataLoader[Any]:
@@ -179,11 +186,7 @@ def test_a_damaged_jpeg_decoded_in_workers_follows_on_error_here(
 ) -> None:
     blobs = [rgb_jpeg(60, 80, seed=i) for i in range(6)]
     blobs[4] = damaged_jpeg(60, 80)
-    with ShardWriter(tmp_path / "shard-00000.h5", FIELDS) as writer:
-        for i, blob in enumerate(blobs):
-            writer.append({"image": blob, "label": 100 + i})
-        info = writer.close()
-    save_manifest(tmp_path, Manifest(fields=FIELDS, shards=[info]))
+    _write_shard(tmp_path, blobs)
     raising = DecodingLoader(_loader(tmp_path, num_workers), create_decoder("cpu", size=16))
     with pytest.raises(DecodeError, match=r"Corrupt JPEG data: .*: batch item 0$"):
         list(raising)
@@ -234,14 +237,21 @@ def test_decoding_in_workers_serves_the_sampler_of_a_dataset_loader(shard_root: 
 class ReadingAhead(CpuDecoder):
     """Decodes batch ``i`` only once batch ``i + 1`` was read (as DALI works ahead)."""
 
-    def decode_stream(self, batches: Iterable[Sequence[Any]]) -> Iterator[DecodedBatch]:
+    def decode_stream(
+        self,
+        batches: Iterable[Sequence[Any]],
+        *,
+        sources: Iterable[Sequence[str] | None] | None = None,
+    ) -> Iterator[DecodedBatch]:
+        names = iter(sources) if sources is not None else None
         pending = None
         for encoded in batches:
+            named = next(names, None) if names is not None else None
             if pending is not None:
-                yield self.decode(pending)
-            pending = encoded
+                yield self.decode(pending[0], sources=pending[1])
+            pending = (encoded, named)
         if pending is not None:
-            yield self.decode(pending)
+            yield self.decode(pending[0], sources=pending[1])
 
 
 @pytest.fixture(scope="module")
@@ -318,3 +328,74 @@ def test_index_tensors_and_fields_go_to_the_device_through_copy_to_device(
         ((2, 3, 16, 16), "cuda:0"),  # the two images that decoded
         ((3,), "cuda:0"),  # the labels, kept and padded on the host
     ]
+
+
+@pytest.fixture
+def damaged_at_5_truncated_at_9(tmp_path: Path) -> Path:
+    """12 JPEGs, labels 100 + index: index 5's data is damaged (decodes with a libjpeg
+    warning), index 9 is truncated (does not decode)."""
+    blobs = [rgb_jpeg(60, 80, seed=i) for i in range(12)]
+    blobs[5] = damaged_jpeg(60, 80)
+    blobs[9] = blobs[9][:40]
+    return _write_shard(tmp_path, blobs)
+
+
+def _shuffled(root: Path, num_workers: int, seed: int) -> ResumableDataLoader:
+    generator = torch.Generator().manual_seed(seed)
+    dataset = ShardDataset(root, decode=False)
+    return dataset.loader(batch_size=4, shuffle=True, generator=generator, num_workers=num_workers)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_decode_errors_name_the_dataset_index_over_a_dataset_loader(
+    damaged_at_5_truncated_at_9: Path, num_workers: int
+) -> None:
+    root = damaged_at_5_truncated_at_9
+    for seed in range(3):  # shuffled: the bad samples sit at other batch items each time
+        with pytest.raises(DecodeError) as caught:
+            list(DecodingLoader(_shuffled(root, num_workers, seed), create_decoder("cpu", size=16)))
+        error = caught.value
+        named = re.fullmatch(r"dataset\[(\d+)\] \(batch item [0-3]\)", error.source)
+        assert named is not None, error
+        assert int(named[1]) == (5 if "Corrupt JPEG data" in error.message else 9), error
+        assert str(error).endswith(error.source)
+
+        keeping = create_decoder("cpu", size=16, on_error="warn")
+        with warnings.catch_warnings(record=True) as caught_warnings:
+            warnings.simplefilter("always")
+            batches = list(DecodingLoader(_shuffled(root, num_workers, seed), keeping))
+        messages = sorted(str(w.message) for w in caught_warnings)
+        assert len(messages) == 2
+        kept = re.fullmatch(
+            r"kept a damaged sample: .*Corrupt JPEG data: .*: dataset\[5\] \(batch item (\d)\)",
+            messages[0],
+        )
+        assert kept is not None, messages
+        assert re.fullmatch(r"skipped a sample: .*: dataset\[9\] \(batch item \d\)", messages[1]), (
+            messages
+        )
+        # the batch item named is where the damaged sample (label 105) was kept
+        (position,) = [
+            labels.tolist().index(105) for _, labels in batches if 105 in labels.tolist()
+        ]
+        assert position == int(kept[1])
+
+
+def test_decode_errors_name_batch_items_for_other_iterables(
+    damaged_at_5_truncated_at_9: Path,
+) -> None:
+    decoder = create_decoder("cpu", size=16, on_error="warn")
+    plain = DataLoader(
+        ShardDataset(damaged_at_5_truncated_at_9, decode=False),
+        batch_size=4,
+        collate_fn=_pass_through,
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        list(DecodingLoader(plain, decoder))
+    messages = sorted(str(w.message) for w in caught)
+    assert len(messages) == 2, messages
+    assert messages[0].startswith("kept a damaged sample: ") and messages[0].endswith(
+        ": batch item 1"
+    )
+    assert messages[1].startswith("skipped a sample: ") and messages[1].endswith(": batch item 1")

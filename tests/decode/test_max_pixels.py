@@ -4,6 +4,7 @@ more pixels are refused before decoding (``on_error`` applies); ``0``/``None``: 
 from __future__ import annotations
 
 import struct
+import warnings
 import zlib
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from fastdata.decode import nvjpeg as nvjpeg_module
 from fastdata.decode.cpu import CpuDecoder
 from fastdata.decode.nvjpeg import NvJpegDecoder
 from fastdata.errors import DecodeError
-from tests.decode.conftest import rgb_jpeg, smooth_rgb
+from tests.decode.conftest import bogus_huffman_jpeg, rgb_jpeg, smooth_rgb
 from tests.decode.test_nvjpeg import FakeDecodeJpeg
 
 
@@ -204,3 +205,31 @@ def test_gpu_backends_refuse_a_bomb_header_without_allocating(name: str) -> None
     assert decoded.kept.tolist() == [1] and decoded.images.device.type == "cuda"
     default = create_decoder(name, size=8, device="cuda", on_error="skip")
     assert default.decode([bomb, rgb_jpeg(20, 24)]).kept.tolist() == [1]
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_every_backend_names_images_by_the_sources_given(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The names given for a batch reach each error path: images refused before decoding
+    (over max_pixels) and images the backend (or its CPU fallback) cannot decode."""
+    bomb = _claiming(rgb_jpeg(16, 16), 40000, 40000)
+    # a JPEG header the GPU backends take, data that no decoder (nor the CPU fallback) can
+    batch = [rgb_jpeg(16, 16), bomb, bogus_huffman_jpeg(rgb_jpeg(16, 16, seed=1))]
+    names = ["dataset[7] (batch item 0)", "dataset[3] (batch item 1)", "dataset[12] (batch item 2)"]
+    decoder = _backend(name, monkeypatch, on_error="warn")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert decoder.decode(batch, sources=names).kept.tolist() == [0]
+        stream = decoder.decode_stream([batch, batch[::-1]], sources=[names, None])
+        assert [decoded.kept.tolist() for decoded in stream] == [[0], [2]]
+    skipped = [str(w.message) for w in caught if str(w.message).startswith("skipped a sample")]
+    assert sorted(message.rsplit(": ", 1)[1] for message in skipped) == sorted(
+        [*names[1:], *names[1:], "batch item 0", "batch item 1"]
+    )
+    with pytest.raises(DecodeError, match=r"over the limit .*: dataset\[3\] \(batch item 1\)$"):
+        _backend(name, monkeypatch).decode(batch, sources=names)
+    with pytest.raises(ValueError, match="sources must name each of the 3 encoded images"):
+        decoder.decode(batch, sources=names[:2])
+    with pytest.raises(TypeError, match="sources must be a list of str"):
+        decoder.decode(batch, sources="dataset[7]")

@@ -28,6 +28,8 @@ class FaultProxy:
         plan: Faults handed out in turn to the requests that ``match`` accepts
             (``None`` in the list: no fault for that request); empty: none.
         gets: How many GETs each path received (faulty ones included).
+        damage_once: Damage a body (``"truncate"``, ``"corrupt"``) at most once per path;
+            a later damage the plan hands that path is sent clean.
     """
 
     def __init__(self, upstream: str, match: Callable[[str, str], bool] | None = None) -> None:
@@ -36,6 +38,8 @@ class FaultProxy:
         self.latency_s = 0.0
         self.plan: list[str | None] = []
         self.repeat = False  # cycle through the plan instead of using it once
+        self.damage_once = False
+        self._damaged: set[str] = set()
         self.gets: Counter[str] = Counter()
         self.log: list[tuple[str, str]] = []  # (method, path) of every request, in order
         self.faults_sent: Counter[str] = Counter()
@@ -70,6 +74,10 @@ class FaultProxy:
             fault = self.plan.pop(0)
             if self.repeat:
                 self.plan.append(fault)
+            if self.damage_once and fault in ("truncate", "corrupt"):
+                key = path.split("?", maxsplit=1)[0]
+                fault = None if key in self._damaged else fault
+                self._damaged.add(key)
             if fault:
                 self.faults_sent[fault] += 1
             return fault

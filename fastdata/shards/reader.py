@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import stat
 from collections.abc import Iterator, Sequence
@@ -54,7 +53,7 @@ class OpenShard:
         else:
             self.file_bytes = len(self.data)
         try:
-            self.h5 = h5py.File(path if self.data is None else io.BytesIO(self.data), "r")
+            self.h5 = h5py.File(path, "r") if self.data is None else _open_image(path, self.data)
         except OSError as exc:
             raise ShardFormatError(f"cannot open shard ({exc})", path) from exc
         # field name -> what its kind's open() returned (mapped arrays where it can)
@@ -98,6 +97,23 @@ class OpenShard:
         self.h5.close()
         if self.held is not None:
             self.held.release()
+
+
+def _open_image(path: Path, data: bytes) -> h5py.File:
+    """An HDF5 file read from ``data`` by HDF5's in-memory (core) driver.
+
+    HDF5 keeps its own copy of the image (released on close), so nothing calls back into
+    Python from HDF5's C code. A file opened on a Python file object (``io.BytesIO``)
+    does: each read and the final close run Python callbacks from C, tied to that
+    object's lifetime, and DataLoader workers reading such files were seen to crash
+    (segmentation fault) as they shut down.
+    """
+    access = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    access.set_fapl_core(backing_store=False)
+    access.set_file_image(data)
+    # named after the shard (its content) for HDF5's messages
+    name = f"{path}#in-memory".encode(errors="replace")
+    return h5py.File(h5py.h5f.open(name, h5py.h5f.ACC_RDONLY, fapl=access))
 
 
 def open_shard(

@@ -205,6 +205,8 @@ class BatchedDataset(Dataset):
     # -- reading ------------------------------------------------------------------------
     def _read(self, indices: np.ndarray, single: bool, epoch: int | None = None) -> tuple[Any, ...]:
         executor, tasks = self._pool()
+        if not single:
+            self.store.begin_batch(indices)
         values: dict[str, Any] = {}
         keep = np.ones(len(indices), bool)
         for name in self.fields:

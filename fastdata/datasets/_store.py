@@ -45,6 +45,10 @@ class Store:
     def close(self) -> None:
         """Release this process's handles or mappings."""
 
+    def begin_batch(self, indices: np.ndarray) -> None:
+        """The samples one batch is about to read (a store may release what it no longer
+        needs)."""
+
     def gather(
         self,
         field: str,
@@ -96,6 +100,11 @@ class ShardStore(Store):
 
     def view(self, field: str, segment: int) -> Any:
         return self.reader.view(field, segment)
+
+    def begin_batch(self, indices: np.ndarray) -> None:
+        # shards read by neither this batch nor the one before are closed: a capped cache
+        # can then evict them rather than read shards into memory
+        self.reader.close_unused(self.locate(indices)[0])
 
     def source(self, index: int) -> str:
         segments, local = self.locate(np.array([index]))

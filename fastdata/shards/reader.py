@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import stat
 from collections.abc import Iterator, Sequence
@@ -54,7 +53,7 @@ class OpenShard:
         else:
             self.file_bytes = len(self.data)
         try:
-            self.h5 = h5py.File(path if self.data is None else io.BytesIO(self.data), "r")
+            self.h5 = h5py.File(path, "r") if self.data is None else _open_image(path, self.data)
         except OSError as exc:
             raise ShardFormatError(f"cannot open shard ({exc})", path) from exc
         # field name -> what its kind's open() returned (mapped arrays where it can)
@@ -98,6 +97,23 @@ class OpenShard:
         self.h5.close()
         if self.held is not None:
             self.held.release()
+
+
+def _open_image(path: Path, data: bytes) -> h5py.File:
+    """An HDF5 file read from ``data`` by HDF5's in-memory (core) driver.
+
+    HDF5 keeps its own copy of the image (released on close), so nothing calls back into
+    Python from HDF5's C code. A file opened on a Python file object (``io.BytesIO``)
+    does: each read and the final close run Python callbacks from C, tied to that
+    object's lifetime, and DataLoader workers reading such files were seen to crash
+    (segmentation fault) as they shut down.
+    """
+    access = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    access.set_fapl_core(backing_store=False)
+    access.set_file_image(data)
+    # named after the shard (its content) for HDF5's messages
+    name = f"{path}#in-memory".encode(errors="replace")
+    return h5py.File(h5py.h5f.open(name, h5py.h5f.ACC_RDONLY, fapl=access))
 
 
 def open_shard(
@@ -145,6 +161,15 @@ def _check_attributes(h5: h5py.File, info: ShardInfo) -> None:
                 f"{expected!r:.20}: the shard was rewritten after the manifest was read "
                 "(reopen the dataset)"
             )
+
+
+def _most_at_once(first_use: np.ndarray, last_use: np.ndarray) -> int:
+    """The most shards an order reads at once: at some position, shards used before it
+    and after it (each shard's first and last position given)."""
+    changes = np.zeros(int(last_use.max()) + 2, dtype=np.int64)
+    np.add.at(changes, first_use, 1)
+    np.add.at(changes, last_use + 1, -1)
+    return int(np.cumsum(changes).max())
 
 
 def _integer(value: Any) -> int | None:
@@ -220,6 +245,8 @@ class ShardReader:
         np.cumsum(counts, out=self._starts[1:])
         self._open: dict[int, OpenShard] = {}
         self._pid = os.getpid()
+        self._reads = 0  # calls of close_unused, and the call that last named each shard
+        self._named: dict[int, int] = {}
 
     # -- basics ---------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -298,7 +325,7 @@ class ShardReader:
                 while len(self._open) >= self.max_open_shards:
                     self._open.pop(next(iter(self._open))).close()
             info = self.manifest.shards[shard_id]
-            held = self.files.acquire(info.file, info.num_bytes, info.sha256)
+            held = self._acquire(info)
             try:
                 shard = OpenShard(held.path, info, self.manifest.fields, self.use_mmap, held)
             except BaseException:
@@ -307,31 +334,100 @@ class ShardReader:
         self._open[shard_id] = shard  # most recently used last
         return shard
 
+    def close_unused(self, shard_ids: np.ndarray, lookback: int = 2) -> None:
+        """Say which shards a batch is about to read: in a capped cache, this process
+        closes its open shards named in none of the last ``lookback`` calls,
+        so that the cache may evict them instead of reading shards into memory (the
+        processes of a node hold the shards they keep open). Nothing for other sets."""
+        if self.max_open_shards is None or getattr(self.files, "limit_bytes", None) is None:
+            return
+        if self._pid != os.getpid():
+            return  # nothing of this process is open yet
+        self._reads += 1
+        for shard_id in np.unique(shard_ids).tolist():
+            self._named[shard_id] = self._reads
+        for shard_id in [s for s in self._open if self._named.get(s, 0) <= self._reads - lookback]:
+            self._open.pop(shard_id).close()
+
+    def _acquire(self, info: ShardInfo) -> HeldShard:
+        """The shard held in the cache. With no room there (every cached shard held), this
+        process's other open shards are closed first, least recently used first, so that
+        the cache can evict them; only then are its bytes read into memory."""
+        while True:
+            memory_fallback = not self._open
+            held = self.files.acquire(
+                info.file, info.num_bytes, info.sha256, memory_fallback=memory_fallback
+            )
+            if held is not None:
+                return held
+            self._open.pop(next(iter(self._open))).close()
+
     def read_ahead(self, indices: Sequence[int] | np.ndarray, window: int = 4) -> Iterator[int]:
-        """Yield ``indices`` while the shards they read are fetched ahead, ``window``
-        shards beyond the current one, in the order of their first use (remote sets; a
-        local set yields them at once). Samplers call this with an epoch's order."""
+        """Yield ``indices`` while the shards they read are fetched ahead, up to ``window``
+        shards beyond those in use, in the order of their first use (remote sets; a local
+        set yields them at once). Samplers call this with an epoch's order.
+
+        With a cache limit the window is what the cache holds beside twice the shards in
+        use (the most shards the order reads at once, where the sampler hands them out and
+        where the loader reads them; the processes of a node share them in the cache) and
+        one spare: negative when it holds less, then fewer of the shards in use are
+        fetched ahead. A shard read ahead stays held in the cache,
+        never evicted, until the order has handed out its last sample and about as many
+        samples as the shards in use hold (the loader reads behind the sampler): the
+        shards that remain held at the end are let go when the generator is closed.
+        """
         array = np.asarray(indices, dtype=np.int64)
         if not self.files.remote or array.size == 0:
             yield from array.tolist()
             return
-        limit = getattr(self.files, "limit_bytes", None)
-        largest = max(info.num_bytes for info in self.manifest.shards)
-        if limit is not None:  # keep room for the shards in use (the processes of a node
-            # read the same window of shards, so they share them in the cache)
-            window = max(1, min(window, limit // max(largest, 1) - (self.max_open_shards or 0)))
         shard_ids, _ = self.locate(array)
-        unique, first_use = np.unique(shard_ids, return_index=True)
-        order = unique[np.argsort(first_use)].tolist()
-        starts = np.sort(first_use)
+        unique, first_use, counts = np.unique(shard_ids, return_index=True, return_counts=True)
+        _, last_from_end = np.unique(shard_ids[::-1], return_index=True)
+        last_use = array.size - 1 - last_from_end
+        at_once = _most_at_once(first_use, last_use)
+        # the loader reads a shard after the sampler handed it out, by about the samples of
+        # the shards in use: a shard read ahead stays held that long after its last sample
+        trailing = at_once * int(counts.max())
+        limit = getattr(self.files, "limit_bytes", None)
+        if limit is not None:
+            largest = max(info.num_bytes for info in self.manifest.shards)
+            # The loader's processes read the shards in use behind the sampler's position
+            # (by about a window: the batches they prefetch), and the sampler holds those
+            # of its own position: both are held in the cache. With less room than that,
+            # the window is negative: fewer of the shards of the sampler's position are
+            # fetched ahead, and the loader downloads the rest when it reads them.
+            # (one slot is left free: a reader process may still hold a shard it is done with)
+            room = limit // max(largest, 1) - 2 * at_once - 1
+            window = min(window, room)
+        by_first_use = np.argsort(first_use, kind="stable")
+        order = unique[by_first_use].tolist()
+        starts = first_use[by_first_use]
+        done_at: dict[int, list[str]] = {}  # position -> shards to let go there
+        last_at: dict[int, int] = {}
+        for shard, last in zip(unique.tolist(), last_use.tolist(), strict=True):
+            sha256 = self.manifest.shards[shard].sha256
+            done_at.setdefault(int(last) + trailing, []).append(sha256)
+            last_at[shard] = int(last)
         fetched = 0
-        for position, index in enumerate(array.tolist()):
-            due = min(len(order), int(np.searchsorted(starts, position, "right")) + window)
-            while fetched < due:
-                info = self.manifest.shards[order[fetched]]
-                self.files.prefetch(info.file, info.num_bytes, info.sha256)
-                fetched += 1
-            yield index
+        pending: set[str] = set()  # held by a prefetch of this order, not released yet
+        try:
+            for position, index in enumerate(array.tolist()):
+                # the shards in use now and `window` more (fewer when the window is negative)
+                due = min(len(order), int(np.searchsorted(starts, position, "right")) + window)
+                while fetched < due:
+                    if last_at[order[fetched]] >= position:  # not all handed out already
+                        info = self.manifest.shards[order[fetched]]
+                        self.files.prefetch(info.file, info.num_bytes, info.sha256)
+                        pending.add(info.sha256)
+                    fetched += 1
+                for sha256 in done_at.get(position, ()):  # read by the loader by now
+                    if sha256 in pending:
+                        pending.discard(sha256)
+                        self.files.release_prefetched(sha256)
+                yield index
+        finally:
+            for sha256 in pending:  # an order left early: free what it still holds
+                self.files.release_prefetched(sha256)
 
     def close(self) -> None:
         """Close every open file of this process (reopened on the next read)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -48,12 +49,18 @@ class ShardFiles:
         """The shard file's path or URL, for messages."""
         raise NotImplementedError
 
-    def acquire(self, file: str, num_bytes: int, sha256: str) -> HeldShard:
-        """The shard, held for reading until :meth:`HeldShard.release`."""
+    def acquire(
+        self, file: str, num_bytes: int, sha256: str, *, memory_fallback: bool = True
+    ) -> HeldShard | None:
+        """The shard, held for reading until :meth:`HeldShard.release` (``None``: no room
+        for it in a cache, and ``memory_fallback`` off)."""
         raise NotImplementedError
 
     def prefetch(self, file: str, num_bytes: int, sha256: str) -> None:
         """Start getting the shard ahead of its use (nothing to do for local files)."""
+
+    def release_prefetched(self, sha256: str) -> None:
+        """The shard :meth:`prefetch` got is used: let it go (nothing for local files)."""
 
     def read_bytes(self, file: str) -> bytes:
         """The file's whole current content, unchecked and uncached (for verification).
@@ -73,7 +80,9 @@ class LocalFiles(ShardFiles):
     def where(self, file: str) -> str:
         return str(self.root / file)
 
-    def acquire(self, file: str, num_bytes: int, sha256: str) -> HeldShard:
+    def acquire(
+        self, file: str, num_bytes: int, sha256: str, *, memory_fallback: bool = True
+    ) -> HeldShard:
         return HeldShard(self.root / file)
 
     def read_bytes(self, file: str) -> bytes:
@@ -88,7 +97,8 @@ class CachedFiles(ShardFiles):
     def __init__(self, location: RemoteLocation, cache: ShardCache) -> None:
         self.location = location
         self.cache = cache
-        self._prefetching: dict[str, Future[Any]] = {}
+        # sha256 -> the download holding the shard, and how many prefetches want it held
+        self._prefetching: dict[str, tuple[Future[Any], int]] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._pid = os.getpid()
         self._lock = threading.Lock()
@@ -103,47 +113,72 @@ class CachedFiles(ShardFiles):
     def _shard(self, file: str, num_bytes: int, sha256: str) -> RemoteShard:
         return RemoteShard(self.location.child(file), self.location.key(file), num_bytes, sha256)
 
-    def acquire(self, file: str, num_bytes: int, sha256: str) -> HeldShard:
+    def acquire(
+        self, file: str, num_bytes: int, sha256: str, *, memory_fallback: bool = True
+    ) -> HeldShard | None:
+        """The shard, held for reading; with no room in the cache its bytes in memory, or
+        ``None`` when ``memory_fallback`` is off (the caller can close shards and retry)."""
         shard = self._shard(file, num_bytes, sha256)
-        held = self.cache.fetch(object_store(self.location), shard, memory_fallback=True)
-        if held is None:  # pragma: no cover (with memory_fallback the cache always answers)
-            raise RuntimeError(f"no copy of {shard.url}")
-        return held
+        return self.cache.fetch(object_store(self.location), shard, memory_fallback=memory_fallback)
 
     def read_bytes(self, file: str) -> bytes:
         return object_store(self.location).read_bytes(self.location.key(file))
 
     def prefetch(self, file: str, num_bytes: int, sha256: str) -> None:
         """Download the shard into the cache in a background thread of this process (not
-        into memory when the cache is full; a failure is left to the read that needs it)."""
+        into memory when the cache is full; a failure is left to the read that needs it).
+
+        The shard stays held (no process evicts it) until :meth:`release_prefetched`: a
+        shard read ahead is never evicted before its use.
+        """
         if self._pid != os.getpid():  # forked: the parent's threads and lock are not here
             self._prefetching, self._pool, self._pid = {}, None, os.getpid()
             self._lock = threading.Lock()
         with self._lock:
             if sha256 in self._prefetching:
+                future, count = self._prefetching[sha256]
+                self._prefetching[sha256] = (future, count + 1)
                 return
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(_PREFETCH_THREADS, "fastdata-prefetch")
             shard = self._shard(file, num_bytes, sha256)
-            self._prefetching[sha256] = self._pool.submit(self._prefetch, shard)
+            self._prefetching[sha256] = (self._pool.submit(self._prefetch, shard), 1)
 
-    def _prefetch(self, shard: RemoteShard) -> None:
+    def release_prefetched(self, sha256: str) -> None:
+        """Let the cache evict the shard :meth:`prefetch` holds (once its download ends),
+        when each call of :meth:`prefetch` for it was answered by one of this method."""
+        if self._pid != os.getpid():
+            return
+        with self._lock:
+            entry = self._prefetching.pop(sha256, None)
+            if entry is None:
+                return
+            future, count = entry
+            if count > 1:  # another prefetch of it (another order) still wants it held
+                self._prefetching[sha256] = (future, count - 1)
+                return
+        future.add_done_callback(_release_result)
+
+    def _prefetch(self, shard: RemoteShard) -> HeldShard | None:
         try:
-            held = self.cache.fetch(object_store(self.location), shard, memory_fallback=False)
+            return self.cache.fetch(object_store(self.location), shard, memory_fallback=False)
         except Exception as exc:  # the read that needs the shard reports it
             logger.info("prefetch of %s failed: %s", shard.url, exc)
-            held = None
-        finally:
-            with self._lock:
-                self._prefetching.pop(shard.sha256, None)
-        if held is not None:
-            held.release()
+            return None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"location": self.location, "cache": self.cache}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["location"], state["cache"])  # type: ignore[misc]
+
+
+def _release_result(future: Future[Any]) -> None:
+    held = future.result()
+    if held is not None:
+        with contextlib.suppress(OSError):  # just used: the last the cache evicts
+            os.utime(held.path)
+        held.release()
 
 
 def shard_files(

@@ -72,24 +72,32 @@ class S3Store:
         self.bucket = bucket
         self.attempts = _env_int(ATTEMPTS_ENV, 5)
         timeout_s = _env_int(TIMEOUT_ENV, 60)
-        self._client = boto3.session.Session().client(
-            "s3",
-            config=config.Config(
-                connect_timeout=min(timeout_s, 10),
-                read_timeout=timeout_s,
-                # retried here, whole requests with their bodies (a body can fail midway)
-                retries={"max_attempts": 1, "mode": "standard"},
-                max_pool_connections=16,
-            ),
-        )
+        settings: dict[str, Any] = {
+            "connect_timeout": min(timeout_s, 10),
+            "read_timeout": timeout_s,
+            # retried here, whole requests with their bodies (a body can fail midway)
+            "retries": {"max_attempts": 1, "mode": "standard"},
+            "max_pool_connections": 16,
+            # the client checks a body's CRC only where asked (ChecksumMode): shards are
+            # checked against the manifest's SHA-256 already, other reads ask for it
+            "response_checksum_validation": "when_required",
+        }
+        try:
+            client_config = config.Config(**settings)
+        except TypeError:  # botocore before 1.36: no such setting, and no such check
+            del settings["response_checksum_validation"]
+            client_config = config.Config(**settings)
+        self._client = boto3.session.Session().client("s3", config=client_config)
 
     # -- the ObjectStore interface -------------------------------------------------------
     def read_bytes(self, key: str) -> bytes:
-        return self._retrying("read", key, lambda: self._get(key).read())
+        return self._retrying("read", key, lambda: self._get(key, verify=True).read())
 
     def stream(self, key: str) -> Iterator[memoryview]:
+        """The object's body in chunks, not checked by the client: its reader checks it
+        (the cache, against the manifest's SHA-256)."""
         try:
-            body = self._get(key)
+            body = self._get(key, verify=False)
             for chunk in body.iter_chunks(_CHUNK_BYTES):
                 yield memoryview(chunk)
         except Exception as exc:
@@ -148,9 +156,12 @@ class S3Store:
             "delete", key, lambda: self._client.delete_object(Bucket=self.bucket, Key=key)
         )
 
-    def _get(self, key: str) -> Any:
+    def _get(self, key: str, verify: bool) -> Any:
+        """The body of ``key``; ``verify``: the client checks it against the checksum the
+        store sent, if any."""
+        extra = {"ChecksumMode": "ENABLED"} if verify else {}
         try:
-            return self._client.get_object(Bucket=self.bucket, Key=key)["Body"]
+            return self._client.get_object(Bucket=self.bucket, Key=key, **extra)["Body"]
         except self._exceptions.ClientError as exc:
             if _code(exc) in _MISSING:
                 raise FileNotFoundError(f"no such object: s3://{self.bucket}/{key}") from None

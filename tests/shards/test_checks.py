@@ -25,6 +25,9 @@ from fastdata.shards import (
     verify_shards,
 )
 from fastdata.shards._checksum import file_sha256
+from fastdata.shards.reader import OpenShard, open_shard
+from fastdata.storage import HeldShard
+from tests.conftest import write_image_shards
 
 FIELDS = [
     FieldSpec("image", "array", "uint8", (4, 4, 3), "HWC"),
@@ -311,3 +314,25 @@ def test_verify_command_reports_structure_and_manifest_problems(
     assert main(["verify", "-q", str(root)]) == 1
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("fastdata verify: error: malformed manifest (shards[0].file must be")
+
+
+@pytest.mark.parametrize("use_mmap", [True, False])
+def test_a_shard_held_in_memory_is_read_by_hdf5_from_its_own_copy(
+    tmp_path: Path, use_mmap: bool
+) -> None:
+    """A shard a full cache had no room for is opened from its bytes by HDF5's in-memory
+    driver: no Python file object is called from HDF5's C code (DataLoader workers that
+    closed shards opened on ``io.BytesIO`` crashed as they shut down)."""
+    root = write_image_shards(tmp_path / "set", (5, 3))
+    manifest = load_manifest(root)
+    for info in manifest.shards:
+        path = root / info.file
+        held = HeldShard(path, data=path.read_bytes())
+        in_memory = OpenShard(path, info, manifest.fields, use_mmap, held)
+        on_disk = open_shard(path, info, manifest.fields, use_mmap=use_mmap)
+        assert in_memory.h5.driver == "core"
+        for field in ("image", "label"):
+            assert np.array_equal(in_memory.views[field][:], on_disk.views[field][:])
+        in_memory.close()
+        on_disk.close()
+        assert not in_memory.h5.id.valid

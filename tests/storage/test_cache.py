@@ -144,3 +144,29 @@ def test_a_bad_byte_count_is_refused(bad: str) -> None:
         parse_bytes(bad)
     with pytest.raises(TypeError, match="cache_limit must be an int or a string"):
         parse_bytes(2.5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_cache_that_holds_the_window_downloads_each_shard_once_an_epoch(
+    bucket: str, tmp_path: Path, proxy: FaultProxy, num_workers: int
+) -> None:
+    """The sampler reads 2 shards at once; a cache of 6 shards holds them where the loader
+    reads them and where the sampler hands them out, and one read ahead: no shard is
+    downloaded twice in an epoch (none evicted before its use, none read into memory)."""
+    local = write_set(tmp_path / "set", (8,) * 8)
+    url = upload_folder(bucket, local, "window")
+    largest = max(info.num_bytes for info in load_manifest(local).shards)
+    dataset = ShardDataset(url, cache_dir=tmp_path / "cache", cache_limit=6 * largest)
+    sampler = ShardAwareDistributedSampler(dataset, num_replicas=1, rank=0, seed=3, window_shards=2)
+    loader = DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=num_workers,
+                        collate_fn=passthrough_collate, persistent_workers=num_workers > 0,
+                        multiprocessing_context="fork" if num_workers else None)  # fmt: skip
+    for epoch in range(2):
+        proxy.gets.clear()
+        sampler.set_epoch(epoch)
+        seen = [label for _, labels in loader for label in labels.tolist()]
+        assert sorted(seen) == list(range(64))
+        shard_gets = {path: n for path, n in proxy.gets.items() if path.endswith(".h5")}
+        assert max(shard_gets.values(), default=0) <= 1, shard_gets
+        if epoch == 0:
+            assert len(shard_gets) == 8

@@ -112,3 +112,19 @@ def test_a_store_slower_than_the_timeout_fails_after_the_retries(
     with pytest.raises(StorageError, match=r"cannot read .*index\.json: .*timeout") as info:
         ShardDataset(url, cache_dir=tmp_path / "c")
     assert "\n" not in str(info.value)
+
+
+def test_a_shard_body_is_checked_by_its_sha256_not_twice_by_the_client(
+    remote_set: tuple[Path, str], tmp_path: Path, proxy: FaultProxy
+) -> None:
+    """The client skips its own CRC of a shard's body (the cache checks the SHA-256 the
+    manifest records); the manifest, which nothing else checks, is still read with it."""
+    _, url = remote_set
+    proxy.plan, proxy.repeat = ["corrupt"], True  # every shard download is damaged
+    remote = ShardDataset(url, cache_dir=tmp_path / "cache")
+    with pytest.raises(ShardFormatError, match=r"twice \(SHA-256 [0-9a-f]{12}…, the manifest"):
+        remote.__getitems__([0])
+    proxy.match = lambda method, path: method == "GET" and path.endswith("index.json")
+    proxy.plan, proxy.repeat = ["corrupt", None], False
+    assert len(ShardDataset(url, cache_dir=tmp_path / "cache")) == len(remote)
+    assert proxy.faults_sent["corrupt"] >= 3

@@ -34,13 +34,21 @@ class UsageWatcher:
         while not self._stop.is_set():
             self.sample()
 
-    def sample(self) -> int:
-        total = 0
+    def _scan(self) -> int:
+        sizes: dict[str, int] = {}  # by name without suffix: a rename seen twice counts once
         if self.folder.exists():
             for entry in os.scandir(self.folder):
-                if entry.name.endswith((".h5", ".part")):
+                stem, dot, suffix = entry.name.rpartition(".")
+                if dot and suffix in ("h5", "part"):
                     with contextlib.suppress(FileNotFoundError):
-                        total += entry.stat().st_size
+                        sizes[stem] = max(sizes.get(stem, 0), entry.stat().st_size)
+        return sum(sizes.values())
+
+    def sample(self) -> int:
+        # A directory listing is no snapshot: a file evicted after the listing passed it and
+        # one created before the listing reaches it both show, though they never coexisted.
+        # What two listings in a row both see was there.
+        total = min(self._scan(), self._scan())
         self.peak = max(self.peak, total)
         return total
 

@@ -126,7 +126,10 @@ def test_real_sleeps_are_counted_off_the_cpu_and_real_work_on_it() -> None:
     sleeping = time_stages(DataLoader(SleepDataset(40, 0.004), batch_size=4), 3, None)
     assert sleeping is not None
     off_cpu_s = sleeping.fetch_s + sleeping.collate_s - sleeping.cpu_s - sleeping.run_wait_s
-    assert off_cpu_s >= 4 * 0.004 - 1e-3  # a sleep lasts at least as asked, never on a CPU
+    # A sleep lasts at least as asked, never on a CPU. The three readings (wall clock, thread
+    # CPU time, schedstat) are taken at slightly different moments, a millisecond or so apart
+    # on a busy machine: half the sleeps is a bound no load breaks, and no CPU work reaches.
+    assert off_cpu_s >= 4 * 0.004 / 2
     busy = time_stages(DataLoader(BusyDataset(40, 0.003), batch_size=4), 3, None)
     assert busy is not None and busy.cpu_s >= 4 * 0.003  # CPU burnt is CPU time
 

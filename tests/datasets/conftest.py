@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
 import pytest
 import torch.distributed as dist
 
+from fastdata import RAMDataset
 from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
 from tests.decode.conftest import rgb_jpeg
 
@@ -135,3 +138,18 @@ def write_jpegs(folder: Path, count: int, height: int, width: int) -> list[Path]
         )
         paths.append(path)
     return paths
+
+
+def decoded_two_ways(
+    paths: list[Path], transform: Callable[[], Any], planned: str, **kwargs: Any
+) -> tuple[RAMDataset, RAMDataset]:
+    """A RAMDataset over ``paths`` whose plan runs the transform's lead in the decode
+    (``planned``: the plan field, ``"decode_crop"`` or ``"decode_center"``), and the same
+    dataset running the whole transform after a full decode (each with its own
+    ``transform()``, of the same seeds)."""
+    labels = list(range(len(paths)))
+    in_decode = RAMDataset(paths, labels, transform(), show_progress=False, **kwargs)
+    assert getattr(in_decode.plan, planned) is not None
+    after = RAMDataset(paths, labels, transform(), show_progress=False, **kwargs)
+    after.plan = dataclasses.replace(after.plan, **{planned: None, "after_decode": None})
+    return in_decode, after

@@ -4,7 +4,6 @@ batch, with the pixels those transforms give after the decode."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import pytest
 from fastdata import RAMDataset
 from fastdata.errors import DecodeError
 from fastdata.transforms import CenterCrop, Compose, RandomHorizontalFlip, Resize
-from tests.datasets.conftest import write_jpegs
+from tests.datasets.conftest import decoded_two_ways, write_jpegs
 
 COUNT = 9
 
@@ -24,18 +23,6 @@ COUNT = 9
 @pytest.fixture
 def jpeg_files(tmp_path: Path) -> list[Path]:
     return write_jpegs(tmp_path, COUNT, 192, 256)
-
-
-def _datasets(
-    paths: list[Path], transform: Callable[[], Any], **kwargs: Any
-) -> tuple[RAMDataset, RAMDataset]:
-    """The dataset under test, and the same one running the transform after the decode."""
-    labels = list(range(len(paths)))
-    in_decode = RAMDataset(paths, labels, transform(), show_progress=False, **kwargs)
-    assert in_decode.plan.decode_center is not None
-    after = RAMDataset(paths, labels, transform(), show_progress=False, **kwargs)
-    after.plan = dataclasses.replace(after.plan, decode_center=None, after_decode=None)
-    return in_decode, after
 
 
 @pytest.mark.parametrize(
@@ -46,7 +33,7 @@ def _datasets(
 def test_the_pixels_of_resize_then_center_crop(
     jpeg_files: list[Path], side: int, crop: int | tuple[int, int], threads: int
 ) -> None:
-    in_decode, after = _datasets(
+    in_decode, after = _decoded_two_ways(
         jpeg_files, lambda: Compose([Resize(side), CenterCrop(crop)]), num_threads=threads
     )
     indices = list(range(COUNT))
@@ -63,7 +50,7 @@ def test_the_rest_of_the_transform_a_png_and_a_skipped_file(jpeg_files: list[Pat
     def evaluation() -> Compose:
         return Compose([Resize(100), CenterCrop(96), RandomHorizontalFlip(p=1.0)])
 
-    in_decode, after = _datasets(jpeg_files, evaluation, on_error="skip")
+    in_decode, after = _decoded_two_ways(jpeg_files, evaluation, on_error="skip")
     assert isinstance(in_decode.plan.after_decode, RandomHorizontalFlip)
     for settings in ({}, {"num_workers": 2}):
         got = [b for b in in_decode.loader(batch_size=4, **settings)]
@@ -101,3 +88,9 @@ def test_only_a_leading_default_kernel_resize_and_center_crop_are_handed_over(
     assert plan(Compose([CenterCrop(60), Resize(64)])) is None
     assert plan(Compose([Resize(64, interpolation=cv2.INTER_AREA), CenterCrop(60)])) is None
     assert plan(Resize(64)) is None
+
+
+def _decoded_two_ways(
+    paths: list[Path], transform: Callable[[], Any], **kwargs: Any
+) -> tuple[RAMDataset, RAMDataset]:
+    return decoded_two_ways(paths, transform, "decode_center", **kwargs)

@@ -4,7 +4,6 @@ transform draws after a full decode (the same seed, the same crop)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from fastdata import RAMDataset, ops
 from fastdata._codec import reduction_factors
 from fastdata.errors import DecodeError
 from fastdata.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop
-from tests.datasets.conftest import write_jpegs
+from tests.datasets.conftest import decoded_two_ways, write_jpegs
 
 COUNT = 12
 # Mean absolute difference (levels of 255) allowed between a box decoded at a reduced
@@ -28,19 +27,6 @@ MEAN_TOLERANCE = 4.0
 @pytest.fixture
 def jpeg_files(tmp_path: Path) -> list[Path]:
     return write_jpegs(tmp_path, COUNT, 192, 256)
-
-
-def _datasets(
-    paths: list[Path], transform: Callable[[], Any], **kwargs: Any
-) -> tuple[RAMDataset, RAMDataset]:
-    """The dataset under test, and the same one cropping after a full decode (each with
-    its own ``transform()``, of the same seeds)."""
-    labels = list(range(len(paths)))
-    in_decode = RAMDataset(paths, labels, transform(), show_progress=False, **kwargs)
-    assert in_decode.plan.decode_crop is not None
-    after = RAMDataset(paths, labels, transform(), show_progress=False, **kwargs)
-    after.plan = dataclasses.replace(after.plan, decode_crop=None, after_decode=None)
-    return in_decode, after
 
 
 @pytest.fixture
@@ -63,7 +49,9 @@ def test_the_same_seed_gives_the_same_boxes_and_close_pixels(
     jpeg_files: list[Path], recorded_boxes: list[list[int]], size: int
 ) -> None:
     indices = list(range(COUNT))
-    in_decode, after = _datasets(jpeg_files, lambda: RandomResizedCrop(size, seed=5), num_threads=1)
+    in_decode, after = _decoded_two_ways(
+        jpeg_files, lambda: RandomResizedCrop(size, seed=5), num_threads=1
+    )
     got = in_decode.__getitems__(indices)[0].permute(0, 2, 3, 1).numpy()
     boxes_in_decode = list(recorded_boxes)
     recorded_boxes.clear()
@@ -86,7 +74,7 @@ def test_keyed_draws_through_the_loader_and_the_rest_of_the_transform(
     def train() -> Compose:
         return Compose([RandomResizedCrop(128, seed=3), RandomHorizontalFlip(seed=4)])
 
-    in_decode, after = _datasets(jpeg_files, train)
+    in_decode, after = _decoded_two_ways(jpeg_files, train)
     assert isinstance(in_decode.plan.after_decode, RandomHorizontalFlip)
 
     def epochs(dataset: RAMDataset, **settings: Any) -> list[np.ndarray]:
@@ -106,7 +94,7 @@ def test_png_files_are_decoded_whole_then_cropped(tmp_path: Path) -> None:
         image = np.random.default_rng(i).integers(0, 256, (120, 90, 3), dtype=np.uint8)
         path.write_bytes(cv2.imencode(".png", image)[1].tobytes())
         paths.append(path)
-    in_decode, after = _datasets(paths, lambda: RandomResizedCrop(40, seed=1))
+    in_decode, after = _decoded_two_ways(paths, lambda: RandomResizedCrop(40, seed=1))
     got = in_decode.__getitems__([0, 1, 2, 3])[0].numpy()
     np.testing.assert_array_equal(got, after.__getitems__([0, 1, 2, 3])[0].numpy())
 
@@ -152,7 +140,7 @@ def test_a_batch_planned_at_once_keeps_each_rows_crop_when_samples_are_skipped(
     jpeg_files[3].write_bytes(b"\xff\xd8 not a jpeg")
     image = np.random.default_rng(0).integers(0, 256, (192, 256, 3), dtype=np.uint8)
     jpeg_files[5].write_bytes(cv2.imencode(".png", image)[1].tobytes())
-    in_decode, after = _datasets(
+    in_decode, after = _decoded_two_ways(
         jpeg_files,
         lambda: RandomResizedCrop(96, seed=2),
         on_error="skip",
@@ -163,3 +151,9 @@ def test_a_batch_planned_at_once_keeps_each_rows_crop_when_samples_are_skipped(
     expected_images, expected_labels = after.__getitems__(indices)
     assert labels.tolist() == expected_labels.tolist() == [7, 5, 0, 11, 2]
     np.testing.assert_array_equal(images.numpy(), expected_images.numpy())
+
+
+def _decoded_two_ways(
+    paths: list[Path], transform: Callable[[], Any], **kwargs: Any
+) -> tuple[RAMDataset, RAMDataset]:
+    return decoded_two_ways(paths, transform, "decode_crop", **kwargs)

@@ -60,11 +60,10 @@ class EpochIterator(Iterator[int]):
     def __init__(self, sampler: IteratedSampler, indices: np.ndarray) -> None:
         self._sampler = sampler
         self._source = indices
-        self._indices: list[int] | None = None  # made at the first step (after a load)
+        # Made at the first step (after a load). A dataset in object storage downloads the
+        # shards of this order ahead of their use: its read_ahead yields these indices.
+        self._indices: Iterator[int] | None = None
         self._position = 0  # indices handed out
-        # A dataset in object storage downloads the shards of this order ahead of their use:
-        # its read_ahead generator yields the same indices, stepped with this iterator.
-        self._ahead: Iterator[int] | None = None
 
     def __iter__(self) -> EpochIterator:
         return self
@@ -74,15 +73,14 @@ class EpochIterator(Iterator[int]):
         if self._indices is None:
             if sampler._unconfirmed_load:
                 raise ValueError(unreported_position_error())
-            self._indices = self._source.tolist()
             read_ahead = getattr(sampler.dataset, "read_ahead", None)
-            self._ahead = None if read_ahead is None else read_ahead(self._source)
+            self._indices = (
+                iter(self._source.tolist()) if read_ahead is None else read_ahead(self._source)
+            )
         sampler._check_saved_position()
-        if self._position >= len(self._indices):
+        if self._position >= len(self._source):
             raise StopIteration
-        index = self._indices[self._position]
-        if self._ahead is not None:
-            next(self._ahead, None)
+        index = int(next(self._indices))
         self._position += 1
         sampler._yielded += 1
         return index

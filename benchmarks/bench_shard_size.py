@@ -25,10 +25,11 @@ from torch.utils.data import DataLoader
 
 from fastdata import ShardDataset, passthrough_collate
 from fastdata.datasets.distributed import ShardAwareDistributedSampler
-from fastdata.preprocess import PreprocessOptions, ShardTask
+from fastdata.preprocess import PreprocessOptions
 from fastdata.preprocess._runner import plan_tasks
 from fastdata.preprocess._sources import SourceItem, SourceListing
 from fastdata.preprocess._task import build_fields
+from fastdata.preprocess.engine import ShardTask
 from fastdata.shards import Manifest, ShardWriter, save_manifest
 
 _SIDE = 224

@@ -15,7 +15,8 @@ import pytest
 from fastdata import PreprocessOptions
 from fastdata._progress import LOG_INTERVAL_S, progress_bar
 from fastdata.cli import main
-from fastdata.preprocess import _engine, _runner, preprocess
+from fastdata.preprocess import _runner, preprocess
+from fastdata.preprocess import engine as engine_module
 
 # Three 16x16 samples per shard (pixels, label and ~64 bytes of path): 8 shards of 24.
 SMALL_SHARDS = PreprocessOptions(sizes=(16,), shard_bytes=3 * (16 * 16 * 3 + 8 + 64))
@@ -126,7 +127,7 @@ def test_a_resume_shows_the_check_of_finished_shards(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     out = tmp_path / "o"
-    original_run = _engine.LocalEngine.run
+    original_run = engine_module.LocalEngine.run
 
     def crash_after_two(self: Any, tasks: Any, job: Any, advance: Any) -> Iterator[Any]:
         for count, result in enumerate(original_run(self, tasks, job, advance), start=1):
@@ -134,10 +135,10 @@ def test_a_resume_shows_the_check_of_finished_shards(
             if count == 2:
                 raise KeyboardInterrupt
 
-    monkeypatch.setattr(_engine.LocalEngine, "run", crash_after_two)
+    monkeypatch.setattr(engine_module.LocalEngine, "run", crash_after_two)
     with pytest.raises(KeyboardInterrupt):
         preprocess(sample_imagefolder, out, SMALL_SHARDS, workers=1, show_progress=False)
-    monkeypatch.setattr(_engine.LocalEngine, "run", original_run)
+    monkeypatch.setattr(engine_module.LocalEngine, "run", original_run)
     capsys.readouterr()
     summary = preprocess(sample_imagefolder, out, SMALL_SHARDS, workers=1)
     assert summary.num_reused_shards == 2

@@ -185,3 +185,21 @@ def test_the_private_import_rule(
     monkeypatch.setitem(globals(), "ROOT", root)
     monkeypatch.setitem(globals(), "PACKAGE", package)
     assert bool(private_reaches(package / where)) is reaches, private_reaches(package / where)
+
+
+ENGINE_NAMES = ("Engine", "LocalEngine", "ShardJob", "ShardResult", "ShardTask", "run_shard_task")
+
+
+def test_engine_author_names_live_in_the_engine_module_only() -> None:
+    """What only an engine author needs is ``fastdata.preprocess.engine``'s, not the
+    preprocessing package's (one place per name)."""
+    import fastdata.preprocess  # noqa: PLC0415
+    import fastdata.preprocess.engine  # noqa: PLC0415
+
+    assert sorted(fastdata.preprocess.engine.__all__) == sorted(ENGINE_NAMES)
+    for name in ENGINE_NAMES:
+        assert getattr(fastdata.preprocess.engine, name).__doc__, name
+        assert name not in fastdata.preprocess.__all__
+        assert not hasattr(fastdata.preprocess, name), f"fastdata.preprocess.{name} still resolves"
+        with pytest.raises(ImportError):
+            exec(f"from fastdata.preprocess import {name}", {})

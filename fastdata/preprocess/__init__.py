@@ -2,9 +2,9 @@
 
 ``preprocess(src, out, PreprocessOptions(...))`` lists the source (files: :func:`list_source`,
 or a map-style dataset object), splits it into shard tasks (pure functions: items in, one
-shard file out) and runs them on an engine: a :class:`LocalEngine` process pool by
-default, or :class:`RayEngine` on a Ray cluster. Another engine implements
-:class:`Engine`: it runs each :class:`ShardTask` with :func:`run_shard_task`.
+shard file out) and runs them on an engine: a local process pool by default, or
+:class:`RayEngine` on a Ray cluster. What an engine author needs (the engine interface, the
+local engine, shard tasks and how to run one) is in :mod:`fastdata.preprocess.engine`.
 
 Every name loads on first access (PEP 562), so the worker processes, which import only
 the per-sample code, start without h5py, tqdm or Ray.
@@ -17,24 +17,20 @@ from typing import TYPE_CHECKING
 from fastdata import _lazy
 
 if TYPE_CHECKING:
-    from fastdata.preprocess._engine import Engine, LocalEngine
     from fastdata.preprocess._options import DEFAULT_SHARD_BYTES, STORAGE_MODES, PreprocessOptions
     from fastdata.preprocess._python_source import load_python_source
     from fastdata.preprocess._ray import RayEngine
     from fastdata.preprocess._runner import PreprocessSummary, preprocess
     from fastdata.preprocess._sources import SOURCE_KINDS, SourceListing, list_source
-    from fastdata.preprocess._task import ShardJob, ShardResult, ShardTask, run_shard_task
     from fastdata.preprocess._transforms import RESIZE_MODES
 
 # public name -> the module (of this package) that defines it
 _LAZY_NAMES = {
-    **dict.fromkeys(("Engine", "LocalEngine"), "._engine"),
     **dict.fromkeys(("DEFAULT_SHARD_BYTES", "STORAGE_MODES", "PreprocessOptions"), "._options"),
     "load_python_source": "._python_source",
     "RayEngine": "._ray",
     **dict.fromkeys(("PreprocessSummary", "preprocess"), "._runner"),
     **dict.fromkeys(("SOURCE_KINDS", "SourceListing", "list_source"), "._sources"),
-    **dict.fromkeys(("ShardJob", "ShardResult", "ShardTask", "run_shard_task"), "._task"),
     "RESIZE_MODES": "._transforms",
 }  # fmt: skip
 
@@ -46,17 +42,11 @@ __all__ = [
     "RESIZE_MODES",
     "SOURCE_KINDS",
     "STORAGE_MODES",
-    "Engine",
-    "LocalEngine",
     "PreprocessOptions",
     "PreprocessSummary",
     "RayEngine",
-    "ShardJob",
-    "ShardResult",
-    "ShardTask",
     "SourceListing",
     "list_source",
     "load_python_source",
     "preprocess",
-    "run_shard_task",
 ]

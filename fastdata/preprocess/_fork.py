@@ -49,7 +49,7 @@ def fork_refusal() -> str:
 
 
 def resolve_start_method(start_method: str) -> str:
-    """``"fork"`` or ``"spawn"`` for a :class:`~fastdata.preprocess.LocalEngine`'s
+    """``"fork"`` or ``"spawn"`` for a :class:`~fastdata.preprocess.engine.LocalEngine`'s
     ``start_method``: ``"auto"`` forks where :func:`fork_refusal` allows it (a forked
     worker starts in milliseconds; a spawned one imports OpenCV and NumPy first, as much
     time as a hundred images take) and spawns elsewhere."""

@@ -52,10 +52,10 @@ from fastdata.preprocess._dataset_items import (
     sample_digest,
     where,
 )
-from fastdata.preprocess._engine import Engine, LocalEngine
 from fastdata.preprocess._fork import fork_refusal, resolve_start_method
 from fastdata.preprocess._sources import SourceItem, SourceListing
 from fastdata.preprocess._task import SampleFailure, SampleResult, ShardJob, process_pixels
+from fastdata.preprocess.engine import Engine, LocalEngine
 
 logger = logging.getLogger(__name__)
 

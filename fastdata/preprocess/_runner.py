@@ -20,7 +20,6 @@ from typing import Any
 from fastdata._progress import progress_bar
 from fastdata._system import usable_cpus
 from fastdata.errors import PreprocessError
-from fastdata.preprocess._engine import Engine, LocalEngine
 from fastdata.preprocess._options import PreprocessOptions
 from fastdata.preprocess._outdir import (
     JOB_DIR,
@@ -40,6 +39,7 @@ from fastdata.preprocess._task import (
     ShardTask,
     build_fields,
 )
+from fastdata.preprocess.engine import Engine, LocalEngine
 from fastdata.shards import (
     MANIFEST_NAME,
     FieldSpec,

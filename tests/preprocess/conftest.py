@@ -8,8 +8,9 @@ import cv2
 import numpy as np
 import pytest
 
-from fastdata.preprocess import PreprocessOptions, ShardJob, _pool, list_source
+from fastdata.preprocess import PreprocessOptions, _pool, list_source
 from fastdata.preprocess._task import build_fields
+from fastdata.preprocess.engine import ShardJob
 
 
 def shard_bytes(out: Path) -> dict[str, bytes]:

@@ -29,15 +29,9 @@ import pytest
 from fastdata import PreprocessOptions, ShardReader, load_manifest
 from fastdata.cli import main
 from fastdata.errors import PreprocessError
-from fastdata.preprocess import (
-    LocalEngine,
-    ShardJob,
-    ShardResult,
-    _engine,
-    _fork,
-    _pool,
-    preprocess,
-)
+from fastdata.preprocess import _fork, _pool, preprocess
+from fastdata.preprocess import engine as engine_module
+from fastdata.preprocess.engine import LocalEngine, ShardJob, ShardResult
 from tests.preprocess.conftest import alive, idle_worker_pids, shard_bytes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -247,7 +241,7 @@ def test_forked_workers_exit_by_themselves_when_the_job_fails(
 
 
 def _crash_after(shards: int) -> Any:
-    original_run = _engine.LocalEngine.run
+    original_run = engine_module.LocalEngine.run
 
     def run(self: Any, tasks: Any, job: Any, advance: Any) -> Iterator[ShardResult]:
         assert _fork.resolve_start_method(self.start_method) == "fork"
@@ -264,7 +258,7 @@ def test_forked_job_resumes_after_a_crash(
     tmp_path: Path, images: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with monkeypatch.context() as patch:
-        patch.setattr(_engine.LocalEngine, "run", _crash_after(2))
+        patch.setattr(engine_module.LocalEngine, "run", _crash_after(2))
         with pytest.raises(KeyboardInterrupt):
             _run(H5Images(images, tmp_path / "r", keep_open=True), tmp_path / "o", workers=2)
     assert sorted(shard_bytes(tmp_path / "o")) == ["shard-00000.h5", "shard-00001.h5"]

@@ -207,8 +207,8 @@ def _listing(src: Path):  # type: ignore[no-untyped-def]
 
 
 def _job(src: Path, out: Path):  # type: ignore[no-untyped-def]
-    from fastdata.preprocess import ShardJob  # noqa: PLC0415
     from fastdata.preprocess._task import build_fields  # noqa: PLC0415
+    from fastdata.preprocess.engine import ShardJob  # noqa: PLC0415
 
     listing = _listing(src)
     options = PreprocessOptions(sizes=(16,))
@@ -268,7 +268,8 @@ dataset = Blocking()
 _SPAWNED_JOB = """
 import sys
 
-from fastdata.preprocess import LocalEngine, PreprocessOptions, preprocess
+from fastdata.preprocess import PreprocessOptions, preprocess
+from fastdata.preprocess.engine import LocalEngine
 
 from blocking import dataset
 

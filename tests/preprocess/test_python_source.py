@@ -31,11 +31,13 @@ from PIL import Image
 from fastdata import PreprocessOptions, ShardReader, load_manifest
 from fastdata.cli import main
 from fastdata.errors import PreprocessError
-from fastdata.preprocess import LocalEngine, ShardJob, ShardResult, ShardTask, _engine, preprocess
+from fastdata.preprocess import engine as engine_module
+from fastdata.preprocess import preprocess
 from fastdata.preprocess._dataset_items import DatasetTypeError, DatasetValueError
 from fastdata.preprocess._python_source import DatasetItem, list_dataset
 from fastdata.preprocess._runner import plan_tasks
 from fastdata.preprocess._task import build_fields
+from fastdata.preprocess.engine import LocalEngine, ShardJob, ShardResult, ShardTask
 from tests.preprocess.conftest import shard_bytes
 
 N = 12
@@ -269,14 +271,14 @@ class UnpicklesNowhere(ArrayDataset):
 
 
 def test_a_dataset_workers_cannot_unpickle_is_one_clear_error(tmp_path: Path) -> None:
-    spawning = _engine.LocalEngine(2, start_method="spawn")  # forked workers unpickle nothing
+    spawning = engine_module.LocalEngine(2, start_method="spawn")  # forked workers unpickle nothing
     with pytest.raises(
         PreprocessError,
         match=r"a worker process cannot unpickle the dataset \(RuntimeError: the data folder",
     ):
         _run(UnpicklesNowhere(), tmp_path / "o", engine=spawning)
     assert not (tmp_path / "o" / "index.json").exists()
-    _run(UnpicklesNowhere(), tmp_path / "forked", engine=_engine.LocalEngine(2))
+    _run(UnpicklesNowhere(), tmp_path / "forked", engine=engine_module.LocalEngine(2))
     _run(UnpicklesNowhere(), tmp_path / "here", workers=1)
     assert shard_bytes(tmp_path / "forked") == shard_bytes(tmp_path / "here")
 
@@ -558,7 +560,7 @@ def test_identical_runs_give_identical_bytes(tmp_path: Path) -> None:
 
 
 def _crash_after(shards: int) -> Any:
-    original_run = _engine.LocalEngine.run
+    original_run = engine_module.LocalEngine.run
 
     def run(self: Any, tasks: Any, job: Any, advance: Any) -> Iterator[ShardResult]:
         for count, result in enumerate(original_run(self, tasks, job, advance), start=1):
@@ -574,7 +576,7 @@ def test_resume_keeps_finished_shards_and_a_changed_dataset_is_refused(
 ) -> None:
     out = tmp_path / "o"
     with monkeypatch.context() as patch:
-        patch.setattr(_engine.LocalEngine, "run", _crash_after(1))
+        patch.setattr(engine_module.LocalEngine, "run", _crash_after(1))
         with pytest.raises(KeyboardInterrupt):
             _run(ArrayDataset(), out)
     assert sorted(shard_bytes(out)) == ["shard-00000.h5"]

@@ -21,7 +21,9 @@ import pytest
 
 from fastdata import PreprocessOptions, ShardReader, load_manifest
 from fastdata.errors import PreprocessError, ShardFormatError
-from fastdata.preprocess import ShardResult, _engine, preprocess
+from fastdata.preprocess import engine as engine_module
+from fastdata.preprocess import preprocess
+from fastdata.preprocess.engine import ShardResult
 from fastdata.shards import verify_shards
 
 # Three 16x16 samples per shard (pixels, label and ~64 bytes of path): 8 shards of 24.
@@ -44,7 +46,7 @@ def test_identical_runs_give_identical_bytes(sample_imagefolder: Path, tmp_path:
 
 def _crash_after(shards: int) -> Any:
     """A LocalEngine.run that dies (as if killed) once ``shards`` shards are in place."""
-    original_run = _engine.LocalEngine.run
+    original_run = engine_module.LocalEngine.run
 
     def run(self: Any, tasks: Any, job: Any, advance: Any) -> Iterator[ShardResult]:
         for count, result in enumerate(original_run(self, tasks, job, advance), start=1):
@@ -59,15 +61,15 @@ def test_resume_after_crash_keeps_finished_shards(
     sample_imagefolder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "o"
-    original_run = _engine.LocalEngine.run
-    monkeypatch.setattr(_engine.LocalEngine, "run", _crash_after(2))
+    original_run = engine_module.LocalEngine.run
+    monkeypatch.setattr(engine_module.LocalEngine, "run", _crash_after(2))
     with pytest.raises(KeyboardInterrupt):
         preprocess(sample_imagefolder, out, SMALL_SHARDS, workers=2, show_progress=False)
     assert not (out / "index.json").exists()
     first_two = _shard_bytes(out)
     assert sorted(first_two) == ["shard-00000.h5", "shard-00001.h5"]
     (out / ".shard-00002.h5.leftover").mkdir()  # a spill folder a killed writer left behind
-    monkeypatch.setattr(_engine.LocalEngine, "run", original_run)
+    monkeypatch.setattr(engine_module.LocalEngine, "run", original_run)
     summary = preprocess(sample_imagefolder, out, SMALL_SHARDS, show_progress=False)
     assert (summary.num_reused_shards, summary.num_shards, summary.num_samples) == (2, 8, 24)
     assert summary.num_processed == 18
@@ -85,12 +87,12 @@ def test_corrupt_unfinished_shard_is_redone(
     sample_imagefolder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "o"
-    original_run = _engine.LocalEngine.run
-    monkeypatch.setattr(_engine.LocalEngine, "run", _crash_after(1))
+    original_run = engine_module.LocalEngine.run
+    monkeypatch.setattr(engine_module.LocalEngine, "run", _crash_after(1))
     with pytest.raises(KeyboardInterrupt):
         preprocess(sample_imagefolder, out, SMALL_SHARDS, workers=1, show_progress=False)
     (out / "shard-00000.h5").write_bytes(b"damaged")
-    monkeypatch.setattr(_engine.LocalEngine, "run", original_run)
+    monkeypatch.setattr(engine_module.LocalEngine, "run", original_run)
     summary = preprocess(sample_imagefolder, out, SMALL_SHARDS, show_progress=False)
     assert summary.num_reused_shards == 0 and summary.num_samples == 24
     assert verify_shards(out, show_progress=False) == []
@@ -178,12 +180,12 @@ def test_changed_input_redoes_its_shard_on_resume(
     sample_imagefolder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "o"
-    original_run = _engine.LocalEngine.run
-    monkeypatch.setattr(_engine.LocalEngine, "run", _crash_after(2))
+    original_run = engine_module.LocalEngine.run
+    monkeypatch.setattr(engine_module.LocalEngine, "run", _crash_after(2))
     with pytest.raises(KeyboardInterrupt):
         preprocess(sample_imagefolder, out, SMALL_SHARDS, workers=1, show_progress=False)
     _replace_image(_inputs(sample_imagefolder)[1], seed=2)  # an input of shard 0
-    monkeypatch.setattr(_engine.LocalEngine, "run", original_run)
+    monkeypatch.setattr(engine_module.LocalEngine, "run", original_run)
     summary = preprocess(sample_imagefolder, out, SMALL_SHARDS, show_progress=False)
     assert (summary.num_reused_shards, summary.num_processed) == (1, 21)
     clean = tmp_path / "clean"

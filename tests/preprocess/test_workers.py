@@ -20,15 +20,10 @@ import pytest
 
 from fastdata import ShardReader, load_manifest
 from fastdata.errors import PreprocessError
-from fastdata.preprocess import (
-    PreprocessOptions,
-    ShardJob,
-    _engine,
-    _pool,
-    list_source,
-    preprocess,
-)
+from fastdata.preprocess import PreprocessOptions, _pool, list_source, preprocess
+from fastdata.preprocess import engine as engine_module
 from fastdata.preprocess._task import build_fields
+from fastdata.preprocess.engine import ShardJob
 from tests.preprocess.conftest import alive, idle_worker_pids, shard_bytes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -255,7 +250,7 @@ def test_a_job_survives_the_end_of_the_thread_that_ran_the_last_one(
     other = threading.Thread(target=first_job)
     other.start()
     assert done.wait(60)
-    write_shard = _engine.write_shard
+    write_shard = engine_module.write_shard
 
     def write_after_the_other_thread_ends(*args: Any) -> Any:
         if other.is_alive():
@@ -264,6 +259,6 @@ def test_a_job_survives_the_end_of_the_thread_that_ran_the_last_one(
             time.sleep(0.3)  # the parent-death signal reaches its workers
         return write_shard(*args)
 
-    monkeypatch.setattr(_engine, "write_shard", write_after_the_other_thread_ends)
+    monkeypatch.setattr(engine_module, "write_shard", write_after_the_other_thread_ends)
     _run(sample_imagefolder, tmp_path / "second", options)
     assert shard_bytes(tmp_path / "second") == shard_bytes(tmp_path / "first")

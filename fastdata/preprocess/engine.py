@@ -1,6 +1,17 @@
-"""Engines execute shard tasks. The interface is one method, so a Ray engine can sit
-beside the local one; both must produce byte-identical shards (they share
-:func:`~fastdata.preprocess._task.write_shard` and the pure per-sample function).
+"""For engine authors: how a preprocessing job reaches the processes that run it.
+
+:func:`~fastdata.preprocess.preprocess` splits a job into :class:`ShardTask` s (pure
+functions: items in, one shard file out) that share one :class:`ShardJob`, and hands them
+to an :class:`Engine`. :class:`LocalEngine` (a local process pool) is the default; the
+Ray engine (:class:`~fastdata.preprocess.RayEngine`) is another. A new engine implements
+:class:`Engine`'s one method and runs each task with :func:`run_shard_task`, which writes
+the shard and returns its :class:`ShardResult`; every engine produces byte-identical shards
+(they share the writer and the pure per-sample function).
+
+Example:
+    >>> from fastdata.preprocess import preprocess
+    >>> from fastdata.preprocess.engine import LocalEngine
+    >>> preprocess("photos/", "out/", engine=LocalEngine(4, start_method="spawn"))
 """
 
 from __future__ import annotations
@@ -13,6 +24,8 @@ from fastdata.errors import PreprocessError
 from fastdata.preprocess._fork import fork_refusal, resolve_start_method
 from fastdata.preprocess._pool import CHUNK_ITEMS, lend_pool
 from fastdata.preprocess._task import ShardJob, ShardResult, ShardTask, run_shard_task, write_shard
+
+__all__ = ["Engine", "LocalEngine", "ShardJob", "ShardResult", "ShardTask", "run_shard_task"]
 
 
 class Engine(Protocol):

@@ -45,9 +45,9 @@ from _harness import (  # benchmarks/ is on sys.path when run as a script
 from PIL import Image
 
 from fastdata._system import usable_cpus
-from fastdata.preprocess import PreprocessOptions, list_source, preprocess
+from fastdata.preprocess import PreprocessOptions, preprocess
 from fastdata.preprocess._pool import close_idle_pools
-from fastdata.preprocess._sources import SourceItem
+from fastdata.preprocess._sources import SourceItem, list_source
 from fastdata.preprocess._task import build_fields, process_sample
 from fastdata.preprocess.engine import ShardJob
 

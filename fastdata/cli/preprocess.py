@@ -25,8 +25,13 @@ from fastdata.preprocess import (
     RESIZE_MODES,
     SOURCE_KINDS,
     STORAGE_MODES,
+    FileListSource,
+    ImageFolderSource,
+    NpyFolderSource,
     PreprocessOptions,
     RayEngine,
+    SegmentationSource,
+    Source,
     load_python_source,
     preprocess,
 )
@@ -221,6 +226,20 @@ def _max_pixels(value: str) -> int:
     return number
 
 
+def _source(args: argparse.Namespace) -> str | Source:
+    """SRC as ``preprocess`` takes it: the path itself when the kind is read from it, else
+    the record of its kind with that kind's options."""
+    if args.masks is not None or args.mask_suffix is not None or args.kind == "segmentation":
+        return SegmentationSource(args.src, masks=args.masks, mask_suffix=args.mask_suffix)
+    if args.path_column is not None or args.label_column is not None or args.kind == "list":
+        return FileListSource(args.src, args.path_column, args.label_column)
+    if args.kind == "imagefolder":
+        return ImageFolderSource(args.src)
+    if args.kind == "npy":
+        return NpyFolderSource(args.src)
+    return str(args.src)
+
+
 def run(args: argparse.Namespace) -> int:
     engine = None
     if args.engine == "ray":
@@ -240,14 +259,9 @@ def run(args: argparse.Namespace) -> int:
         max_pixels=args.max_pixels,
     )
     summary = preprocess(
-        src,
+        src if args.from_python else _source(args),
         args.out,
         options,
-        kind=args.kind,
-        masks=args.masks,
-        mask_suffix=args.mask_suffix,
-        path_column=args.path_column,
-        label_column=args.label_column,
         workers=args.workers,
         overwrite=args.overwrite,
         show_progress=not args.quiet,

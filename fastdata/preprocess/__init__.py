@@ -1,10 +1,11 @@
 """Offline preprocessing: sources → uint8 transforms → HDF5 shards (``fastdata preprocess``).
 
-``preprocess(src, out, PreprocessOptions(...))`` lists the source (files: :func:`list_source`,
-or a map-style dataset object), splits it into shard tasks (pure functions: items in, one
-shard file out) and runs them on an engine: a local process pool by default, or
-:class:`RayEngine` on a Ray cluster. What an engine author needs (the engine interface, the
-local engine, shard tasks and how to run one) is in :mod:`fastdata.preprocess.engine`.
+``preprocess(src, out, PreprocessOptions(...))`` lists the source (a path, a source record
+such as :class:`SegmentationSource`, or a map-style dataset object), splits it into shard
+tasks (pure functions: items in, one shard file out) and runs them on an engine: a local
+process pool by default, or :class:`RayEngine` on a Ray cluster. What an engine author
+needs (the engine interface, the local engine, shard tasks and how to run one) is in
+:mod:`fastdata.preprocess.engine`.
 
 Every name loads on first access (PEP 562), so the worker processes, which import only
 the per-sample code, start without h5py, tqdm or Ray.
@@ -21,7 +22,14 @@ if TYPE_CHECKING:
     from fastdata.preprocess._python_source import load_python_source
     from fastdata.preprocess._ray import RayEngine
     from fastdata.preprocess._runner import PreprocessSummary, preprocess
-    from fastdata.preprocess._sources import SOURCE_KINDS, SourceListing, list_source
+    from fastdata.preprocess._source_records import (
+        FileListSource,
+        ImageFolderSource,
+        NpyFolderSource,
+        SegmentationSource,
+        Source,
+    )
+    from fastdata.preprocess._sources import SOURCE_KINDS
     from fastdata.preprocess._transforms import RESIZE_MODES
 
 # public name -> the module (of this package) that defines it
@@ -30,7 +38,12 @@ _LAZY_NAMES = {
     "load_python_source": "._python_source",
     "RayEngine": "._ray",
     **dict.fromkeys(("PreprocessSummary", "preprocess"), "._runner"),
-    **dict.fromkeys(("SOURCE_KINDS", "SourceListing", "list_source"), "._sources"),
+    **dict.fromkeys(
+        ("FileListSource", "ImageFolderSource", "NpyFolderSource", "SegmentationSource",
+         "Source"),
+        "._source_records",
+    ),
+    "SOURCE_KINDS": "._sources",
     "RESIZE_MODES": "._transforms",
 }  # fmt: skip
 
@@ -42,11 +55,14 @@ __all__ = [
     "RESIZE_MODES",
     "SOURCE_KINDS",
     "STORAGE_MODES",
+    "FileListSource",
+    "ImageFolderSource",
+    "NpyFolderSource",
     "PreprocessOptions",
     "PreprocessSummary",
     "RayEngine",
-    "SourceListing",
-    "list_source",
+    "SegmentationSource",
+    "Source",
     "load_python_source",
     "preprocess",
 ]

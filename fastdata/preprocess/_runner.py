@@ -30,7 +30,8 @@ from fastdata.preprocess._outdir import (
     write_or_fail,
 )
 from fastdata.preprocess._python_source import dataset_engine, list_dataset
-from fastdata.preprocess._sources import SourceListing, list_source
+from fastdata.preprocess._source_records import Source, list_path
+from fastdata.preprocess._sources import SourceListing
 from fastdata.preprocess._stats import PixelStats, merge_fields
 from fastdata.preprocess._task import (
     SampleLoader,
@@ -115,15 +116,10 @@ def plan_tasks(
 
 
 def preprocess(
-    src: str | Path | Any,
+    src: str | os.PathLike[str] | Source | Any,
     out: str | Path,
     options: PreprocessOptions | None = None,
     *,
-    kind: str = "auto",
-    masks: str | Path | None = None,
-    mask_suffix: str | None = None,
-    path_column: str | None = None,
-    label_column: str | None = None,
     workers: int | None = None,
     overwrite: bool = False,
     show_progress: bool = True,
@@ -132,24 +128,21 @@ def preprocess(
     """Turn a source into uint8 HDF5 shards plus ``index.json`` (see docs/FORMAT.md).
 
     Args:
-        src: Image folder, CSV/TSV list, segmentation image folder or ``.npy`` folder;
-            or a map-style dataset object (``len`` and ``[i]``; items ``(image, label)``,
-            ``(image, label, mask)`` or dicts; images PIL, uint8 HWC ndarrays or uint8
-            CHW tensors: see the README and ``fastdata.preprocess._python_source``).
+        src: What to read. A path: a CSV/TSV list file, a folder of ``.npy`` arrays, or
+            an ImageFolder (``src/<class>/<image>``). A source record for the rest, or to
+            set a kind's options: :class:`ImageFolderSource`, :class:`FileListSource`
+            (columns), :class:`SegmentationSource` (images + masks),
+            :class:`NpyFolderSource`. Or a map-style dataset object (``len`` and ``[i]``;
+            items ``(image, label)``, ``(image, label, mask)`` or dicts; images PIL, uint8
+            HWC ndarrays or uint8 CHW tensors: see the preprocessing guide).
         out: Output folder; created if missing.
         options: What to store (sizes, resize mode, storage, ...); defaults to
             ``PreprocessOptions()``: raw 224x224 RGB.
-        kind: Source kind of a path (see :func:`list_source`), ``"auto"`` by default.
-        masks: Mask folder of a segmentation source (a path).
-        mask_suffix: Masks are named ``<image stem><mask_suffix>.<ext>`` (in ``masks``,
-            or beside the images when ``masks`` is not given).
-        path_column: Column of the paths in a CSV/TSV list (header name or 0-based
-            number); see :func:`list_source`.
-        label_column: Column of the labels in a CSV/TSV list, as ``path_column``.
         workers: Local processes; default: the CPUs this process may use (cgroup-aware).
         overwrite: Replace an ``out`` that holds a different job or other files.
         show_progress: Show a progress bar.
-        engine: Runs the shard tasks; default a :class:`LocalEngine` of ``workers``.
+        engine: Runs the shard tasks; default a
+            :class:`~fastdata.preprocess.engine.LocalEngine` of ``workers``.
 
     Returns:
         A :class:`PreprocessSummary`.
@@ -169,10 +162,11 @@ def preprocess(
         raise TypeError(f"options must be a PreprocessOptions, got {type(options).__name__}")
     if engine is None:
         engine = LocalEngine(usable_cpus() if workers is None else workers)
+    path = src.path if isinstance(src, Source) else src
     # a URL of an unsupported scheme is refused by parse_location, an s3:// one here
-    if isinstance(src, (str, os.PathLike)) and not isinstance(parse_location(src, "src"), Path):
+    if isinstance(path, (str, os.PathLike)) and not isinstance(parse_location(path, "src"), Path):
         raise ValueError(
-            f"src {str(src)!r}: reading the source from object storage is not supported; "
+            f"src {str(path)!r}: reading the source from object storage is not supported; "
             "copy it to a local folder first (the output can be s3://)"
         )
     out_location = parse_location(out, "out")
@@ -185,31 +179,11 @@ def preprocess(
         root = remote.staging
         root.mkdir(parents=True, exist_ok=True)
     loader = None
-    if isinstance(src, (str, os.PathLike)):
-        listing = list_source(
-            Path(src),
-            kind=kind,
-            masks=masks,
-            mask_suffix=mask_suffix,
-            path_column=path_column,
-            label_column=label_column,
-            on_error=options.on_error,
-            exclude=(root,),
-        )
+    if isinstance(src, Source):
+        listing = src.listing(on_error=options.on_error, exclude=(root,))
+    elif isinstance(src, (str, os.PathLike)):
+        listing = list_path(Path(src), on_error=options.on_error, exclude=(root,))
     else:
-        path_only = {
-            "kind": None if kind == "auto" else kind,
-            "masks": masks,
-            "mask_suffix": mask_suffix,
-            "path_column": path_column,
-            "label_column": label_column,
-        }
-        given = {name: value for name, value in path_only.items() if value is not None}
-        if given:
-            raise ValueError(
-                "kind and masks (and mask_suffix, path_column, label_column) describe a path "
-                f"source; a dataset object's items carry their own labels and masks (got {given})"
-            )
         listing = list_dataset(src, max_pixels=options.max_pixels)
         loader = listing.loader
         engine = dataset_engine(loader, engine)

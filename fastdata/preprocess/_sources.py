@@ -327,7 +327,12 @@ def _list_file(path: Path, path_column: str | None, label_column: str | None) ->
     if not numbered:
         raise PreprocessError(f"source has no inputs (list): {path}")
     first = [c.strip().lower() for c in numbered[0][1]]
-    explicit = {c.strip().lower() for c in (path_column, label_column) if c is not None}
+    # a column given by number names no header cell (a first row "0,a.jpg,3" is data)
+    explicit = {
+        c.strip().lower()
+        for c in (path_column, label_column)
+        if c is not None and not c.strip().isdigit()
+    }
     # a header names a path column, or a label column while no cell looks like a file path
     # (so that a first data row whose class is called "label" or "y" is still data)
     is_header = (

@@ -11,7 +11,7 @@ import pytest
 from fastdata import PreprocessOptions
 from fastdata.cli import main
 from fastdata.cli.tune import default_fields
-from fastdata.preprocess import preprocess
+from fastdata.preprocess import SegmentationSource, preprocess
 from fastdata.shards import load_manifest
 from tests.tune.synthetic import write_tiny_shards
 
@@ -99,7 +99,13 @@ def test_fields_come_from_the_manifest(tmp_path: Path, capsys: pytest.CaptureFix
     src = _images(tmp_path / "images", masks=tmp_path / "masks")
     out = tmp_path / "seg"
     options = PreprocessOptions(sizes=(16, 8))
-    preprocess(src, out, options, masks=tmp_path / "masks", workers=1, show_progress=False)
+    preprocess(
+        SegmentationSource(src, masks=tmp_path / "masks"),
+        out,
+        options,
+        workers=1,
+        show_progress=False,
+    )
     manifest = load_manifest(out)
     assert {"image", "image_8", "mask", "mask_8", "path"} <= {f.name for f in manifest.fields}
     assert default_fields(manifest) == ["image", "mask"]

@@ -8,7 +8,8 @@ import cv2
 import numpy as np
 import pytest
 
-from fastdata.preprocess import PreprocessOptions, _pool, list_source
+from fastdata.preprocess import PreprocessOptions, _pool
+from fastdata.preprocess._sources import list_source
 from fastdata.preprocess._task import build_fields
 from fastdata.preprocess.engine import ShardJob
 

@@ -17,7 +17,7 @@ from PIL import Image
 from fastdata import PreprocessOptions, ShardReader, load_manifest
 from fastdata.cli import main
 from fastdata.errors import OnError, PreprocessError
-from fastdata.preprocess import preprocess
+from fastdata.preprocess import SegmentationSource, preprocess
 from fastdata.shards import ShardWriter
 from tests.decode.conftest import damaged_jpeg, rgb_jpeg
 
@@ -212,7 +212,9 @@ def test_mask_without_image(tmp_path: Path, capsys: Any) -> None:
     images, masks = _segmentation(tmp_path, ["a"], ["a", "b"])
     fail = PreprocessOptions(on_error="raise")
     with pytest.raises(PreprocessError, match=r"1 mask\(s\) without an image, e.g. .*b\.png"):
-        preprocess(images, tmp_path / "o", fail, masks=masks, show_progress=False)
+        preprocess(
+            SegmentationSource(images, masks=masks), tmp_path / "o", fail, show_progress=False
+        )
     args = ["preprocess", str(images), str(tmp_path / "o"), "--masks", str(masks), "-q"]
     args.extend(["--on-error", "raise"])
     assert main(args) == 1
@@ -224,13 +226,17 @@ def test_image_without_mask(tmp_path: Path) -> None:
     images, masks = _segmentation(tmp_path, ["a", "c"], ["a"])
     fail = PreprocessOptions(on_error="raise")
     with pytest.raises(PreprocessError, match=r"image\(s\) without a mask, e.g. .*c\.png"):
-        preprocess(images, tmp_path / "o", fail, masks=masks, show_progress=False)
+        preprocess(
+            SegmentationSource(images, masks=masks), tmp_path / "o", fail, show_progress=False
+        )
 
 
 def test_mask_of_wrong_size_is_skipped(tmp_path: Path) -> None:
     images, masks = _segmentation(tmp_path, ["a", "b"], ["a", "b"])
     Image.fromarray(np.zeros((4, 8), np.uint8)).save(masks / "b.png")
-    summary = preprocess(images, tmp_path / "o", TINY, masks=masks, show_progress=False)
+    summary = preprocess(
+        SegmentationSource(images, masks=masks), tmp_path / "o", TINY, show_progress=False
+    )
     assert summary.num_skipped == 1
     assert (
         "mask is (4, 8), its image is (8, 8)" in load_manifest(tmp_path / "o").skipped[0]["reason"]
@@ -301,10 +307,8 @@ def test_argument_validation(sample_imagefolder: Path, tmp_path: Path) -> None:
         preprocess(sample_imagefolder, tmp_path / "o", {"sizes": 16})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="workers must be a positive int, got 0"):
         preprocess(sample_imagefolder, tmp_path / "o", workers=0)
-    with pytest.raises(ValueError, match="kind must be one of"):
-        preprocess(sample_imagefolder, tmp_path / "o", kind="tar")
-    with pytest.raises(ValueError, match="masks/mask_suffix are only for kind='segmentation'"):
-        preprocess(sample_imagefolder, tmp_path / "o", kind="imagefolder", masks=tmp_path)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'masks'"):
+        preprocess(sample_imagefolder, tmp_path / "o", masks=tmp_path)  # type: ignore[call-arg]
 
 
 @pytest.mark.parametrize("workers", [1, 2])

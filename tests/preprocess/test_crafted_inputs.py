@@ -19,10 +19,10 @@ from fastdata import PreprocessOptions, RAMDataset, ShardReader, load_manifest
 from fastdata._codec import DEFAULT_MAX_PIXELS, image_size
 from fastdata.decode import create_decoder
 from fastdata.errors import PreprocessError
+from fastdata.preprocess import SegmentationSource, preprocess
 from fastdata.preprocess import _task as task_module
 from fastdata.preprocess import _transforms as transforms_module
-from fastdata.preprocess import list_source, preprocess
-from fastdata.preprocess._sources import SourceItem
+from fastdata.preprocess._sources import SourceItem, list_source
 from fastdata.preprocess._task import SampleFailure, ShardJob, build_fields, process_sample
 from fastdata.preprocess._transforms import transform
 
@@ -128,7 +128,9 @@ def test_decoder_exceptions_follow_on_error(tmp_path: Path) -> None:
         (images / f"{stem}.jpg").write_bytes(_jpeg(np.full((20, 24, 3), 100, np.uint8)))
         Image.fromarray(np.zeros((20, 24), np.uint8)).save(masks / f"{stem}.png")
     (masks / "b.png").write_bytes(_png_header_only(20000, 20000, gray=True))
-    summary = preprocess(images, tmp_path / "o3", no_limit, masks=masks, show_progress=False)
+    summary = preprocess(
+        SegmentationSource(images, masks=masks), tmp_path / "o3", no_limit, show_progress=False
+    )
     assert (summary.num_samples, summary.num_skipped) == (1, 1)
     assert "cannot decode mask (DecompressionBombError" in _reasons(tmp_path / "o3")["b.jpg"]
 
@@ -261,7 +263,9 @@ def test_exif_rotated_photo_and_its_mask_stay_aligned(tmp_path: Path, orientatio
     shown_mask = ((displayed.astype(int) - 40 + 30) // 60).clip(0, 3).astype(np.uint8)
     Image.fromarray(shown_mask).save(masks / "shown.png")  # drawn on the displayed photo
     options = PreprocessOptions(sizes=(16,), resize="exact")
-    summary = preprocess(images, tmp_path / "o", options, masks=masks, show_progress=False)
+    summary = preprocess(
+        SegmentationSource(images, masks=masks), tmp_path / "o", options, show_progress=False
+    )
     assert (summary.num_samples, summary.num_skipped) == (2, 0)
     reader = ShardReader(tmp_path / "o")
     for i in range(summary.num_samples):

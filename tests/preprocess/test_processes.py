@@ -201,7 +201,7 @@ def test_a_worker_that_dies_is_one_clear_error(
 
 
 def _listing(src: Path):  # type: ignore[no-untyped-def]
-    from fastdata.preprocess import list_source  # noqa: PLC0415
+    from fastdata.preprocess._sources import list_source  # noqa: PLC0415
 
     return list_source(src)
 

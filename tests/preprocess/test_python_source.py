@@ -31,8 +31,8 @@ from PIL import Image
 from fastdata import PreprocessOptions, ShardReader, load_manifest
 from fastdata.cli import main
 from fastdata.errors import PreprocessError
+from fastdata.preprocess import ImageFolderSource, preprocess
 from fastdata.preprocess import engine as engine_module
-from fastdata.preprocess import preprocess
 from fastdata.preprocess._dataset_items import DatasetTypeError, DatasetValueError
 from fastdata.preprocess._python_source import DatasetItem, list_dataset
 from fastdata.preprocess._runner import plan_tasks
@@ -415,8 +415,8 @@ def test_bad_dataset_objects(tmp_path: Path) -> None:
     probed = PatchedDataset({6: (pixels(6), 0, mask_of(6))})  # N // 2 = 6 is read up front
     with pytest.raises(DatasetValueError, match=r"dataset\[6\] has an image, a label and a mas"):
         _run(probed, tmp_path / "o")
-    with pytest.raises(ValueError, match="describe a path source"):
-        preprocess(ArrayDataset(), tmp_path / "o", masks=tmp_path, show_progress=False)
+    with pytest.raises(TypeError, match=r"path must be a path \(str or os.PathLike\), got <"):
+        ImageFolderSource(ArrayDataset())  # type: ignore[arg-type]
 
 
 def test_unreadable_inputs_follow_on_error(tmp_path: Path) -> None:

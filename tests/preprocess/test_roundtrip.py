@@ -12,7 +12,7 @@ from PIL import Image
 
 from fastdata import PreprocessOptions, ShardReader, load_manifest
 from fastdata.errors import PreprocessError
-from fastdata.preprocess import preprocess
+from fastdata.preprocess import SegmentationSource, preprocess
 
 
 def _shrink_reference(image: np.ndarray, new_w: int, new_h: int) -> np.ndarray:
@@ -123,9 +123,8 @@ def test_segmentation_pairs_nearest_uint8_masks(tmp_path: Path) -> None:
         mask = np.zeros((40, 60), np.uint8)
         mask[10:30, 20:50] = 200 + i
         Image.fromarray(mask).save(masks / f"s{i}.png")
-    preprocess(
-        images, tmp_path / "o", PreprocessOptions(sizes=(20,)), masks=masks, show_progress=False
-    )
+    source = SegmentationSource(images, masks=masks)
+    preprocess(source, tmp_path / "o", PreprocessOptions(sizes=(20,)), show_progress=False)
     reader = ShardReader(tmp_path / "o")
     assert reader.field("mask").dtype == "uint8" and reader.field("mask").shape == (20, 20)
     mask = reader.read("mask", 2)

@@ -14,9 +14,9 @@ from PIL import Image
 from fastdata import PreprocessOptions, ShardReader, load_manifest
 from fastdata.cli import main
 from fastdata.errors import PreprocessError
-from fastdata.preprocess import SourceListing, list_source, preprocess
+from fastdata.preprocess import SegmentationSource, preprocess
 from fastdata.preprocess._runner import plan_tasks
-from fastdata.preprocess._sources import SourceItem
+from fastdata.preprocess._sources import SourceItem, SourceListing, list_source
 from fastdata.preprocess._task import build_fields
 
 TINY = PreprocessOptions(sizes=(8,))
@@ -71,6 +71,17 @@ def test_list_columns_extra_columns_and_tsv(tmp_path: Path) -> None:
     # several columns, none recognisable as the labels
     with pytest.raises(PreprocessError, match="cannot tell which column holds the labels"):
         list_source(tmp_path / "l.tsv", path_column="jpg")
+
+
+def test_list_columns_given_by_number_read_every_row_of_a_list_without_header(
+    tmp_path: Path,
+) -> None:
+    """A first row whose cell equals a column's number ("0") is data, not a header."""
+    names = _twelve(tmp_path)
+    (tmp_path / "l.tsv").write_text("".join(f"{i}\t{n}\n" for i, n in enumerate(names)))
+    listing = list_source(tmp_path / "l.tsv", path_column="1", label_column="0")
+    assert [Path(it.path).name for it in listing.items] == names
+    assert _labels(listing) == list(range(12))
 
 
 @pytest.mark.parametrize(
@@ -158,8 +169,20 @@ def test_out_inside_src_is_not_listed_on_rerun(tmp_path: Path) -> None:
     (tmp_path / "m").mkdir()
     for stem in ("x", "y"):
         Image.fromarray(np.zeros((12, 10), np.uint8)).save(tmp_path / "m" / f"{stem}.png")
-    preprocess(seg, seg, TINY, masks=tmp_path / "m", show_progress=False, overwrite=True)
-    summary = preprocess(seg, seg, TINY, masks=tmp_path / "m", overwrite=True, show_progress=False)
+    preprocess(
+        SegmentationSource(seg, masks=tmp_path / "m"),
+        seg,
+        TINY,
+        show_progress=False,
+        overwrite=True,
+    )
+    summary = preprocess(
+        SegmentationSource(seg, masks=tmp_path / "m"),
+        seg,
+        TINY,
+        overwrite=True,
+        show_progress=False,
+    )
     assert (summary.num_samples, summary.num_skipped) == (2, 0)
 
 
@@ -256,7 +279,9 @@ def test_mask_suffix_beside_images_and_in_own_folder(tmp_path: Path) -> None:
     _images(src, ["a.jpg", "b.jpg"])
     for stem in ("a", "b"):
         Image.fromarray(np.ones((12, 10), np.uint8)).save(src / f"{stem}_mask.png")
-    summary = preprocess(src, tmp_path / "o1", TINY, mask_suffix="_mask", show_progress=False)
+    summary = preprocess(
+        SegmentationSource(src, mask_suffix="_mask"), tmp_path / "o1", TINY, show_progress=False
+    )
     assert (summary.num_samples, summary.num_skipped) == (2, 0)
     assert ShardReader(tmp_path / "o1").read("mask", 0).max() == 1
     masks = tmp_path / "masks"
@@ -276,17 +301,23 @@ def test_unpaired_images_and_masks_follow_on_error(
     masks.mkdir()
     for stem in ("a", "b", "z"):
         Image.fromarray(np.zeros((12, 10), np.uint8)).save(masks / f"{stem}.png")
-    summary = preprocess(images, tmp_path / "o", TINY, masks=masks, show_progress=False)
+    summary = preprocess(
+        SegmentationSource(images, masks=masks), tmp_path / "o", TINY, show_progress=False
+    )
     assert (summary.num_samples, summary.num_skipped) == (2, 2)
     reasons = {Path(s["path"]).name: s["reason"] for s in load_manifest(tmp_path / "o").skipped}
     assert reasons["c.jpg"].startswith("image without a mask")
     assert reasons["z.png"].startswith("mask without an image")
     fail = PreprocessOptions(sizes=(8,), on_error="raise")
     with pytest.raises(PreprocessError, match=r"without an image, e\.g\. .*z\.png"):
-        preprocess(images, tmp_path / "o2", fail, masks=masks, show_progress=False)
+        preprocess(
+            SegmentationSource(images, masks=masks), tmp_path / "o2", fail, show_progress=False
+        )
     warn = PreprocessOptions(sizes=(8,), on_error="warn")
     with caplog.at_level(logging.WARNING, logger="fastdata.preprocess"):
-        preprocess(images, tmp_path / "o3", warn, masks=masks, show_progress=False)
+        preprocess(
+            SegmentationSource(images, masks=masks), tmp_path / "o3", warn, show_progress=False
+        )
     assert len(load_manifest(tmp_path / "o3").skipped) == 2
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 2 and any("z.png: mask without an image" in m for m in warned)

@@ -140,7 +140,8 @@ class Decoder(ABC):
     :meth:`decode` to also learn which samples survived ``on_error="skip"|"warn"``.
 
     Attributes:
-        backend: ``"cpu"``, ``"nvjpeg"`` or ``"dali"``.
+        backend: ``"cpu"``, ``"nvjpeg"``, ``"dali"``, or the name a backend of another
+            library registered (:func:`~fastdata.decode.register_decoder`).
         size: Output ``(height, width)``.
         random_crop: The :class:`fastdata.ops.RandomResizedCrop` the decoder runs (of its
             ``size``), or ``None`` for a centred crop of the output's aspect ratio (the

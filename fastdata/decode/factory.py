@@ -2,12 +2,13 @@
 
 The backends live in one registry, ``_REGISTRY`` (name to decoder class plus what
 differs between them: the default device, whether they take CPU threads, and where
-they can run). A new backend is one entry there: ``create_decoder``, ``resolve_backend`` and
-``BACKENDS`` read it.
+they can run). A new backend is one entry there, made by :func:`register_decoder`:
+``create_decoder``, ``resolve_backend`` and :func:`backend_names` read it.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import warnings
@@ -81,7 +82,71 @@ _REGISTRY: dict[str, _Backend] = {
     "dali": _Backend(DaliDecoder, default_device=_cuda_if_available, threaded=True),
 }
 
-BACKENDS = ("auto", *_REGISTRY)
+
+def backend_names() -> tuple[str, ...]:
+    """The names ``create_decoder`` takes: ``"auto"`` and every registered backend."""
+    return ("auto", *_REGISTRY)
+
+
+def register_decoder(
+    cls: type[Decoder],
+    *,
+    default_device: str | Callable[[], str] = "cpu",
+    threaded: bool = False,
+) -> type[Decoder]:
+    """Make ``cls`` the backend named ``cls.backend`` (usable as a decorator).
+
+    The class is then built by ``create_decoder(cls.backend, size=...)`` as
+    ``cls(size, random_crop=..., device=..., on_error=..., grayscale=..., seed=...,
+    max_pixels=...)`` (plus ``num_threads=...`` when ``threaded``), and runs wherever a
+    decoder does (:class:`DecodingLoader`, ``decode_stream``). It subclasses
+    :class:`Decoder` and implements ``_decode(buffers) -> DecodedBatch``: the 1-D uint8
+    arrays of a batch, already checked and within ``max_pixels``, to the images that
+    decoded (``(K, C, H, W)`` uint8 on ``self.device``) and their indices in the batch.
+
+    Example:
+        >>> @register_decoder                                       # doctest: +SKIP
+        ... class PillowDecoder(Decoder):
+        ...     backend = "pillow"
+        ...     def _decode(self, buffers): ...
+        >>> decoder = create_decoder("pillow", size=224)            # doctest: +SKIP
+
+    Args:
+        cls: A :class:`Decoder` subclass whose ``backend`` names it.
+        default_device: The device used when ``create_decoder`` is given none (or a
+            function returning it, called then).
+        threaded: Whether ``cls`` takes ``num_threads``.
+
+    Returns:
+        ``cls``.
+
+    Raises:
+        TypeError: ``cls`` is not a :class:`Decoder` subclass, or ``default_device`` is
+            neither a str nor callable.
+        ValueError: ``cls.backend`` is empty or ``"auto"``, or another class already has
+            the name.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Decoder)):
+        raise TypeError(f"cls must be a Decoder subclass, got {cls!r}")
+    name = cls.backend
+    if not isinstance(name, str) or not name.strip() or name == "auto":
+        raise ValueError(
+            f"{cls.__qualname__}.backend must name the backend (a non-empty str other than "
+            f"'auto'), got {name!r}"
+        )
+    if not (isinstance(default_device, str) or callable(default_device)):
+        raise TypeError(
+            f"default_device must be a device name or a function returning one, got "
+            f"{default_device!r}"
+        )
+    held = _REGISTRY.get(name)
+    if held is not None and held.decoder is not cls:
+        raise ValueError(f"decoder backend {name!r} is already {held.decoder.__qualname__}")
+    if isinstance(default_device, str):
+        default_device = functools.partial(str, default_device)
+    _REGISTRY[name] = _Backend(cls, default_device=default_device, threaded=bool(threaded))
+    return cls
+
 
 logger = logging.getLogger("fastdata.decode")
 
@@ -122,8 +187,8 @@ def resolve_backend(backend: str, device: torch.device | str | int | None = None
         ValueError: Unknown backend.
         FastDataError: ``"nvjpeg"`` with torchvision older than 0.20.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend not in backend_names():
+        raise ValueError(f"backend must be one of {backend_names()}, got {backend!r}")
     if backend == "nvjpeg":
         version = torchvision_version()
         if version is not None and torchvision_too_old(version):
@@ -159,9 +224,10 @@ def create_decoder(
     Args:
         backend: ``"cpu"`` (OpenCV threads, reduced-size JPEG decoding), ``"nvjpeg"``
             (torchvision's batched nvJPEG on CUDA), ``"dali"`` (an NVIDIA DALI pipeline;
-            CPU-only when ``device`` is the CPU) or ``"auto"`` (nvjpeg when CUDA and
+            CPU-only when ``device`` is the CPU), ``"auto"`` (nvjpeg when CUDA and
             torchvision >= 0.20 are present and ``device`` is unset or CUDA, else cpu;
-            the choice and why are logged at INFO on the ``fastdata.decode`` logger).
+            the choice and why are logged at INFO on the ``fastdata.decode`` logger), or
+            a backend added with :func:`register_decoder`.
         size: Output ``(height, width)``, or an int for a square.
         random_crop: Random resized crop for training: a
             :class:`fastdata.ops.RandomResizedCrop` of the decoder's ``size`` (or a CPU

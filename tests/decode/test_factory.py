@@ -4,15 +4,30 @@ import importlib.util
 import logging
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
+import cv2
+import numpy as np
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
-from fastdata.decode import Decoder, create_decoder, dali, factory, nvjpeg
+from fastdata.datasets import ShardDataset, passthrough_collate
+from fastdata.decode import (
+    DecodedBatch,
+    Decoder,
+    DecodingLoader,
+    create_decoder,
+    dali,
+    factory,
+    nvjpeg,
+    register_decoder,
+)
 from fastdata.decode.factory import resolve_backend
 from fastdata.decode.nvjpeg import load_decode_jpeg
 from fastdata.errors import FastDataError, OnError
+from fastdata.preprocess import PreprocessOptions, preprocess
 
 
 def test_auto_picks_nvjpeg_only_with_cuda_and_torchvision(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -110,7 +125,7 @@ def test_torchvision_before_0_20_is_refused_or_warned(
 
 def test_registry_lists_exactly_the_backends() -> None:
     assert set(factory._REGISTRY) == {"cpu", "nvjpeg", "dali"}
-    assert factory.BACKENDS == ("auto", "cpu", "nvjpeg", "dali")
+    assert factory.backend_names() == ("auto", "cpu", "nvjpeg", "dali")
     for name, entry in factory._REGISTRY.items():
         assert issubclass(entry.decoder, Decoder), name
 
@@ -172,3 +187,82 @@ def test_on_error_is_parsed_once_by_the_decoder(monkeypatch: pytest.MonkeyPatch)
     assert parsed == ["warn"]
     with pytest.raises(ValueError, match="on_error must be one of"):
         create_decoder("cpu", size=8, on_error="ignore")
+
+
+class ToyDecoder(Decoder):
+    """A third-party backend: OpenCV decodes and stretches each image to ``size``."""
+
+    backend = "toy"
+
+    def _decode(self, buffers: list[np.ndarray]) -> DecodedBatch:
+        images, kept = [], []
+        for index, buffer in enumerate(buffers):
+            image = cv2.imdecode(buffer, cv2.IMREAD_COLOR)
+            if image is not None:
+                height, width = self.size
+                images.append(cv2.resize(image, (width, height))[..., ::-1].copy())
+                kept.append(index)
+        batch = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).to(self.device)
+        return DecodedBatch(batch, torch.tensor(kept, dtype=torch.int64))
+
+
+@pytest.fixture
+def toy_registered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ToyDecoder`` registered in a copy of the registry, dropped after the test."""
+    monkeypatch.setattr(factory, "_REGISTRY", dict(factory._REGISTRY))
+    assert register_decoder(ToyDecoder) is ToyDecoder
+
+
+def test_a_registered_decoder_is_made_by_create_decoder(toy_registered: None) -> None:
+    assert factory.backend_names() == ("auto", "cpu", "nvjpeg", "dali", "toy")
+    decoder = create_decoder("toy", size=(12, 16))
+    assert isinstance(decoder, ToyDecoder) and decoder.device == torch.device("cpu")
+    pixels = np.random.default_rng(0).integers(0, 256, (20, 30, 3), dtype=np.uint8)
+    png = cv2.imencode(".png", pixels)[1]
+    images = decoder([png.tobytes(), b"not an image"])  # its own policy for what fails
+    expected = cv2.resize(pixels, (16, 12))[..., ::-1]
+    assert images.shape == (1, 3, 12, 16)
+    assert images[0].permute(1, 2, 0).numpy().tolist() == expected.tolist()
+
+
+def test_a_registered_decoder_decodes_a_datasets_batches(
+    toy_registered: None, tmp_path: Path
+) -> None:
+    """Through a dataset: ``ShardDataset(decode=False)`` batches in a DataLoader, decoded
+    by the registered backend in :class:`DecodingLoader`, labels alongside."""
+    for index in range(6):
+        path = tmp_path / "src" / f"class{index % 2}" / f"{index}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(path), np.full((20, 20, 3), 40 * index, np.uint8))
+    options = PreprocessOptions(sizes=(20,), storage="jpeg")
+    preprocess(tmp_path / "src", tmp_path / "out", options, workers=1, show_progress=False)
+    dataset = ShardDataset(tmp_path / "out", fields=("image", "label"), decode=False)
+    loader = DataLoader(dataset, batch_size=4, collate_fn=passthrough_collate)
+    batches = list(DecodingLoader(loader, create_decoder("toy", size=8)))
+    assert [tuple(images.shape) for images, _ in batches] == [(4, 3, 8, 8), (2, 3, 8, 8)]
+    labels = torch.cat([labels for _, labels in batches]).tolist()
+    assert labels == [int(dataset[i][1]) for i in range(6)]
+    means = [float(image.float().mean()) for images, _ in batches for image in images]
+    stored = [float(cv2.imdecode(dataset[i][0].numpy(), 1).mean()) for i in range(6)]
+    assert means == pytest.approx(stored, abs=1.0)
+
+
+def test_bad_registrations_are_refused(
+    toy_registered: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(TypeError, match="cls must be a Decoder subclass, got <class 'int'>"):
+        register_decoder(int)  # type: ignore[arg-type]
+    unnamed = type("Unnamed", (ToyDecoder,), {"backend": ""})
+    with pytest.raises(ValueError, match=r"Unnamed.backend must name the backend .* got ''"):
+        register_decoder(unnamed)
+    auto = type("Auto", (ToyDecoder,), {"backend": "auto"})
+    with pytest.raises(ValueError, match="other than 'auto'"):
+        register_decoder(auto)
+    other = type("OtherCpu", (ToyDecoder,), {"backend": "cpu"})
+    with pytest.raises(ValueError, match="decoder backend 'cpu' is already CpuDecoder"):
+        register_decoder(other)
+    with pytest.raises(TypeError, match="default_device must be a device name or a function"):
+        register_decoder(ToyDecoder, default_device=0)  # type: ignore[arg-type]
+    assert register_decoder(ToyDecoder) is ToyDecoder  # the same class again: a no-op
+    with pytest.raises(ValueError, match=r"backend must be one of .*'toy'\), got 'turbo'"):
+        create_decoder("turbo", size=8)

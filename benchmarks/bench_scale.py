@@ -85,7 +85,8 @@ def measure_engines(src: Path, work: Path, num_images: int, workers: int) -> dic
 def _rank(rank: int, shards: str, store: str, out: str) -> None:
     import torch.distributed as dist  # noqa: PLC0415 - see the imports at the top
 
-    from fastdata.datasets import RAMDataset, share_on_node, shared_memory_usage  # noqa: PLC0415
+    from fastdata.datasets import RAMDataset, share_on_node  # noqa: PLC0415
+    from fastdata.datasets.node_shared import shared_memory_usage  # noqa: PLC0415
 
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     dist.init_process_group(

@@ -28,7 +28,6 @@ from fastdata.errors import (
 
 if TYPE_CHECKING:
     from fastdata.datasets import (
-        MemoryReport,
         RAMDataset,
         ShardAwareDistributedSampler,
         ShardDataset,
@@ -36,28 +35,22 @@ if TYPE_CHECKING:
         share_on_node,
     )
     from fastdata.decode import DecodingLoader, create_decoder
-    from fastdata.preprocess import PreprocessOptions, PreprocessSummary, RayEngine
-    from fastdata.shards import FieldSpec, Manifest, ShardReader, ShardWriter, load_manifest
-    from fastdata.tune import ProfileReport, TuneResult, autotune, profile
+    from fastdata.preprocess import PreprocessOptions
+    from fastdata.shards import load_manifest
+    from fastdata.tune import autotune, profile
 
 
 # public name -> the module that defines it
 _LAZY_NAMES = {
     **dict.fromkeys(
-        ("MemoryReport", "RAMDataset", "ShardAwareDistributedSampler", "ShardDataset",
-         "passthrough_collate", "share_on_node"),
+        ("RAMDataset", "ShardAwareDistributedSampler", "ShardDataset", "passthrough_collate",
+         "share_on_node"),
         "fastdata.datasets",
     ),
     **dict.fromkeys(("DecodingLoader", "create_decoder"), "fastdata.decode"),
-    **dict.fromkeys(
-        ("PreprocessOptions", "PreprocessSummary", "RayEngine"),
-        "fastdata.preprocess",
-    ),
-    **dict.fromkeys(
-        ("FieldSpec", "Manifest", "ShardReader", "ShardWriter", "load_manifest"),
-        "fastdata.shards",
-    ),
-    **dict.fromkeys(("ProfileReport", "TuneResult", "autotune", "profile"), "fastdata.tune"),
+    "PreprocessOptions": "fastdata.preprocess",
+    "load_manifest": "fastdata.shards",
+    **dict.fromkeys(("autotune", "profile"), "fastdata.tune"),
 }  # fmt: skip
 _LAZY_SUBPACKAGES = frozenset({"gpu", "ops", "transforms"})
 
@@ -69,24 +62,15 @@ __all__ = [
     "DecodeError",
     "DecodingLoader",
     "FastDataError",
-    "FieldSpec",
     "InsufficientMemoryError",
-    "Manifest",
-    "MemoryReport",
     "OnError",
     "PreprocessError",
     "PreprocessOptions",
-    "PreprocessSummary",
-    "ProfileReport",
     "RAMDataset",
-    "RayEngine",
     "ShardAwareDistributedSampler",
     "ShardDataset",
     "ShardFormatError",
-    "ShardReader",
-    "ShardWriter",
     "StorageError",
-    "TuneResult",
     "__version__",
     "autotune",
     "create_decoder",

@@ -17,8 +17,8 @@ process): the ``fastdata.tune`` autotuner tries ``num_workers=0`` with several
 from fastdata.datasets._collate import passthrough_collate
 from fastdata.datasets._loader import ResumableDataLoader
 from fastdata.datasets._memory import MemoryReport
-from fastdata.datasets.distributed import ShardAwareDistributedSampler, ShardSized, shard_sizes_of
-from fastdata.datasets.node_shared import share_on_node, shared_memory_usage
+from fastdata.datasets.distributed import ShardAwareDistributedSampler
+from fastdata.datasets.node_shared import share_on_node
 from fastdata.datasets.ram_dataset import RAMDataset
 from fastdata.datasets.shard_dataset import ShardDataset
 
@@ -28,9 +28,6 @@ __all__ = [
     "ResumableDataLoader",
     "ShardAwareDistributedSampler",
     "ShardDataset",
-    "ShardSized",
     "passthrough_collate",
-    "shard_sizes_of",
     "share_on_node",
-    "shared_memory_usage",
 ]

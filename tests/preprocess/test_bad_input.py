@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastdata import PreprocessOptions, ShardReader, load_manifest
+from fastdata import PreprocessOptions, load_manifest
 from fastdata.cli import main
 from fastdata.errors import OnError, PreprocessError
 from fastdata.preprocess import SegmentationSource, preprocess
-from fastdata.shards import ShardWriter
+from fastdata.shards import ShardReader, ShardWriter
 from tests.decode.conftest import damaged_jpeg, rgb_jpeg
 
 TINY = PreprocessOptions(sizes=(16,))

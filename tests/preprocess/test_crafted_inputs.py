@@ -15,7 +15,7 @@ import simplejpeg
 import torch
 from PIL import Image
 
-from fastdata import PreprocessOptions, RAMDataset, ShardReader, load_manifest
+from fastdata import PreprocessOptions, RAMDataset, load_manifest
 from fastdata._codec import DEFAULT_MAX_PIXELS, image_size
 from fastdata.decode import create_decoder
 from fastdata.errors import PreprocessError
@@ -25,6 +25,7 @@ from fastdata.preprocess import _transforms as transforms_module
 from fastdata.preprocess._sources import SourceItem, list_source
 from fastdata.preprocess._task import SampleFailure, ShardJob, build_fields, process_sample
 from fastdata.preprocess._transforms import transform
+from fastdata.shards import ShardReader
 
 TINY = PreprocessOptions(sizes=(16,))
 

@@ -26,12 +26,13 @@ import h5py
 import numpy as np
 import pytest
 
-from fastdata import PreprocessOptions, ShardReader, load_manifest
+from fastdata import PreprocessOptions, load_manifest
 from fastdata.cli import main
 from fastdata.errors import PreprocessError
 from fastdata.preprocess import _fork, _pool, preprocess
 from fastdata.preprocess import engine as engine_module
 from fastdata.preprocess.engine import LocalEngine, ShardJob, ShardResult
+from fastdata.shards import ShardReader
 from tests.preprocess.conftest import alive, idle_worker_pids, shard_bytes
 
 REPO = Path(__file__).resolve().parents[2]

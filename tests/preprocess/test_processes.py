@@ -14,9 +14,9 @@ import cv2
 import numpy as np
 import pytest
 
-from fastdata import ShardReader
 from fastdata.errors import PreprocessError
 from fastdata.preprocess import PreprocessOptions, preprocess
+from fastdata.shards import ShardReader
 from tests.preprocess.conftest import alive
 
 REPO = Path(__file__).resolve().parents[2]

@@ -28,7 +28,7 @@ import pytest
 import torch
 from PIL import Image
 
-from fastdata import PreprocessOptions, ShardReader, load_manifest
+from fastdata import PreprocessOptions, load_manifest
 from fastdata.cli import main
 from fastdata.errors import PreprocessError
 from fastdata.preprocess import ImageFolderSource, preprocess
@@ -38,6 +38,7 @@ from fastdata.preprocess._python_source import DatasetItem, list_dataset
 from fastdata.preprocess._runner import plan_tasks
 from fastdata.preprocess._task import build_fields
 from fastdata.preprocess.engine import LocalEngine, ShardJob, ShardResult, ShardTask
+from fastdata.shards import ShardReader
 from tests.preprocess.conftest import shard_bytes
 
 N = 12

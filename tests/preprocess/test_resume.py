@@ -19,12 +19,12 @@ import cv2
 import numpy as np
 import pytest
 
-from fastdata import PreprocessOptions, ShardReader, load_manifest
+from fastdata import PreprocessOptions, load_manifest
 from fastdata.errors import PreprocessError, ShardFormatError
 from fastdata.preprocess import engine as engine_module
 from fastdata.preprocess import preprocess
 from fastdata.preprocess.engine import ShardResult
-from fastdata.shards import verify_shards
+from fastdata.shards import ShardReader, verify_shards
 
 # Three 16x16 samples per shard (pixels, label and ~64 bytes of path): 8 shards of 24.
 SMALL_SHARDS = PreprocessOptions(sizes=(16,), shard_bytes=3 * (16 * 16 * 3 + 8 + 64))

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastdata import PreprocessOptions, ShardReader, load_manifest
+from fastdata import PreprocessOptions, load_manifest
 from fastdata.errors import PreprocessError
 from fastdata.preprocess import SegmentationSource, preprocess
+from fastdata.shards import ShardReader
 
 
 def _shrink_reference(image: np.ndarray, new_w: int, new_h: int) -> np.ndarray:

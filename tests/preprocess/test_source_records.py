@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastdata import PreprocessOptions, ShardReader, load_manifest
+from fastdata import PreprocessOptions, load_manifest
 from fastdata.preprocess import (
     FileListSource,
     ImageFolderSource,
@@ -19,6 +19,7 @@ from fastdata.preprocess import (
     Source,
     preprocess,
 )
+from fastdata.shards import ShardReader
 
 TINY = PreprocessOptions(sizes=(8,))
 

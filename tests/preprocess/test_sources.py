@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastdata import PreprocessOptions, ShardReader, load_manifest
+from fastdata import PreprocessOptions, load_manifest
 from fastdata.cli import main
 from fastdata.errors import PreprocessError
 from fastdata.preprocess import SegmentationSource, preprocess
 from fastdata.preprocess._runner import plan_tasks
 from fastdata.preprocess._sources import SourceItem, SourceListing, list_source
 from fastdata.preprocess._task import build_fields
+from fastdata.shards import ShardReader
 
 TINY = PreprocessOptions(sizes=(8,))
 

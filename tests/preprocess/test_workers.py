@@ -18,13 +18,14 @@ from typing import Any
 
 import pytest
 
-from fastdata import ShardReader, load_manifest
+from fastdata import load_manifest
 from fastdata.errors import PreprocessError
 from fastdata.preprocess import PreprocessOptions, _pool, preprocess
 from fastdata.preprocess import engine as engine_module
 from fastdata.preprocess._sources import list_source
 from fastdata.preprocess._task import build_fields
 from fastdata.preprocess.engine import ShardJob
+from fastdata.shards import ShardReader
 from tests.preprocess.conftest import alive, idle_worker_pids, shard_bytes
 
 REPO = Path(__file__).resolve().parents[2]

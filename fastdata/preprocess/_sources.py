@@ -1,6 +1,6 @@
 """Sources: what ``fastdata preprocess`` reads, listed up front as picklable items.
 
-Four kinds, each documented in the README:
+Four kinds, each documented in the preprocessing guide:
 
 - ``imagefolder``: ``SRC/<class>/**/<file>``; classes sorted by name → labels ``0..K-1``;
   files in sub-folders of a class folder belong to that class (torchvision's

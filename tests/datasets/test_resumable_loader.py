@@ -244,7 +244,7 @@ def test_num_batches_must_be_an_int() -> None:
 
 
 def _train(loader: ResumableDataLoader, log: list[tuple[int, int]], saves: list[Any]) -> None:
-    """The README's loop, with a checkpoint when each epoch starts (as callbacks take it)
+    """The DDP guide's loop, with a checkpoint when each epoch starts (as callbacks take it)
     and every 3 steps; ``log`` gets ``(epoch, sample)`` per sample consumed."""
     sampler = loader._shard_sampler()
     assert sampler is not None

@@ -673,12 +673,13 @@ def test_cli_from_python_module_that_exits_on_import(
     monkeypatch.delitem(sys.modules, "exits_on_import", raising=False)
 
 
-def test_readme_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.test_readme import README, example  # noqa: PLC0415
+def test_preprocessing_guide_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_docs import GUIDES, blocks  # noqa: PLC0415
 
     monkeypatch.chdir(tmp_path)
-    code = example("class Gradients:")
-    exec(compile(code, str(README), "exec"), {"__name__": "__main__"})  # runs the guarded job
+    page = GUIDES / "preprocess.md"
+    (code,) = [block for block in blocks(page, "python") if "class Gradients:" in block]
+    exec(compile(code, str(page), "exec"), {"__name__": "__main__"})  # runs the guarded job
     reader = ShardReader(tmp_path / "out-gradients")
     assert len(reader) == 100 and reader.field("image").shape == (32, 32, 3)
     assert int(reader.read("label", 50)) == 1 and reader.read("image", 3)[0, 0, 0] == 6

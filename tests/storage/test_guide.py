@@ -1,0 +1,38 @@
+"""The object-storage guide's example runs as written against a local S3 server: its
+bucket is a fresh one on that server, its cache folder one under ``tmp_path``, and the
+process group its sampler reads (``torchrun`` and ``init_process_group``) one rank of one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.storage.conftest import upload_folder, write_set
+from tests.test_docs import GUIDES, blocks
+
+PAGE = GUIDES / "storage.md"
+
+
+# the example's 4 workers, on a machine with fewer CPUs
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+def test_the_guides_example_reads_a_set_from_the_store(bucket: str, tmp_path: Path) -> None:
+    url = upload_folder(bucket, write_set(tmp_path / "local"), "set")
+    (code,) = blocks(PAGE, "python")
+    assert '"s3://bucket/set/"' in code and '"/scratch/fd-cache"' in code
+    code = code.replace('"s3://bucket/set/"', repr(url))
+    code = code.replace('"/scratch/fd-cache"', repr(str(tmp_path / "cache")))
+    scope: dict[str, Any] = {}
+    store = tmp_path / "rendezvous"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    try:
+        exec(compile(code, str(PAGE), "exec"), scope)
+        images, labels = next(iter(scope["loader"]))
+    finally:
+        dist.destroy_process_group()
+    assert images.shape == (38, 3, 16, 16) and images.dtype == torch.uint8
+    assert sorted(labels.tolist()) == list(range(38))  # every sample of the set, once
+    assert any((tmp_path / "cache").iterdir())  # shards went through the cache

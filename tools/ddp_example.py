@@ -19,8 +19,8 @@ from fastdata.datasets import (
     ShardDataset,
     passthrough_collate,
     share_on_node,
-    shared_memory_usage,
 )
+from fastdata.datasets.node_shared import shared_memory_usage
 
 
 def main() -> None:

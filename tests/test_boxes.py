@@ -127,7 +127,7 @@ def test_sanitize_areas_before_tracks_earlier_clipping() -> None:
 def test_default_rule_keeps_95_percent_of_visible_object_pixels() -> None:
     rng = np.random.default_rng(0)
     size = 64
-    covered = visible = 0
+    covered = visible = 0.0
     for _ in range(300):
         x1, y1 = rng.uniform(-40, size, 2)
         w, h = rng.uniform(2, 50, 2)

@@ -102,6 +102,12 @@ class BatchedDataset(Dataset):
         return self.plan.transform
 
     @property
+    def roles(self) -> dict[str, str]:
+        """The role of each returned field (``image``, ``mask``, ``boxes``, ``label``,
+        ``box_labels``, ``path``, ``other``), as the manifest declares it."""
+        return {name: self.store.specs[name].role for name in self.fields}
+
+    @property
     def mask_fields(self) -> tuple[str, ...]:
         """Fields the batch transform moves along with the image (2-D uint8 arrays)."""
         return self.plan.mask_fields

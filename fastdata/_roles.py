@@ -21,6 +21,22 @@ PATH = "path"  # where the sample came from (UTF-8 text)
 OTHER = "other"  # anything else: passed through untouched (per-box ones filtered with boxes)
 
 ROLES: tuple[str, ...] = (IMAGE, MASK, BOXES, LABEL, BOX_LABELS, PATH, OTHER)
+# The built-in roles plus those registered with a mover (fastdata.transforms.register_mover).
+_KNOWN: list[str] = list(ROLES)
+
+
+def register_role(role: str) -> str:
+    """Make ``role`` a valid role name (idempotent)."""
+    if not isinstance(role, str) or not role.isidentifier():
+        raise ValueError(f"role must be an identifier-like name, got {role!r}")
+    if role not in _KNOWN:
+        _KNOWN.append(role)
+    return role
+
+
+def known_roles() -> tuple[str, ...]:
+    """Every role a field may declare: the built-in ones and the registered ones."""
+    return tuple(_KNOWN)
 
 
 class _SpecLike(Protocol):
@@ -41,11 +57,11 @@ class _SpecLike(Protocol):
 
 
 def check_role(role: str, name: str = "role") -> str:
-    """``role`` when it is one of :data:`ROLES`; ``ValueError`` naming them otherwise."""
+    """``role`` when it is a known role (:func:`known_roles`); ``ValueError`` else."""
     if not isinstance(role, str):
-        raise TypeError(f"{name} must be a str, one of {ROLES}, got {type(role).__name__}")
-    if role not in ROLES:
-        raise ValueError(f"{name} must be one of {ROLES}, got {role!r}")
+        raise TypeError(f"{name} must be a str, one of {known_roles()}, got {type(role).__name__}")
+    if role not in _KNOWN:
+        raise ValueError(f"{name} must be one of {known_roles()}, got {role!r}")
     return role
 
 

@@ -16,6 +16,8 @@ from fastdata.transforms._fields import (
     FieldBatch,
     Geometry,
     Move,
+    apply_geometry,
+    as_field_batch,
     moved_roles,
     register_mover,
 )
@@ -72,6 +74,8 @@ __all__ = [
     "Resize",
     "StepTransform",
     "TrivialAugmentWide",
+    "apply_geometry",
+    "as_field_batch",
     "moved_roles",
     "register_mover",
 ]

@@ -33,10 +33,13 @@ class BatchTransform:
     Masks follow the images: :meth:`apply_all` takes the image batch plus any number of
     mask batches (``(B, H, W)`` uint8, or a list of ``(H, W)`` uint8, one per image of the
     same height and width) and moves every mask's pixels exactly as the image's, from the
-    same random draw, resampling them nearest-neighbour so labels stay labels. Datasets pass
-    every 2-D uint8 field after the first as a mask. A subclass that moves pixels overrides
-    :meth:`apply_all`; one that only changes values (colour, noise) overrides :meth:`apply`
-    and leaves masks as they are.
+    same random draw, resampling them nearest-neighbour so labels stay labels.
+    :meth:`apply_batch` is the general form, which datasets call: a
+    :class:`~fastdata.transforms.FieldBatch` of fields with roles in, one out (images,
+    masks, boxes and box labels moved from one draw). A geometric transform
+    (:class:`~fastdata.transforms.GeometricTransform`) implements ``geometry`` only; one
+    that moves pixels its own way overrides :meth:`apply_all`; one that only changes values
+    (colour, noise) overrides :meth:`apply` and leaves masks and boxes as they are.
 
     Each transform declares what it makes of its input before any batch is read, the way
     a dataset needs it to check sizes at construction: :meth:`output_size` (the output

@@ -74,9 +74,12 @@ class FieldBatch:
         return len(self.values)
 
 
-def as_field_batch(batch: Mapping[str, Any], roles: Mapping[str, str] | None) -> FieldBatch:
+def as_field_batch(
+    batch: Mapping[str, Any] | FieldBatch, roles: Mapping[str, str] | None = None
+) -> FieldBatch:
     """``batch`` as a :class:`FieldBatch`; roles not given default from the field names
-    (``image``, ``mask``, ``boxes``, ``labels``/``box_labels``, ...)."""
+    (``image``, ``mask``, ``boxes``; ``labels`` and ``box_labels`` are box labels,
+    ``label`` a class per sample; anything else ``other``)."""
     if isinstance(batch, FieldBatch):
         return batch if roles is None else FieldBatch(dict(batch.values), dict(roles))
     given = dict(roles or {})

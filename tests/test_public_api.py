@@ -200,8 +200,9 @@ PUBLIC_NAMES = {
         "profile", "share_on_node",
     ],
     "fastdata.datasets": [
-        "MemoryReport", "RAMDataset", "ResumableDataLoader", "ShardAwareDistributedSampler",
-        "ShardDataset", "passthrough_collate", "share_on_node",
+        "MemoryReport", "RAMDataset", "RaggedCollate", "ResumableDataLoader",
+        "ShardAwareDistributedSampler", "ShardDataset", "pad_ragged", "passthrough_collate",
+        "share_on_node",
     ],
     "fastdata.decode": [
         "DecodedBatch", "Decoder", "DecodingLoader", "create_decoder", "register_decoder",
@@ -240,11 +241,12 @@ PUBLIC_NAMES = {
         "parse_location", "read_file", "shard_files",
     ],
     "fastdata.transforms": [
-        "BatchTransform", "CenterCrop", "ColorJitter", "Compose", "CutMix", "GaussianBlur",
-        "MixUp", "RandAugment", "RandomAdjustSharpness", "RandomAffine", "RandomAutocontrast",
+        "BatchTransform", "CenterCrop", "ColorJitter", "Compose", "CutMix", "FieldBatch",
+        "GaussianBlur", "GeometricTransform", "Geometry", "MixUp", "Move", "RandAugment", "RandomAdjustSharpness", "RandomAffine", "RandomAutocontrast",
         "RandomChoice", "RandomEqualize", "RandomErasing", "RandomGrayscale",
         "RandomHorizontalFlip", "RandomInvert", "RandomPosterize", "RandomResizedCrop",
         "RandomSolarize", "Resize", "StepTransform", "TrivialAugmentWide",
+        "apply_geometry", "as_field_batch", "moved_roles", "register_mover",
     ],
     "fastdata.tune": [
         "LoaderConfig", "Measurement", "ProfileReport", "TuneResult", "autotune", "profile",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,9 +34,12 @@ class ShardDataset(BatchedDataset):
             ``s3://bucket/set/`` (shards downloaded whole into a local cache, checked
             against the manifest's SHA-256, then read like local ones; see the object
             storage guide).
-        fields: Fields to return, in order. The first is the one ``transform`` applies to.
+        fields: Fields to return, in order. Each has the role the manifest gives it
+            (``ds.roles``): the ``transform`` applies to the first ``image`` field and moves
+            ``mask``, ``boxes`` and ``box_labels`` fields with it.
         transform: A :class:`~fastdata.transforms.BatchTransform` (applied once per batch
-            to ``(B, H, W, C)`` uint8), or any callable applied per sample to a
+            to the image ``(B, H, W, C)`` uint8 and the fields that follow it, by role), or
+            any callable applied per sample to the image's
             ``(C, H, W)`` uint8 tensor whatever ``layout`` (torchvision style); it must
             return one shape for every sample, and the batch is stacked in ``layout``.
             What a batch transform declares is read once, here: stored images too small
@@ -74,6 +77,8 @@ class ShardDataset(BatchedDataset):
         cache_limit: Bytes the cache folder may hold: an int or a string with a unit
             (``"200MB"``, ``"1.5GiB"``); default no limit. It holds at every moment; below
             the largest shard it is refused.
+        roles: Field name → role, overriding the manifest's for this dataset (say
+            ``{"seg": "mask"}`` for a set written with a field of role ``other``).
 
     Raises:
         TypeError: ``transform`` is not callable, or ``layout`` is not a string.
@@ -105,6 +110,7 @@ class ShardDataset(BatchedDataset):
         show_progress: bool = True,
         cache_dir: str | Path | None = None,
         cache_limit: int | str | None = None,
+        roles: Mapping[str, str] | None = None,
     ) -> None:
         if isinstance(fields, str) or not fields:
             raise ValueError(f"fields must be a non-empty sequence of field names, got {fields!r}")
@@ -130,6 +136,7 @@ class ShardDataset(BatchedDataset):
             decode_min_side=decode_min_side,
             on_error=on_error,
             num_threads=num_threads,
+            roles=roles,
         )
 
     def read_ahead(self, indices: Sequence[int] | Any) -> Iterator[int]:

@@ -17,6 +17,15 @@ from typing import TYPE_CHECKING
 from fastdata import _lazy
 
 if TYPE_CHECKING:
+    from fastdata.preprocess._detection import (
+        ANNOTATION_FORMATS,
+        AnnotationError,
+        CocoDetection,
+        DetectionSource,
+        VocDetection,
+        YoloDetection,
+        open_annotations,
+    )
     from fastdata.preprocess._engine import Engine, LocalEngine
     from fastdata.preprocess._options import DEFAULT_SHARD_BYTES, STORAGE_MODES, PreprocessOptions
     from fastdata.preprocess._python_source import load_python_source
@@ -28,6 +37,8 @@ if TYPE_CHECKING:
 
 # public name -> the module (of this package) that defines it
 _LAZY_NAMES = {
+    **dict.fromkeys(("ANNOTATION_FORMATS", "AnnotationError", "CocoDetection", "DetectionSource",
+                     "VocDetection", "YoloDetection", "open_annotations"), "._detection"),
     **dict.fromkeys(("Engine", "LocalEngine"), "._engine"),
     **dict.fromkeys(("DEFAULT_SHARD_BYTES", "STORAGE_MODES", "PreprocessOptions"), "._options"),
     "load_python_source": "._python_source",
@@ -42,10 +53,14 @@ _LAZY_NAMES = {
 __getattr__, __dir__ = _lazy.lazy_attributes(__name__, _LAZY_NAMES)
 
 __all__ = [
+    "ANNOTATION_FORMATS",
     "DEFAULT_SHARD_BYTES",
     "RESIZE_MODES",
     "SOURCE_KINDS",
     "STORAGE_MODES",
+    "AnnotationError",
+    "CocoDetection",
+    "DetectionSource",
     "Engine",
     "LocalEngine",
     "PreprocessOptions",
@@ -55,8 +70,11 @@ __all__ = [
     "ShardResult",
     "ShardTask",
     "SourceListing",
+    "VocDetection",
+    "YoloDetection",
     "list_source",
     "load_python_source",
+    "open_annotations",
     "preprocess",
     "run_shard_task",
 ]

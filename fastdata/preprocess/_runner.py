@@ -20,7 +20,7 @@ from typing import Any
 from fastdata._progress import progress_bar
 from fastdata._system import usable_cpus
 from fastdata.errors import PreprocessError
-from fastdata.preprocess._detection import source_skipped
+from fastdata.preprocess._detection import add_source_record, source_skipped
 from fastdata.preprocess._engine import Engine, LocalEngine
 from fastdata.preprocess._options import PreprocessOptions
 from fastdata.preprocess._outdir import (
@@ -213,7 +213,7 @@ def preprocess(
             )
         skipped = source_skipped(src, options.on_error)  # bad annotations of a source
         listing = list_dataset(src, max_pixels=options.max_pixels)
-        listing.skipped = skipped
+        add_source_record(listing, src, skipped)
         loader = listing.loader
         engine = dataset_engine(loader, engine)
     fields = build_fields(listing, options)

@@ -5,6 +5,8 @@ dataset object. One class per format behind :data:`ANNOTATION_FORMATS`;
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -15,9 +17,11 @@ from fastdata.preprocess._detection._common import (
     AnnotationError,
     DetectionSource,
     logger,
+    read_class_names,
 )
 from fastdata.preprocess._detection._voc import VocDetection
 from fastdata.preprocess._detection._yolo import CLASS_NAMES_FILE, YoloDetection
+from fastdata.preprocess._python_source import DatasetListing
 from fastdata.preprocess._sources import _Walker
 
 # every format's class takes (images, annotations, class_names)
@@ -69,7 +73,7 @@ def open_annotations(
     annotations: str | Path,
     *,
     format: str = "auto",
-    class_names: Sequence[str] | None = None,
+    class_names: Sequence[str] | str | os.PathLike[str] | None = None,
 ) -> DetectionSource:
     """The dataset of ``images`` annotated by ``annotations``, for ``preprocess``.
 
@@ -80,7 +84,7 @@ def open_annotations(
         format: One of :data:`ANNOTATION_FORMATS`; ``"auto"`` detects it
             (:func:`detect_annotation_format`).
         class_names: Label ``i`` is ``class_names[i]`` (YOLO and VOC; COCO names its
-            categories itself).
+            categories itself); a path is a text file of one name a line.
 
     Raises:
         ValueError: ``format`` is unknown, or ``class_names`` is given for COCO.
@@ -90,6 +94,8 @@ def open_annotations(
         raise ValueError(f"format must be one of {ANNOTATION_FORMATS}, got {format!r}")
     if format == "auto":
         format = detect_annotation_format(annotations)
+    if isinstance(class_names, (str, os.PathLike)):
+        class_names = read_class_names(Path(class_names))
     return ANNOTATION_CLASSES[format](images, annotations, class_names)
 
 
@@ -102,10 +108,24 @@ __all__ = [
     "DetectionSource",
     "VocDetection",
     "YoloDetection",
+    "add_source_record",
     "detect_annotation_format",
     "open_annotations",
     "source_skipped",
 ]
+
+
+def add_source_record(
+    listing: DatasetListing, dataset: object, skipped: list[dict[str, str]]
+) -> None:
+    """Fold what a :class:`DetectionSource` knows beyond its probed items into its
+    ``listing``: the images it left out (``skipped``, from :func:`source_skipped`) and the
+    digest of all its annotations (a resume notices any change)."""
+    if isinstance(dataset, DetectionSource):
+        listing.skipped = skipped
+        listing.digest = hashlib.sha256(
+            f"{listing.digest}\0{dataset.digest()}".encode()
+        ).hexdigest()
 
 
 def source_skipped(dataset: object, on_error: OnError | str) -> list[dict[str, str]]:

@@ -11,6 +11,7 @@ a detector that the object is background), and recorded in the dataset's ``skipp
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import warnings
 from collections import Counter
@@ -269,6 +270,20 @@ class DetectionSource:
         for name, values in table.flags.items():
             target[name] = values[start:stop].copy()
         return image, target
+
+    def digest(self) -> str:
+        """SHA-256 over every image name, box, label and flag: a resumed job notices any
+        change of the annotations, not only of the items it probes."""
+        table = self._table
+        digest = hashlib.sha256(f"{self.format_name}\0{self.classes}\0".encode())
+        digest.update("\0".join(table.files).encode("utf-8", "surrogateescape"))
+        arrays = [table.boxes, table.labels, table.offsets, table.sizes]
+        for name in sorted(table.flags):
+            digest.update(name.encode())
+            arrays.append(table.flags[name])
+        for array in arrays:
+            digest.update(np.ascontiguousarray(array).tobytes())
+        return digest.hexdigest()
 
     def _frame(self, image: Image.Image, index: int, source: str) -> Image.Image:
         """The image in the frame its boxes are in (see :func:`match_annotated_size`)."""

@@ -279,3 +279,16 @@ def test_the_job_policy_raises_on_or_records_what_a_source_left_out(tmp_path: Pa
         PreprocessError, match=r"every image was left out for bad annotations \(1\)"
     ):
         source_skipped(only_bad, "skip")
+
+
+def test_the_digest_covers_every_box_not_only_the_probed_items(tmp_path: Path) -> None:
+    entries = [{"id": i, "file_name": f"{i}.jpg", "width": 40, "height": 30} for i in range(3)]
+    boxes = [annotation(i, i, [1, 1, 4, 4]) for i in range(3)]
+    first = CocoDetection(tmp_path, coco_file(tmp_path / "a.json", entries, boxes))
+    assert first.digest() == CocoDetection(tmp_path, tmp_path / "a.json").digest()
+    boxes[1]["bbox"] = [1, 1, 4, 5]  # the middle image's box, 1 px taller
+    second = CocoDetection(tmp_path, coco_file(tmp_path / "b.json", entries, boxes))
+    assert first.digest() != second.digest()
+    boxes[1]["bbox"], boxes[1]["iscrowd"] = [1, 1, 4, 4], 1
+    third = CocoDetection(tmp_path, coco_file(tmp_path / "c.json", entries, boxes))
+    assert first.digest() != third.digest()

@@ -9,7 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastdata.preprocess import AnnotationError, VocDetection, YoloDetection, open_annotations
+from fastdata.preprocess import (
+    AnnotationError,
+    CocoDetection,
+    VocDetection,
+    YoloDetection,
+    open_annotations,
+)
+from tests.detection_sets import COLOURS, painted_photos, write_coco, write_voc, write_yolo
 from tests.preprocess.test_annotations import write_image
 
 
@@ -216,3 +223,26 @@ def test_voc_refuses_a_folder_without_xml(tmp_path: Path) -> None:
         VocDetection(tmp_path, tmp_path / "nowhere")
     with pytest.raises(AnnotationError, match=r"no .xml annotation files in"):
         VocDetection(tmp_path, tmp_path)
+
+
+def test_the_three_formats_give_the_painted_boxes(tmp_path: Path) -> None:
+    photos = painted_photos(tmp_path / "images")
+    readers = [
+        CocoDetection(photos.images, write_coco(photos, tmp_path / "instances.json")),
+        YoloDetection(photos.images, write_yolo(photos, tmp_path / "labels")),
+        VocDetection(photos.images, write_voc(photos, tmp_path / "xml"), list(COLOURS)),
+    ]
+    for dataset in readers:
+        assert len(dataset) == 12 and dataset.classes == list(COLOURS) and not dataset.skipped
+        for index in range(12):
+            image, target = dataset[index]
+            assert image.size == photos.sizes[index]
+            np.testing.assert_allclose(target["boxes"], photos.boxes[index], atol=1e-4)
+            np.testing.assert_array_equal(target["labels"], photos.labels[index])
+            if len(target["boxes"]):  # the box painted last is whole: its colour fills it
+                x1, y1, x2, y2 = target["boxes"][-1].astype(int)
+                inside = np.asarray(image.convert("RGB"), np.int16)[
+                    y1 + 1 : y2 - 1, x1 + 1 : x2 - 1
+                ]
+                colour = list(COLOURS.values())[target["labels"][-1]]
+                assert (np.abs(inside - colour).max(axis=-1) < 40).mean() > 0.95

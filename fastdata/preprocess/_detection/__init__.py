@@ -122,6 +122,7 @@ def add_source_record(
     ``listing``: the images it left out (``skipped``, from :func:`source_skipped`) and the
     digest of all its annotations (a resume notices any change)."""
     if isinstance(dataset, DetectionSource):
+        listing.root = dataset.description  # the manifest's "dataset": what was read
         listing.skipped = skipped
         listing.digest = hashlib.sha256(
             f"{listing.digest}\0{dataset.digest()}".encode()

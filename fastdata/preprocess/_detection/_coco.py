@@ -198,7 +198,8 @@ class CocoDetection(DetectionSource):
             table.skipped.append(
                 {
                     "path": display_name(str(path)),
-                    "reason": f"{first}{more} refer to image_id {image_id}, not in 'images'",
+                    "reason": f"{first}{more} {'refer' if more else 'refers'} to image_id "
+                    f"{image_id}, not in 'images'",
                 }
             )
         self.image_ids = [image_ids[k] for k in kept]

@@ -220,6 +220,8 @@ class DetectionSource:
 
     Attributes:
         classes: Label ``i`` is ``classes[i]`` (empty when the source names no classes).
+        description: The format and the annotation path, e.g. ``COCO instances.json``
+            (the manifest's ``source.dataset``).
         files: Each item's image path, relative to the image folder.
         skipped: What was left out while reading the annotations, ``{"path", "reason"}``
             each (bad annotations; see the box rules). ``preprocess`` applies its
@@ -236,7 +238,7 @@ class DetectionSource:
         self.classes = classes
         self.files = table.files
         self.skipped = table.skipped
-        self._describe = describe
+        self.description = describe
         if table.skipped:
             logger.info(
                 "%s: left out %d image(s) with bad annotations, e.g. %s: %s",
@@ -292,7 +294,7 @@ class DetectionSource:
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__name__}({self._describe}: {len(self)} images, "
+            f"{type(self).__name__}({self.description}: {len(self)} images, "
             f"{len(self._table.labels)} boxes, {len(self.classes)} classes, "
             f"{len(self.skipped)} skipped)"
         )

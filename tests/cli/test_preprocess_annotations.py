@@ -71,3 +71,18 @@ def test_unreadable_annotations_fail_in_one_line(
         1,
     )
     assert "cannot read class names from" in line
+
+
+def test_a_bad_annotation_under_on_error_raise_stops_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_image(tmp_path / "images" / "a.jpg", 8, 8)
+    (tmp_path / "labels").mkdir()
+    (tmp_path / "labels" / "a.txt").write_text("0 0.5 0.5 0.2 nan\n")
+    argv = ["preprocess", str(tmp_path / "images"), str(tmp_path / "out"), "--yolo",
+            str(tmp_path / "labels"), "--on-error", "raise", "--size", "8"]  # fmt: skip
+    line = _one_line_error(argv, capsys, 1)
+    assert (
+        "bad annotation: " in line and "a.txt: line 1: box 'cx cy w h' = '0.5 0.5 0.2 nan'" in line
+    )
+    assert not (tmp_path / "out" / "index.json").exists()

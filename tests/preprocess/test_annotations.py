@@ -292,3 +292,21 @@ def test_the_digest_covers_every_box_not_only_the_probed_items(tmp_path: Path) -
     boxes[1]["bbox"], boxes[1]["iscrowd"] = [1, 1, 4, 4], 1
     third = CocoDetection(tmp_path, coco_file(tmp_path / "c.json", entries, boxes))
     assert first.digest() != third.digest()
+
+
+def test_warn_logs_each_image_a_source_left_out(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_image(tmp_path / "a.jpg", 40, 30)
+    entries = [{"id": 1, "file_name": "a.jpg", "width": 40, "height": 30},
+               {"id": 2, "file_name": "a.jpg", "width": 40, "height": 30}]  # fmt: skip
+    path = coco_file(tmp_path / "i.json", entries, [annotation(1, 1, [0, 0, 4, float("inf")])])
+    dataset = CocoDetection(tmp_path, path)
+    with caplog.at_level("DEBUG", logger="fastdata.preprocess.annotations"):
+        source_skipped(dataset, "skip")
+        assert [r.levelname for r in caplog.records if "skipped" in r.getMessage()] == ["DEBUG"]
+        caplog.clear()
+        source_skipped(dataset, "warn")
+    warned = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "i.json image id 1 (a.jpg)" in warned[0].getMessage()
+    assert "not a finite number" in warned[0].getMessage()

@@ -6,6 +6,11 @@ shard file out) and runs them on an engine: a :class:`LocalEngine` process pool 
 default, or :class:`RayEngine` on a Ray cluster. Another engine implements
 :class:`Engine`: it runs each :class:`ShardTask` with :func:`run_shard_task`.
 
+Detection annotations (COCO JSON, YOLO txt, Pascal VOC XML) are read into dataset objects
+(:class:`CocoDetection`, :class:`YoloDetection`, :class:`VocDetection`, or
+:func:`open_annotations` by the path) whose items are ``(PIL image, {"boxes", "labels",
+...})``; ``preprocess`` stores their boxes scaled with the image.
+
 Every name loads on first access (PEP 562), so the worker processes, which import only
 the per-sample code, start without h5py, tqdm or Ray.
 """

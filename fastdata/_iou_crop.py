@@ -89,6 +89,7 @@ def iou_crops(
     heights: np.ndarray,
     widths: np.ndarray,
     boxes: Sequence[np.ndarray],
+    *,
     options: tuple[float, ...],
     scale: tuple[float, float],
     ratio: tuple[float, float],
@@ -128,11 +129,11 @@ def iou_crops(
     best = best_iou_inside(crops, boxes)
     empty = np.array([len(item) == 0 for item in boxes], bool)[:, None]
     good = shaped & (empty | ((best >= 0) & (best >= thresholds[:, None])))
-    good &= (thresholds < 1.0)[:, None]
-    first = np.argmax(good, axis=1)
-    chosen = crops[np.arange(count), first]
+    good &= np.asarray(thresholds < 1.0)[:, None]
+    found: np.ndarray = np.any(good, axis=1)
+    chosen = crops[np.arange(count), np.argmax(good, axis=1)]
     whole = np.stack([np.zeros(count, np.int64), np.zeros(count, np.int64), heights, widths], 1)
-    return np.where(good.any(axis=1)[:, None], chosen, whole)
+    return np.where(found[:, None], chosen, whole)
 
 
 def letterbox_layout(

@@ -76,14 +76,16 @@ class RandomIoUCrop(Operation):
         if scale[0] <= 0:
             raise ValueError(f"min_scale must be in (0, 1], got {min_scale!r}")
         aspect = check_range(
-            (min_aspect_ratio, max_aspect_ratio), "min_aspect_ratio, max_aspect_ratio", 0.0, math.inf
+            (min_aspect_ratio, max_aspect_ratio), "min_aspect_ratio, max_aspect_ratio", 0, math.inf
         )
         if aspect[0] <= 0:
             raise ValueError(f"min_aspect_ratio must be > 0, got {min_aspect_ratio!r}")
         if not isinstance(sampler_options, tuple | list) or not all(
             is_number(option) for option in sampler_options
         ):
-            raise TypeError(f"sampler_options must be a sequence of numbers, got {sampler_options!r}")
+            raise TypeError(
+                f"sampler_options must be a sequence of numbers, got {sampler_options!r}"
+            )
         if not sampler_options or min(sampler_options) < 0:
             raise ValueError(
                 f"sampler_options must be one or more IoU thresholds >= 0, got {sampler_options!r}"
@@ -115,10 +117,10 @@ class RandomIoUCrop(Operation):
             heights,
             widths,
             boxes,
-            self.sampler_options,
-            (self.min_scale, self.max_scale),
-            (self.min_aspect_ratio, self.max_aspect_ratio),
-            draws,
+            options=self.sampler_options,
+            scale=(self.min_scale, self.max_scale),
+            ratio=(self.min_aspect_ratio, self.max_aspect_ratio),
+            draws=draws,
         )
 
 
@@ -147,7 +149,9 @@ class Letterbox(Operation):
     reads_only: ClassVar[bool] = True
     keeps_size: ClassVar[bool] = False
 
-    def __init__(self, size: int | Sequence[int], fill: int | Sequence[int] = LETTERBOX_FILL) -> None:
+    def __init__(
+        self, size: int | Sequence[int], fill: int | Sequence[int] = LETTERBOX_FILL
+    ) -> None:
         frozen_set(self, size=parse_size(size), fill=check_fill(fill))
 
     def output_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:

@@ -315,6 +315,7 @@ def described(value: object, op_type: type[OperationT]) -> OperationT | None:
 
 # The per-sample colour, affine, erasing and policy descriptions, and batch mixing, each
 # family in a module of its own.
+from fastdata._ops_boxes import Letterbox, RandomIoUCrop  # noqa: E402
 from fastdata._ops_colour import (  # noqa: E402
     AutoContrast,
     ColorJitter,
@@ -326,7 +327,6 @@ from fastdata._ops_colour import (  # noqa: E402
     Sharpness,
     Solarize,
 )
-from fastdata._ops_boxes import Letterbox, RandomIoUCrop  # noqa: E402
 from fastdata._ops_mix import CutMix, MixUp  # noqa: E402
 from fastdata._ops_policy import (  # noqa: E402
     RandAugment,

@@ -13,6 +13,7 @@ the same flips and crops (nearest-neighbour).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,6 +24,7 @@ from fastdata import ops
 from fastdata._draws import UniformDraws
 from fastdata._layout import check_layout
 from fastdata._transfer import copy_to_device
+from fastdata.gpu._boxes import flip as flip_boxes
 
 _to = copy_to_device
 
@@ -121,16 +123,19 @@ class DeviceRandomHorizontalFlip(_SeededModule):
         return self.op.p
 
     def forward(
-        self, images: torch.Tensor, masks: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        self, images: torch.Tensor, masks: torch.Tensor | None = None, boxes: Any = None
+    ) -> Any:
         """Flip a random subset of the batch.
 
         Args:
             images: 4-D batch in the module's layout.
             masks: Optional ``(B, H, W)`` or 4-D (same layout) masks, flipped alike.
+            boxes: Optional :class:`~fastdata.gpu.PaddedBoxes` on the images' device,
+                mirrored alike (``x -> W - x``).
 
         Returns:
-            The images (and masks, when given), same shapes, dtypes and device.
+            The images, then the masks and the boxes when given; same shapes, dtypes and
+            device.
 
         Raises:
             ValueError: ``images`` is not 4-D or ``masks`` does not match it.
@@ -139,10 +144,14 @@ class DeviceRandomHorizontalFlip(_SeededModule):
         flips = torch.from_numpy(self.op.flips(self._uniform(images.shape[0])))
         flip = _to(flips, images.device)
         out_images = self._flip(images, flip, -2 if self.layout == "HWC" else -1)
-        if masks is None:
-            return out_images
-        mask_dim = -1 if masks.dim() == 3 or self.layout == "CHW" else -2
-        return out_images, self._flip(masks, flip, mask_dim)
+        moved: list[Any] = [out_images]
+        if masks is not None:
+            mask_dim = -1 if masks.dim() == 3 or self.layout == "CHW" else -2
+            moved.append(self._flip(masks, flip, mask_dim))
+        if boxes is not None:
+            width = images.shape[2] if self.layout == "HWC" else images.shape[3]
+            moved.append(flip_boxes(boxes, int(width), flip))
+        return moved[0] if len(moved) == 1 else tuple(moved)
 
     @staticmethod
     def _flip(tensor: torch.Tensor, flip: torch.Tensor, dim: int) -> torch.Tensor:

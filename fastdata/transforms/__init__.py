@@ -10,6 +10,7 @@ transform) given to a dataset is applied per sample instead.
 """
 
 from fastdata.transforms._base import BatchTransform, Compose
+from fastdata.transforms._detection import Geometry, Letterbox, RandomIoUCrop, move_boxes
 from fastdata.transforms._geometric import (
     CenterCrop,
     RandomHorizontalFlip,
@@ -41,6 +42,8 @@ __all__ = [
     "Compose",
     "CutMix",
     "GaussianBlur",
+    "Geometry",
+    "Letterbox",
     "MixUp",
     "RandAugment",
     "RandomAdjustSharpness",
@@ -52,10 +55,12 @@ __all__ = [
     "RandomGrayscale",
     "RandomHorizontalFlip",
     "RandomInvert",
+    "RandomIoUCrop",
     "RandomPosterize",
     "RandomResizedCrop",
     "RandomSolarize",
     "Resize",
     "StepTransform",
     "TrivialAugmentWide",
+    "move_boxes",
 ]

@@ -68,7 +68,7 @@ def test_painted_boxes_follow_their_colour_on_the_device(device: str) -> None:
         )
         for k in range(len(images)):
             ids = np.flatnonzero(kept_rows[k])
-            top, left, height, width = crops[k].tolist()
+            height, width = crops[k, 2:].tolist()
             sides = boxes[k][:, 2:] - boxes[k][:, :2]
             areas = sides[:, 0] * sides[:, 1] * SIZE * SIZE / (height * width)
             judged += check_painted(pixels[k], rows[k][ids], ids, np.arange(len(boxes[k])), areas)

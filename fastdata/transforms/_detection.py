@@ -24,10 +24,17 @@ from fastdata._boxes import (
     place_box_batch,
     sanitize_boxes,
 )
+from fastdata._crop import parse_size
 from fastdata._ops_boxes import IOU_OPTIONS, LETTERBOX_FILL
 from fastdata._threads import parallel_for
 from fastdata.transforms._base import Images, OpTransform
-from fastdata.transforms._geometric import MASK_INTERPOLATION, _output, _resize, _sizes
+from fastdata.transforms._geometric import (
+    MASK_INTERPOLATION,
+    _check_interpolation,
+    _output,
+    _resize,
+    _sizes,
+)
 
 
 class Geometry(NamedTuple):
@@ -75,6 +82,10 @@ def move_boxes(
     return kept, keeps
 
 
+def _no_boxes(count: int) -> list[np.ndarray]:
+    return [np.zeros((0, 4), np.float32)] * count
+
+
 class RandomIoUCrop(OpTransform):
     """Crop each image so that a box stays mostly inside (SSD's sampler, as
     ``torchvision.transforms.v2.RandomIoUCrop``), no resize: the CPU kernel of
@@ -87,10 +98,16 @@ class RandomIoUCrop(OpTransform):
         max_aspect_ratio: Largest crop width / height.
         sampler_options: IoU thresholds to pick from (``1.0``: no crop).
         seed: See :class:`~fastdata.transforms.BatchTransform`.
+        size: ``None`` (default): each crop as cut, a list; or an output ``(height,
+            width)`` (one int: a square) each crop is resized to in the same pass (what
+            ``Compose([RandomIoUCrop(), Resize(size)])`` gives, without the copy between).
+        interpolation: With ``size``: ``None`` for the antialiased kernel, or an OpenCV
+            ``INTER_*`` flag.
 
     Input ``(B, H, W, C)`` uint8 or a list of ``(H, W, C)`` uint8; output a list of
-    ``(h_i, w_i, C)`` uint8 crops (contiguous copies), masks alike. Its crops depend on the
-    boxes (:meth:`geometry`); given none, each image counts as one without boxes.
+    ``(h_i, w_i, C)`` uint8 crops (contiguous copies), or ``(B, height, width, C)`` with
+    ``size``; masks alike (nearest-neighbour). Its crops depend on the boxes
+    (:meth:`geometry`); given none, each image counts as one without boxes.
     """
 
     op_type = ops.RandomIoUCrop
@@ -104,11 +121,21 @@ class RandomIoUCrop(OpTransform):
         max_aspect_ratio: float = 2.0,
         sampler_options: Sequence[float] = IOU_OPTIONS,
         seed: int | None = None,
+        *,
+        size: int | Sequence[int] | None = None,
+        interpolation: int | None = None,
     ) -> None:
         op = ops.RandomIoUCrop(
             min_scale, max_scale, min_aspect_ratio, max_aspect_ratio, sampler_options
         )
         super().__init__(op, seed)
+        self.size = None if size is None else parse_size(size)
+        self.interpolation = _check_interpolation(interpolation)
+        self.writes_out = self.size is not None
+
+    def output_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
+        """``size`` when given, else ``None`` (each crop has its own)."""
+        return self.size
 
     def geometry(
         self, heights: np.ndarray, widths: np.ndarray, boxes: Sequence[np.ndarray] | None = None
@@ -122,9 +149,31 @@ class RandomIoUCrop(OpTransform):
         """
         count = len(heights)
         draws = self.uniform(count, self.op.draws_per_sample)
-        given = boxes if boxes is not None else [np.zeros((0, 4), np.float32)] * count
+        given = boxes if boxes is not None else _no_boxes(count)
         crops = self.op.crops(heights, widths, given, draws)
-        return Geometry(crops.astype(np.float64), crops[:, 2:].copy())
+        out_sizes = crops[:, 2:].copy() if self.size is None else np.tile(self.size, (count, 1))
+        return Geometry(crops.astype(np.float64), out_sizes.astype(np.int64))
+
+    def apply_boxes(
+        self,
+        images: Images,
+        masks: Sequence[Images],
+        boxes: Sequence[np.ndarray],
+        executor: Executor | None,
+        tasks: int,
+        *,
+        out: np.ndarray | None = None,
+    ) -> tuple[Images, list[Images], Geometry]:
+        """Crop (and with ``size`` resize) images and masks from crops drawn for
+        ``boxes`` (``B`` arrays ``(N_i, 4)`` xyxy pixels); returns them and the batch's
+        :class:`Geometry`, which :func:`move_boxes` moves the boxes through."""
+        heights, widths = _sizes(images)
+        geometry = self.geometry(heights, widths, boxes)
+        if self.size is None:
+            cut, cut_masks = self.cut(images, masks, geometry, executor, tasks)
+            return cut, cut_masks, geometry
+        resized, resized_masks = self._cut_resized(images, masks, geometry, executor, tasks, out)
+        return resized, resized_masks, geometry
 
     def apply_all(
         self,
@@ -134,8 +183,39 @@ class RandomIoUCrop(OpTransform):
         tasks: int,
         out: np.ndarray | None = None,  # never given: writes_out is False
     ) -> tuple[Images, list[Images]]:
-        heights, widths = _sizes(images)
-        return self.cut(images, masks, self.geometry(heights, widths), executor, tasks)
+        moved, moved_masks, _ = self.apply_boxes(
+            images, masks, _no_boxes(len(images)), executor, tasks, out=out
+        )
+        return moved, moved_masks
+
+    def _cut_resized(  # noqa: PLR0917
+        self,
+        images: Images,
+        masks: Sequence[Images],
+        geometry: Geometry,
+        executor: Executor | None,
+        tasks: int,
+        out: np.ndarray | None,
+    ) -> tuple[Images, list[Images]]:
+        """Each crop resized to ``size`` into ``out`` (or a new batch), masks alike."""
+        out_h, out_w = self.size or (1, 1)  # set: only called with a size
+        rows = geometry.crops.astype(np.int64).tolist()
+        out = _output(images, out_h, out_w, out)
+        mask_outs = [_output(mask, out_h, out_w) for mask in masks]
+
+        def body(start: int, stop: int) -> None:
+            for k in range(start, stop):
+                top, left, height, width = rows[k]
+                crop = images[k][top : top + height, left : left + width]
+                _resize(crop, out_w, out_h, out[k], self.interpolation)
+                for mask, mask_out in zip(masks, mask_outs, strict=True):
+                    window = mask[k][top : top + height, left : left + width]
+                    cv2.resize(
+                        window, (out_w, out_h), dst=mask_out[k], interpolation=MASK_INTERPOLATION
+                    )
+
+        parallel_for(executor, len(images), body, tasks=tasks)
+        return out, list(mask_outs)
 
     @staticmethod
     def cut(

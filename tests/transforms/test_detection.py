@@ -120,3 +120,20 @@ def test_letterbox_pads_with_fill_and_boxes_follow() -> None:
         check_painted(out[k], kept[k], np.arange(len(kept[k])), np.arange(len(kept[k])))
     with pytest.raises(ValueError, match="fill"):
         Letterbox(SIZE, fill=(1, 2)).apply_all(images, [], None, 1)
+
+
+def test_iou_crop_with_a_size_resizes_in_the_same_pass() -> None:
+    images, boxes = painted_scenes(12, 120, 160, 21)
+    masks = images[..., 2].copy()
+    fused = RandomIoUCrop(seed=8, size=SIZE)
+    assert fused.output_size((120, 160)) == (SIZE, SIZE) and fused.writes_out
+    out, (out_masks,), geometry = fused.apply_boxes(images, [masks], boxes, None, 1)
+    cut, (cut_masks,), cut_geometry = RandomIoUCrop(seed=8).apply_boxes(
+        images, [masks], boxes, None, 1
+    )
+    np.testing.assert_array_equal(geometry.crops, cut_geometry.crops)
+    resized, (resized_masks,) = Resize((SIZE, SIZE)).apply_all(cut, [cut_masks], None, 1)
+    np.testing.assert_array_equal(out, resized)
+    np.testing.assert_array_equal(out_masks, resized_masks)
+    assert (geometry.out_sizes == SIZE).all()
+    assert (cut_geometry.out_sizes == cut_geometry.crops[:, 2:]).all()

@@ -19,7 +19,7 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -122,6 +122,45 @@ def environment() -> dict[str, Any]:
         "git_commit": _git_commit(),
         "versions": {name: _version(name) for name in packages},
     }
+
+
+def best_of_passes(
+    rows: dict[str, Callable[[], Any]],
+    measure: Callable[[Any], float],
+    repeats: int,
+    *,
+    unit: str = "images/s",
+    in_process: str = "DALI",
+) -> dict[str, float]:
+    """The best of ``repeats`` round-robin passes of ``measure(rows[name]())`` per row,
+    printed as they come; 0.0 for a row that failed in every pass (one line each time).
+
+    Rows whose name starts with ``in_process`` are measured after every other row's
+    passes: DALI's threads stay in this process, and a DataLoader forking its workers
+    after them may crash.
+    """
+    import gc  # noqa: PLC0415 - only the benchmarks' main runs need it
+
+    best = dict.fromkeys(rows, 0.0)
+    groups = [
+        [name for name in rows if not name.startswith(in_process)],
+        [name for name in rows if name.startswith(in_process)],
+    ]
+    width = max(map(len, rows), default=0)
+    for group in groups:
+        for repeat in range(repeats):
+            for name in group:
+                where = f"[{repeat + 1}/{repeats}] {name:{width}s}"
+                try:
+                    measured = measure(rows[name]())
+                except Exception as error:  # a peer's pipeline that does not run here
+                    print(f"{where} failed: {type(error).__name__}: {str(error)[:200]}")
+                    continue
+                finally:
+                    gc.collect()  # this row's workers end before the next row forks its own
+                best[name] = max(best[name], measured)
+                print(f"{where} {measured:10,.1f} {unit}", flush=True)
+    return best
 
 
 def add_publish_argument(parser: argparse.ArgumentParser) -> None:

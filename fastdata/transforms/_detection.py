@@ -69,13 +69,24 @@ def move_boxes(
         ``(kept, keeps)``: ``B`` float32 ``(K_i, 4)`` boxes in output pixels, and the ``B``
         ``(N_i,)`` bool masks that chose them (to filter per-box fields alike).
     """
+    sizes = np.asarray(geometry.out_sizes, np.int64).reshape(-1, 2)
+    if len(sizes) and (sizes == sizes[0]).all():  # one output size: the batch in one pass
+        out_size = (int(sizes[0, 0]), int(sizes[0, 1]))
+        placed = place_box_batch(boxes, geometry.crops, out_size)
+        counts = [len(rows) for rows in placed]
+        flat = np.concatenate(placed) if placed else np.zeros((0, 4), np.float32)
+        clipped, keep = sanitize_boxes(flat, out_size, min_size, min_visibility, box_areas(flat))
+        splits = np.cumsum(counts)[:-1]
+        keeps = np.split(keep, splits)
+        pieces = np.split(clipped, splits)
+        return [rows[mask] for rows, mask in zip(pieces, keeps, strict=True)], keeps
     kept: list[np.ndarray] = []
-    keeps: list[np.ndarray] = []
+    keeps = []
     for k, sample in enumerate(boxes):
-        out_size = (int(geometry.out_sizes[k, 0]), int(geometry.out_sizes[k, 1]))
-        placed = place_box_batch([sample], geometry.crops[k : k + 1], out_size)[0]
+        out_size = (int(sizes[k, 0]), int(sizes[k, 1]))
+        placed_one = place_box_batch([sample], geometry.crops[k : k + 1], out_size)[0]
         clipped, keep = sanitize_boxes(
-            placed, out_size, min_size, min_visibility, box_areas(placed)
+            placed_one, out_size, min_size, min_visibility, box_areas(placed_one)
         )
         kept.append(clipped[keep])
         keeps.append(keep)

@@ -126,13 +126,13 @@ def environment() -> dict[str, Any]:
 
 def best_of_passes(
     rows: dict[str, Callable[[], Any]],
-    measure: Callable[[Any], float],
+    measure: Callable[[str, Any], float],
     repeats: int,
     *,
     unit: str = "images/s",
     in_process: str = "DALI",
 ) -> dict[str, float]:
-    """The best of ``repeats`` round-robin passes of ``measure(rows[name]())`` per row,
+    """The best of ``repeats`` round-robin passes of ``measure(name, rows[name]())`` per row,
     printed as they come; 0.0 for a row that failed in every pass (one line each time).
 
     Rows whose name starts with ``in_process`` are measured after every other row's
@@ -152,7 +152,7 @@ def best_of_passes(
             for name in group:
                 where = f"[{repeat + 1}/{repeats}] {name:{width}s}"
                 try:
-                    measured = measure(rows[name]())
+                    measured = measure(name, rows[name]())
                 except Exception as error:  # a peer's pipeline that does not run here
                     print(f"{where} failed: {type(error).__name__}: {str(error)[:200]}")
                     continue

@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skipped {name}: {error}")
     selected = {name: make for name, make in rows.items() if args.only in name}
     best = best_of_passes(
-        selected, lambda epochs: rate(epochs, args.batches, args.warmup), args.repeats
+        selected, lambda _name, epochs: rate(epochs, args.batches, args.warmup), args.repeats
     )
 
     print("\n| loader | images/s | heavy cost (light / heavy) |\n|---|---:|---:|")

@@ -19,7 +19,7 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -122,6 +122,31 @@ def environment() -> dict[str, Any]:
         "git_commit": _git_commit(),
         "versions": {name: _version(name) for name in packages},
     }
+
+
+def images_per(
+    epochs: Iterable[Any], batches: int, warmup: int, clocks: Sequence[Callable[[], float]]
+) -> list[float]:
+    """Images per unit of each clock (``time.perf_counter``, a CPU-time reading) over
+    ``batches`` batches after ``warmup`` untimed ones (enough to start the workers and
+    drain the batches they queued meanwhile). ``epochs`` is iterated again whenever an
+    epoch ends; a batch is a tuple whose first item holds the images."""
+    iterator = iter(epochs)
+
+    def take() -> int:
+        nonlocal iterator
+        try:
+            return len(next(iterator)[0])
+        except StopIteration:
+            iterator = iter(epochs)
+            return len(next(iterator)[0])
+
+    for _ in range(warmup):
+        take()
+    starts = [clock() for clock in clocks]
+    count = sum(take() for _ in range(batches))
+    spans = [clock() - start for clock, start in zip(clocks, starts, strict=True)]
+    return [count / span if span > 0 else float("nan") for span in spans]
 
 
 def best_of_passes(

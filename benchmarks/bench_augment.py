@@ -38,7 +38,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import add_publish_argument, best_of_passes, load_tool, save
+from _harness import add_publish_argument, best_of_passes, images_per, load_tool, save
 from bench_loaders import build_shards
 
 from fastdata.datasets import RAMDataset, ShardDataset, passthrough_collate
@@ -334,25 +334,8 @@ def dali_rows(folder: Path, batch: int) -> dict[str, Batches]:
 
 # -- timing --------------------------------------------------------------------------------
 def rate(epochs: Epochs, batches: int, warmup: int) -> float:
-    """Images per second over ``batches`` batches after ``warmup`` untimed ones (enough
-    to start the workers and drain the batches they queued meanwhile; a new epoch is
-    started whenever one ends)."""
-    iterator = iter(epochs)
-
-    def take() -> int:
-        nonlocal iterator
-        try:
-            return len(next(iterator)[0])
-        except StopIteration:
-            iterator = iter(epochs)
-            return len(next(iterator)[0])
-
-    for _ in range(warmup):
-        take()
-    started, count = time.perf_counter(), 0
-    for _ in range(batches):
-        count += take()
-    return count / (time.perf_counter() - started)
+    """Images per second over ``batches`` batches after ``warmup`` untimed ones."""
+    return images_per(epochs, batches, warmup, [time.perf_counter])[0]
 
 
 def main(argv: list[str] | None = None) -> int:

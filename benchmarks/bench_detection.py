@@ -54,7 +54,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import add_publish_argument, best_of_passes, save
+from _harness import add_publish_argument, best_of_passes, images_per, save
 from bench_ram_jpeg import build_photo_set
 
 from fastdata import ops
@@ -426,26 +426,11 @@ def _cpu_seconds() -> float:
 
 
 def rates(epochs: Iterable[Batch], batches: int, warmup: int) -> tuple[float, float]:
-    """Images per second of wall time and per CPU second (every process of the loader)
-    over ``batches`` batches after ``warmup`` untimed ones; the second does not count
-    time other tenants of the machine took, so it stays steady on a shared one."""
-    iterator = iter(epochs)
-
-    def take() -> int:
-        nonlocal iterator
-        try:
-            return len(next(iterator)[0])
-        except StopIteration:
-            iterator = iter(epochs)
-            return len(next(iterator)[0])
-
-    for _ in range(warmup):
-        take()
-    cpu_start, started, count = _cpu_seconds(), time.perf_counter(), 0
-    for _ in range(batches):
-        count += take()
-    wall, cpu = time.perf_counter() - started, _cpu_seconds() - cpu_start
-    return count / wall, count / cpu if cpu > 0 else float("nan")
+    """Images per second of wall time and per CPU second (every process of the loader):
+    the second does not count time other tenants of the machine took, so it stays steady
+    on a shared one."""
+    wall, cpu = images_per(epochs, batches, warmup, [time.perf_counter, _cpu_seconds])
+    return wall, cpu
 
 
 def kept_visible(epochs: Iterable[Batch], batches: int) -> float:

@@ -10,10 +10,12 @@ labels in the training process.
 
 - fastdata, JPEG files: the IoU crop is drawn from the JPEG header's size and the boxes,
   then decoded and resized in one step (``fastdata.decode._detection.decode_iou_crops``),
-  flipped in place; boxes through ``fastdata.transforms.move_boxes`` (clip, drop below
-  1 px or 10 % visible).
-- fastdata, uint8 shards: the photos letterboxed to 512x512 once (boxes moved alike) in a
-  ``ShardDataset``; ``RandomIoUCrop(size=512)`` crops and resizes in one pass, then the flip.
+  flipped in place; boxes and labels through the CPU movers of the same geometry (clip,
+  drop below 1 px or 10 % visible).
+- fastdata, uint8 shards: the photos letterboxed to 512x512 once, boxes and labels stored
+  beside them as ragged fields; ``ShardDataset(root, fields=("image", "boxes", "labels"),
+  transform=Compose([RandomIoUCrop(size=512), RandomHorizontalFlip()]))`` (the IoU crop
+  crops and resizes in one pass).
 - torchvision.transforms.v2: ``RandomIoUCrop``, ``RandomHorizontalFlip``, ``Resize``,
   ``SanitizeBoundingBoxes`` on ``tv_tensors`` per sample, JPEGs decoded by
   ``torchvision.io.decode_jpeg``.
@@ -60,14 +62,23 @@ from bench_ram_jpeg import build_photo_set
 from fastdata import ops
 from fastdata._codec import decode_image
 from fastdata._draws import keyed_uniform
-from fastdata.datasets import passthrough_collate
+from fastdata.datasets import ShardDataset, passthrough_collate
 from fastdata.datasets._buffers import BatchBuffers
 from fastdata.decode._detection import decode_iou_crops
-from fastdata.shards import FieldSpec, Manifest, ShardReader, ShardWriter, save_manifest
-from fastdata.transforms import Geometry, Letterbox, RandomIoUCrop, move_boxes
+from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
+from fastdata.transforms import (
+    Compose,
+    FieldBatch,
+    Geometry,
+    Letterbox,
+    RandomHorizontalFlip,
+    RandomIoUCrop,
+    apply_geometry,
+)
 
 SIZE, BATCH, WORKERS, SEED = 512, 16, 2, 0
 THRESHOLDS = [0.0, 0.1, 0.3, 0.5, 0.7, 0.9]
+ROLES = {"boxes": "boxes", "labels": "box_labels"}
 Batch = tuple[Any, list[np.ndarray]]  # images, boxes per sample (output pixels)
 Rows = dict[str, Callable[[], Iterable[Batch]]]
 
@@ -134,34 +145,39 @@ def build_shards(sample: Sample, out: Path) -> tuple[Path, list[np.ndarray]]:
     moved = []
     for index in range(len(sample)):
         height, width = decode_image(sample.encoded(index)).shape[:2]
-        geometry = letterbox.geometry(np.array([height]), np.array([width]))
-        moved.append(move_boxes([sample.boxes(index)], geometry)[0][0])
+        geometry = letterbox.geometry(np.array([height]), np.array([width]), FieldBatch({}))
+        targets = FieldBatch({"boxes": [sample.boxes(index)]}, {"boxes": "boxes"})
+        moved.append(apply_geometry(letterbox, targets, geometry)["boxes"][0])
     if (out / "index.json").is_file():
         return out, moved
     out.mkdir(parents=True, exist_ok=True)
-    fields = [FieldSpec("image", "array", "uint8", (SIZE, SIZE, 3), "HWC")]
+    fields = [
+        FieldSpec("image", "array", "uint8", (SIZE, SIZE, 3), "HWC", role="image"),
+        FieldSpec("boxes", "ragged", "float32", (4,), role="boxes"),
+        FieldSpec("labels", "ragged", "int64", (), role="box_labels"),
+    ]
     with ShardWriter(out / "shard-00000.h5", fields) as writer:
         for index in range(len(sample)):
             image = decode_image(sample.encoded(index))
-            writer.append({"image": letterbox.apply_all([image], [], None, 1)[0][0]})
+            writer.append(
+                {
+                    "image": letterbox.apply_all([image], [], None, 1)[0][0],
+                    "boxes": moved[index],
+                    "labels": sample.labels(index),
+                }
+            )
         infos = [writer.close()]
     save_manifest(out, Manifest(fields=fields, shards=infos, class_names=[]))
     return out, moved
 
 
 # -- fastdata --------------------------------------------------------------------------------
-def _flip_in_place(images: np.ndarray, boxes: list[np.ndarray], flips: np.ndarray) -> None:
-    for k in np.flatnonzero(flips):
-        cv2.flip(images[k], 1, dst=images[k])
-        rows = boxes[k]
-        boxes[k] = np.stack([SIZE - rows[:, 2], rows[:, 1], SIZE - rows[:, 0], rows[:, 3]], 1)
-
-
 class FastdataJpeg(Dataset):
     """Batches decoded straight into their IoU crops; draws keyed by (seed, index)."""
 
     def __init__(self, sample: Sample) -> None:
         self.sample, self.crop, self.flip = sample, ops.RandomIoUCrop(), ops.HorizontalFlip()
+        self.transform = RandomIoUCrop()  # its box rule (1 px, 10 % visible) for the movers
         self.buffers = BatchBuffers()  # in a worker: the batch is written in shared memory
 
     def __len__(self) -> int:
@@ -174,41 +190,20 @@ class FastdataJpeg(Dataset):
         out = self.buffers.empty((len(indices), SIZE, SIZE, 3), torch.uint8, returned=True).numpy()
         buffers = [self.sample.encoded(k) for k in indices]
         crops = decode_iou_crops(buffers, boxes, self.crop, draws[:, :-1], out)
-        geometry = Geometry(crops.astype(np.float64), np.full((len(indices), 2), SIZE))
-        kept, keeps = move_boxes(boxes, geometry)
-        _flip_in_place(out, kept, self.flip.flips(draws[:, -1:]))
-        labels = [self.sample.labels(k)[keep] for k, keep in zip(indices, keeps, strict=True)]
-        return torch.from_numpy(out).permute(0, 3, 1, 2), kept, labels
+        flips = self.flip.flips(draws[:, -1:])
+        for k in np.flatnonzero(flips).tolist():
+            cv2.flip(out[k], 1, dst=out[k])
+        labels = [self.sample.labels(k) for k in indices]
+        targets = FieldBatch({"boxes": boxes, "labels": labels}, ROLES)
+        geometry = Geometry.of(crops, np.full((len(indices), 2), SIZE), flips)
+        moved = apply_geometry(self.transform, targets, geometry)  # clipped, dropped
+        return torch.from_numpy(out).permute(0, 3, 1, 2), moved["boxes"], moved["labels"]
 
 
-class FastdataShards(Dataset):
-    """Letterboxed uint8 rows, memory-mapped from the shard (read without a copy, as
-    ``ShardDataset`` hands stored rows to a transform that only reads them); crop + resize
-    in one pass into the batch, then the flip."""
-
-    def __init__(self, root: Path, boxes: list[np.ndarray], labels: list[np.ndarray]) -> None:
-        self.reader, self.boxes, self.labels = ShardReader(root), boxes, labels
-        self.crop = RandomIoUCrop(seed=SEED, size=SIZE)
-        self.flip = ops.HorizontalFlip()
-        self.buffers = BatchBuffers()  # in a worker: the batch is written in shared memory
-
-    def __len__(self) -> int:
-        return len(self.reader)
-
-    def __getitems__(self, indices: list[int]) -> tuple[Any, ...]:
-        shard_ids, local_ids = self.reader.locate(np.asarray(indices, np.int64))
-        rows = [
-            self.reader.view("image", shard)[local]
-            for shard, local in zip(shard_ids.tolist(), local_ids.tolist(), strict=True)
-        ]
-        boxes = [self.boxes[k] for k in indices]
-        out = self.buffers.empty((len(indices), SIZE, SIZE, 3), torch.uint8, returned=True).numpy()
-        _, _, geometry = self.crop.apply_boxes(rows, [], boxes, None, 1, out=out)
-        kept, keeps = move_boxes(boxes, geometry)
-        flips = self.flip.flips(self.crop.uniform(len(indices), 1))
-        _flip_in_place(out, kept, flips)
-        labels = [self.labels[k][keep] for k, keep in zip(indices, keeps, strict=True)]
-        return torch.from_numpy(out).permute(0, 3, 1, 2), kept, labels
+def shard_dataset(root: Path) -> ShardDataset:
+    """What a user writes: the stored fields with their roles and one batch transform."""
+    transform = Compose([RandomIoUCrop(seed=SEED, size=SIZE), RandomHorizontalFlip(seed=SEED)])
+    return ShardDataset(root, fields=("image", "boxes", "labels"), transform=transform)
 
 
 def _loader(dataset: Dataset, **kwargs: Any) -> DataLoader:
@@ -245,11 +240,9 @@ def fastdata_rows(sample: Sample, shards: tuple[Path, list[np.ndarray]] | None) 
         )
     }
     if shards is not None:
-        root, boxes = shards
-        labels = [sample.labels(k) for k in range(len(sample))]
+        root, _ = shards
         rows["fastdata, uint8 shards"] = lambda: Epochs(
-            _loader(FastdataShards(root, boxes, labels), collate_fn=passthrough_collate),
-            _as_batches,
+            _loader(shard_dataset(root), collate_fn=passthrough_collate), _as_batches
         )
     return rows
 
@@ -478,9 +471,9 @@ def main(argv: list[str] | None = None) -> int:
     boxes, labels = synthetic_boxes(sizes, SEED)
     photos = Sample(encoded, boxes, labels)
     painted = Sample(painted_jpegs(sizes, boxes), boxes, labels)
-    shards = build_shards(photos, args.data / f"detection-shards-{SIZE}-{args.num_images}")
+    shards = build_shards(photos, args.data / f"detection-shards-boxes-{SIZE}-{args.num_images}")
     painted_shards = build_shards(
-        painted, args.data / f"detection-painted-shards-{SIZE}-{args.num_images}"
+        painted, args.data / f"detection-painted-shards-boxes-{SIZE}-{args.num_images}"
     )
 
     def all_rows(sample: Sample, shard_set: tuple[Path, list[np.ndarray]]) -> Rows:

@@ -11,7 +11,9 @@ from typing import Any, Literal, get_args
 
 logger = logging.getLogger(__name__)
 
-DecodeReason = Literal["empty", "truncated", "corrupt", "too_large", "not_an_image", "mismatch"]
+DecodeReason = Literal[
+    "empty", "truncated", "corrupt", "too_large", "not_an_image", "mismatch", "bad_annotation"
+]
 DECODE_REASONS: tuple[str, ...] = get_args(DecodeReason)
 # Spellings of earlier releases: refused, with the one to use now.
 _FORMER_SPELLINGS = {"fail": "raise"}
@@ -60,7 +62,9 @@ class DecodeError(FastDataError):
             refused), ``"too_large"`` (the header claims more pixels than ``max_pixels``
             allows), ``"not_an_image"`` (no decoder recognises the bytes, or the file is
             not of a kind the caller takes, such as an RGB mask), ``"mismatch"`` (decodable,
-            but not the size, shape or dtype its record says).
+            but not the size, shape or dtype its record says), ``"bad_annotation"`` (the
+            image is fine, its boxes are not: NaN, negative size, outside the image, or as
+            many labels as boxes missing).
         kept: ``True`` for a damaged image that decoded and was kept (``on_error="warn"``:
             libjpeg warned about its data); the error then only reports it.
 

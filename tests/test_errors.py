@@ -95,7 +95,8 @@ def test_decode_error_fields_and_pickling() -> None:
     assert (copy.message, copy.source, copy.reason) == (error.message, error.source, "truncated")
     assert DecodeError("bad", "x").reason == "corrupt"
     assert set(DECODE_REASONS) == {
-        "empty", "truncated", "corrupt", "too_large", "not_an_image", "mismatch"
+        "empty", "truncated", "corrupt", "too_large", "not_an_image", "mismatch",
+        "bad_annotation",
     }  # fmt: skip
 
 

@@ -3,7 +3,8 @@
 - :class:`ShardDataset`: memory-mapped shard sets (``fastdata preprocess`` output).
 - :class:`RAMDataset`: a dataset in shared RAM (encoded files, shards or arrays).
 - :func:`passthrough_collate`: the ``collate_fn`` for their ready-made batches (the
-  default collate recognises them too).
+  default collate recognises them too); :class:`RaggedCollate` and :func:`pad_ragged` turn
+  variable-length fields (boxes) into padded ``(B, max_N, ...)`` tensors and counts.
 - :class:`ResumableDataLoader`: a ``DataLoader`` whose ``state_dict()`` resumes mid-epoch
   exactly with workers (``dataset.loader(...)`` makes one).
 - :class:`ShardAwareDistributedSampler`: DDP sampling that keeps each rank on its shards.
@@ -14,7 +15,7 @@ process): the ``fastdata.tune`` autotuner tries ``num_workers=0`` with several
 ``num_threads`` against worker processes.
 """
 
-from fastdata.datasets._collate import passthrough_collate
+from fastdata.datasets._collate import RaggedCollate, pad_ragged, passthrough_collate
 from fastdata.datasets._loader import ResumableDataLoader
 from fastdata.datasets._memory import MemoryReport
 from fastdata.datasets.distributed import ShardAwareDistributedSampler, ShardSized, shard_sizes_of
@@ -25,10 +26,12 @@ from fastdata.datasets.shard_dataset import ShardDataset
 __all__ = [
     "MemoryReport",
     "RAMDataset",
+    "RaggedCollate",
     "ResumableDataLoader",
     "ShardAwareDistributedSampler",
     "ShardDataset",
     "ShardSized",
+    "pad_ragged",
     "passthrough_collate",
     "shard_sizes_of",
     "share_on_node",

@@ -19,7 +19,7 @@ from fastdata._layout import check_layout
 from fastdata._system import available_memory_bytes, usable_cpus
 from fastdata._threads import parallel_for
 from fastdata.datasets._buffers import BatchBuffers
-from fastdata.datasets._collate import mark_collated
+from fastdata.datasets._collate import RAGGED_MODES, RaggedCollate, mark_collated
 from fastdata.datasets._decoding import (
     PlannedCrop,
     as_buffer,
@@ -34,7 +34,7 @@ from fastdata.datasets._plan import TransformPlan, plan_transform
 from fastdata.datasets._store import RAMStore, Store
 from fastdata.errors import DecodeError, OnError
 from fastdata.shards import FieldSpec
-from fastdata.transforms import BatchTransform
+from fastdata.transforms import BatchTransform, FieldBatch
 
 if TYPE_CHECKING:
     from fastdata.decode import Decoder
@@ -98,12 +98,18 @@ class BatchedDataset(Dataset):
 
     @property
     def transform(self) -> Callable[..., Any] | None:
-        """The transform applied to the first field (fixed at construction)."""
+        """The transform (fixed at construction), applied to the fields by their roles."""
         return self.plan.transform
 
     @property
+    def roles(self) -> dict[str, str]:
+        """The role of each returned field (``image``, ``mask``, ``boxes``, ``label``,
+        ``box_labels``, ``path``, ``other``), as the manifest declares it."""
+        return {name: self.store.specs[name].role for name in self.fields}
+
+    @property
     def mask_fields(self) -> tuple[str, ...]:
-        """Fields the batch transform moves along with the image (2-D uint8 arrays)."""
+        """Fields the batch transform moves along with the image (role ``mask``)."""
         return self.plan.mask_fields
 
     @property
@@ -183,7 +189,9 @@ class BatchedDataset(Dataset):
         batch = self._read(array, single=False, epoch=epoch if isinstance(epoch, int) else None)
         return mark_collated(batch if len(batch) > 1 else batch[0])
 
-    def loader(self, batch_size: int = 1, **kwargs: Any) -> ResumableDataLoader:
+    def loader(
+        self, batch_size: int = 1, *, ragged: str = "list", **kwargs: Any
+    ) -> ResumableDataLoader:
         """A :class:`~fastdata.datasets.ResumableDataLoader` over this dataset.
 
         A ``DataLoader`` with ``collate_fn`` defaulting to
@@ -193,6 +201,10 @@ class BatchedDataset(Dataset):
 
         Args:
             batch_size: Samples per batch.
+            ragged: How variable-length fields (boxes, box labels) come: ``"list"`` (a list
+                of ``(N_i, ...)`` tensors) or ``"padded"`` (a ``(padded, counts)`` pair:
+                ``(B, max_N, ...)`` zero-padded and ``(B,)`` int64 counts; see
+                :class:`~fastdata.datasets.RaggedCollate`).
             **kwargs: Any other ``DataLoader`` argument (``sampler``, ``shuffle``,
                 ``num_workers``, ``pin_memory``, ...).
 
@@ -200,6 +212,15 @@ class BatchedDataset(Dataset):
             >>> loader = ds.loader(batch_size=64, shuffle=True)            # doctest: +SKIP
             >>> images, labels = next(iter(loader))  # (64, 3, H, W) uint8, (64,) int64
         """
+        if ragged not in RAGGED_MODES:
+            raise ValueError(f"ragged must be one of {RAGGED_MODES}, got {ragged!r}")
+        if ragged == "padded":
+            if kwargs.get("collate_fn") is not None:
+                raise ValueError("give ragged='padded' or a collate_fn, not both")
+            positions = [
+                i for i, name in enumerate(self.fields) if self.store.specs[name].kind == "ragged"
+            ]
+            kwargs["collate_fn"] = RaggedCollate("padded", positions)
         return ResumableDataLoader(self, batch_size=batch_size, **kwargs)
 
     # -- reading ------------------------------------------------------------------------
@@ -233,10 +254,9 @@ class BatchedDataset(Dataset):
         else:  # draws keyed by (seed, epoch, index) for the samples kept
             with batch_draws(epoch, indices[keep]):
                 self._transform_fields(values, executor, tasks)
-        first = self.fields[0]
         return tuple(
             values[name]
-            if name == first and self.plan.per_sample
+            if name == self.plan.field and self.plan.per_sample
             else self._to_torch(name, values[name])
             for name in self.fields
         )
@@ -358,10 +378,11 @@ class BatchedDataset(Dataset):
     def _transform_fields(
         self, values: dict[str, Any], executor: Executor | None, tasks: int
     ) -> None:
-        """Apply the transform to the first field: a batch transform once per batch on the
-        NumPy ``(B, H, W, C)`` batch, moving the mask fields (``plan.mask_fields``) alike;
-        any other callable per sample on a ``(C, H, W)`` tensor (first field only; the
-        output stacked in ``layout``)."""
+        """Apply the transform: a batch transform once per batch to a
+        :class:`~fastdata.transforms.FieldBatch` of the image field (NumPy
+        ``(B, H, W, C)``), its masks and its targets (boxes, box labels), each moved by its
+        role; any other callable per sample on a ``(C, H, W)`` tensor of the image field
+        only (the output stacked in ``layout``)."""
         plan = self.plan
         name = plan.field
         if name is None or plan.transform is None:
@@ -381,21 +402,27 @@ class BatchedDataset(Dataset):
             return batch.numpy() if isinstance(batch, torch.Tensor) else batch
 
         out = self._transform_out(len(images))
-        if not plan.mask_fields and out is None:
+        if not plan.mask_fields and not plan.target_fields and out is None:
             values[name] = transform.apply(numpy(images), executor, tasks)
             return
         masks = [numpy(values[mask]) for mask in plan.mask_fields]
         check_masks(numpy(images), masks, plan.mask_fields)
-        if out is None:
-            values[name], moved = transform.apply_all(numpy(images), masks, executor, tasks)
-        else:
-            result, moved = transform.apply_all(
-                numpy(images), masks, executor, tasks, out=out.numpy()
-            )
-            # Written into `out`: return that tensor (shared memory in a worker), not a
-            # wrapper of its NumPy view.
-            values[name] = out if _is_array_of(result, out) else result
-        values.update(zip(plan.mask_fields, moved, strict=True))
+        specs = self.store.specs
+        batch = FieldBatch(
+            {
+                name: numpy(images),
+                **dict(zip(plan.mask_fields, masks, strict=True)),
+                **{target: _arrays(values[target]) for target in plan.target_fields},
+            },
+            {field: specs[field].role for field in (name, *plan.mask_fields, *plan.target_fields)},
+        )
+        moved = transform.apply_batch(batch, executor, tasks, None if out is None else out.numpy())
+        result = moved.values[name]
+        # Written into `out`: return that tensor (shared memory in a worker), not a wrapper
+        # of its NumPy view.
+        values[name] = out if out is not None and _is_array_of(result, out) else result
+        for field in (*plan.mask_fields, *plan.target_fields):
+            values[field] = moved.values[field]
 
     def _transform_out(self, count: int) -> torch.Tensor | None:
         """The shared-memory batch of ``count`` images the transform writes into inside a
@@ -458,12 +485,14 @@ class BatchedDataset(Dataset):
         return tensor
 
     def _to_torch(self, name: str, value: Any) -> Any:
+        spec = self.store.specs[name]
         if isinstance(value, list):
             if not value or not isinstance(value[0], np.ndarray):
                 return value  # encoded bytes as 1-D tensors, or strings
+            if not spec.field_kind.decodes_to_image:  # variable-length rows stay a list
+                return [torch.from_numpy(np.ascontiguousarray(item)) for item in value]
             value = stack_images(value)
         tensor = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
-        spec = self.store.specs[name]
         channels_last = spec.field_kind.sample_axes == "HWC"
         if tensor.dim() == 4 and channels_last and self.layout == "CHW":
             tensor = tensor.permute(0, 3, 1, 2)
@@ -493,6 +522,15 @@ class BatchedDataset(Dataset):
         state = self.__dict__.copy()
         state["_executor"] = None
         return state
+
+
+def _arrays(value: Any) -> Any:
+    """A field's batch as NumPy: a tensor's array, a list's items as arrays."""
+    if isinstance(value, torch.Tensor):
+        return value.numpy()
+    if isinstance(value, list):
+        return [item.numpy() if isinstance(item, torch.Tensor) else item for item in value]
+    return value
 
 
 def _is_array_of(array: Any, tensor: torch.Tensor) -> bool:

@@ -11,6 +11,7 @@ and both give back plain tensors and lists.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -165,3 +166,82 @@ def passthrough_collate(batch: Any) -> Any:
     if isinstance(batch, list):
         return default_collate(batch)
     return batch
+
+
+RAGGED_MODES = ("list", "padded")
+
+
+def pad_ragged(
+    items: Sequence[torch.Tensor], pad_value: float = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``B`` tensors ``(N_i, *tail)`` as one ``(B, max_N, *tail)`` tensor and ``(B,)`` int64
+    ``counts`` (rows past ``counts[i]`` hold ``pad_value``): the fixed shape a compiled model
+    wants.
+
+    Raises:
+        ValueError: The items' tails or dtypes differ.
+    """
+    if not items:
+        return torch.zeros(0, 0), torch.zeros(0, dtype=torch.int64)
+    tails = {tuple(item.shape[1:]) for item in items}
+    dtypes = {item.dtype for item in items}
+    if len(tails) > 1 or len(dtypes) > 1:
+        raise ValueError(
+            f"variable-length items must share their row shape and dtype to be padded, got "
+            f"{sorted(tails)[:3]} {sorted(map(str, dtypes))[:3]}"
+        )
+    counts = torch.tensor([len(item) for item in items], dtype=torch.int64)
+    longest = int(counts.max()) if len(counts) else 0
+    padded = torch.full((len(items), longest, *tails.pop()), pad_value, dtype=items[0].dtype)
+    for row, item in enumerate(items):
+        padded[row, : len(item)] = item
+    return padded, counts
+
+
+class RaggedCollate:
+    """A ``collate_fn`` for fastdata batches with variable-length fields (boxes, box labels).
+
+    ``"list"`` (the datasets' own form) hands each such field on as a list of ``(N_i, ...)``
+    tensors; ``"padded"`` turns each into a ``(padded, counts)`` pair:
+    ``(B, max_N, ...)`` padded with ``pad_value`` and ``(B,)`` int64 counts.
+
+    Args:
+        ragged: ``"list"`` or ``"padded"``.
+        fields: Positions (in the batch tuple) of the variable-length fields; ``None``: every
+            list of tensors with at least one axis.
+        pad_value: What padded rows hold.
+
+    Example:
+        >>> loader = ds.loader(batch_size=16, ragged="padded")           # doctest: +SKIP
+        >>> images, (boxes, counts), (labels, _) = next(iter(loader))
+    """
+
+    def __init__(
+        self, ragged: str = "padded", fields: Sequence[int] | None = None, pad_value: float = 0
+    ) -> None:
+        if ragged not in RAGGED_MODES:
+            raise ValueError(f"ragged must be one of {RAGGED_MODES}, got {ragged!r}")
+        self.ragged = ragged
+        self.fields = None if fields is None else tuple(fields)
+        self.pad_value = pad_value
+
+    def __call__(self, batch: Any) -> Any:
+        batch = passthrough_collate(batch)
+        if self.ragged == "list":
+            return batch
+        single = not isinstance(batch, tuple)
+        values = [batch] if single else list(batch)
+        for position, value in enumerate(values):
+            chosen = position in self.fields if self.fields is not None else True
+            if chosen and _is_ragged(value):
+                values[position] = pad_ragged(value, self.pad_value)
+        return values[0] if single else tuple(values)
+
+    def __repr__(self) -> str:
+        return f"RaggedCollate(ragged={self.ragged!r}, fields={self.fields!r})"
+
+
+def _is_ragged(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(item, torch.Tensor) and item.dim() >= 1 for item in value
+    )

@@ -13,19 +13,27 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fastdata import ops
+from fastdata import _roles, ops
 from fastdata.shards import FieldSpec
-from fastdata.transforms import BatchTransform, CenterCrop, Compose, RandomResizedCrop, Resize
+from fastdata.transforms import (
+    BatchTransform,
+    CenterCrop,
+    Compose,
+    RandomResizedCrop,
+    Resize,
+    moved_roles,
+)
 
 
 @dataclass(frozen=True)
 class TransformPlan:
-    """How a dataset applies its ``transform`` to its first field.
+    """How a dataset applies its ``transform`` to the fields it returns, by their roles.
 
     Attributes:
         transform: The callable, or ``None``.
-        field: The field it applies to: the first, when it is an image (raw pixels, or
-            encoded and decoded); ``None`` when the transform applies to nothing.
+        field: The image field it applies to: the first field whose role is ``image``
+            (raw pixels, or encoded and decoded); ``None`` when the transform applies to
+            nothing.
         batched: ``True`` for a :class:`~fastdata.transforms.BatchTransform` (called once
             per batch on NumPy ``(B, H, W, C)`` uint8 with the dataset's threads, masks
             moved alike); ``False`` for any other callable (per sample, on ``(C, H, W)``
@@ -38,8 +46,11 @@ class TransformPlan:
             (``None``: it varies per sample or is known only from the first output).
         decode_min_side: Decode JPEGs reduced down to this shorter side (``None``: full
             size).
-        mask_fields: Fields the batch transform moves along with the image: every 2-D
-            uint8 array field after the first.
+        mask_fields: Fields the batch transform moves along with the image: the fields
+            whose role is ``mask``.
+        target_fields: The other fields a batch transform is given, by role: boxes (and
+            any role with a mover), box labels, and variable-length ``other`` fields
+            (per-box flags), which are dropped with their boxes.
         writes_out: The batch transform writes its images into a given ``out`` batch of
             ``output_size`` (in a DataLoader worker the dataset gives it the shared memory
             the batch is returned in).
@@ -66,6 +77,7 @@ class TransformPlan:
     decode_crop: RandomResizedCrop | None = None
     after_decode: BatchTransform | None = None
     decode_center: tuple[ops.Resize, ops.CenterCrop] | None = None
+    target_fields: tuple[str, ...] = ()
 
     @property
     def decoded_size(self) -> tuple[int, int] | None:
@@ -105,7 +117,7 @@ def plan_transform(
         transform: A :class:`~fastdata.transforms.BatchTransform`, any other callable
             (applied per sample), or ``None``.
         specs: The stored fields by name.
-        fields: The fields a dataset returns, the image first.
+        fields: The fields a dataset returns (their roles say which is the image).
         decode: Whether encoded image fields are decoded.
         decode_min_side: The side asked for explicitly (``None``: the transform's
             ``min_input_side`` unless masks come along).
@@ -120,47 +132,52 @@ def plan_transform(
     """
     if transform is not None and not callable(transform):
         raise TypeError(f"transform must be callable or None, got {type(transform).__name__}")
-    first = specs[fields[0]]
-    kind = first.field_kind
-    is_image = kind.fixed_size or (decode and kind.decodes_to_image)
-    if transform is None or not is_image:
+    images = [name for name in fields if specs[name].role == _roles.IMAGE]
+    image = images[0] if images else None
+    kind = None if image is None else specs[image].field_kind
+    is_image = kind is not None and (kind.fixed_size or (decode and kind.decodes_to_image))
+    if transform is None or image is None or kind is None or not is_image:
         return TransformPlan(transform, None, False, False, None, None, decode_min_side, ())
     image_size = kind.image_size
+    targets = _target_fields(specs, fields)
     if decoded_size is not None and not kind.fixed_size:
-        cropped_away = _mask_fields(specs, fields, None)
+        cropped_away = _mask_fields(specs, fields, image, None) + targets
         if cropped_away:
             raise ValueError(
-                f"mask fields {cropped_away} cannot follow field {fields[0]!r} through the "
-                "crop of the decoder given as decode=: use decode=True and a batch transform, "
-                "which moves masks with the image"
+                f"fields {cropped_away} cannot follow field {image!r} through the crop of "
+                "the decoder given as decode=: use decode=True and a batch transform, which "
+                "moves masks and boxes with the image"
             )
         image_size = decoded_size
     if not isinstance(transform, BatchTransform):
-        left_behind = _mask_fields(specs, fields, None)
+        left_behind = _mask_fields(specs, fields, image, None) + targets
         if left_behind:
             warnings.warn(
-                f"transform {transform!r} is applied per sample to field {fields[0]!r} only: "
-                f"mask fields {left_behind} are not moved with it, so a crop, flip or resize "
-                "leaves them misaligned. The batch transforms of fastdata.transforms move "
-                "masks with the image",
+                f"transform {transform!r} is applied per sample to field {image!r} only: "
+                f"fields {left_behind} (masks, boxes) are not moved with it, so a crop, flip "
+                "or resize leaves them misaligned. The batch transforms of "
+                "fastdata.transforms move every field by its role",
                 UserWarning,
                 stacklevel=4,
             )
-        return TransformPlan(
-            transform, fields[0], False, False, image_size, None, decode_min_side, ()
+        return TransformPlan(transform, image, False, False, image_size, None, decode_min_side, ())
+    masks = _mask_fields(specs, fields, image, image_size)
+    if targets and decode_min_side is not None and not kind.fixed_size:
+        raise ValueError(
+            f"decode_min_side={decode_min_side!r} shrinks the decoded images but fields "
+            f"{targets} hold coordinates in stored pixels: leave decode_min_side unset"
         )
-    masks = _mask_fields(specs, fields, image_size)
-    # Reduced JPEG decoding would shrink images below their full-size masks.
-    auto_side = None if masks else transform.min_input_side
-    output_size = _output_size(transform, fields[0], image_size)
+    # Reduced JPEG decoding would shrink images below their full-size masks and boxes.
+    auto_side = None if masks or targets else transform.min_input_side
+    output_size = _output_size(transform, image, image_size)
     leading = center = None
-    if not kind.fixed_size and decoded_size is None and not masks:
+    if not kind.fixed_size and decoded_size is None and not masks and not targets:
         if decode_min_side is None:
             leading = _leading_crop(transform)
         center = _leading_center_crop(transform)
     return TransformPlan(
         transform,
-        fields[0],
+        image,
         True,
         not transform.in_place,
         image_size,
@@ -171,6 +188,7 @@ def plan_transform(
         None if leading is None else leading[0],
         leading[1] if leading is not None else center[1] if center is not None else None,
         None if center is None else center[0],
+        targets,
     )
 
 
@@ -219,20 +237,38 @@ def _output_size(
         ) from exc
 
 
-def _mask_fields(
-    specs: Mapping[str, FieldSpec], fields: Sequence[str], image_size: tuple[int, int] | None
-) -> tuple[str, ...]:
-    """Every 2-D uint8 array field after the first; their height and width must be the
-    image's when both are stored at a fixed size."""
-    masks = []
-    for name in fields[1:]:
+def _target_fields(specs: Mapping[str, FieldSpec], fields: Sequence[str]) -> tuple[str, ...]:
+    """Fields other than images and masks that a batch transform moves or filters: roles
+    with a mover, box labels, and variable-length ``other`` fields (per-box values)."""
+    found = []
+    for name in fields:
         spec = specs[name]
-        if not spec.field_kind.is_mask:
+        role = spec.role
+        if role in (_roles.IMAGE, _roles.MASK):
+            continue
+        ragged_other = role == _roles.OTHER and spec.kind == "ragged"
+        if role in moved_roles() or role == _roles.BOX_LABELS or ragged_other:
+            found.append(name)
+    return tuple(found)
+
+
+def _mask_fields(
+    specs: Mapping[str, FieldSpec],
+    fields: Sequence[str],
+    image: str,
+    image_size: tuple[int, int] | None,
+) -> tuple[str, ...]:
+    """Every field whose role is ``mask``; their height and width must be the image's when
+    both are stored at a fixed size."""
+    masks = []
+    for name in fields:
+        spec = specs[name]
+        if spec.role != _roles.MASK:
             continue
         if image_size is not None and tuple(spec.shape) != tuple(image_size):
             raise ValueError(
                 f"field {name!r} holds {spec.shape[0]}x{spec.shape[1]} masks but field "
-                f"{fields[0]!r} holds {image_size[0]}x{image_size[1]} images: the batch "
+                f"{image!r} holds {image_size[0]}x{image_size[1]} images: the batch "
                 "transform moves masks with their images, so their sizes must match (read "
                 f"{name!r} without the transform, or store masks of the image size)"
             )

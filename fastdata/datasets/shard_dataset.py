@@ -34,9 +34,12 @@ class ShardDataset(BatchedDataset):
             ``s3://bucket/set/`` (shards downloaded whole into a local cache, checked
             against the manifest's SHA-256, then read like local ones; see the object
             storage guide).
-        fields: Fields to return, in order. The first is the one ``transform`` applies to.
+        fields: Fields to return, in order. Each has the role the manifest gives it
+            (``ds.roles``): the ``transform`` applies to the first ``image`` field and moves
+            ``mask``, ``boxes`` and ``box_labels`` fields with it.
         transform: A :class:`~fastdata.transforms.BatchTransform` (applied once per batch
-            to ``(B, H, W, C)`` uint8), or any callable applied per sample to a
+            to the image ``(B, H, W, C)`` uint8 and the fields that follow it, by role), or
+            any callable applied per sample to the image's
             ``(C, H, W)`` uint8 tensor whatever ``layout`` (torchvision style); it must
             return one shape for every sample, and the batch is stacked in ``layout``.
             What a batch transform declares is read once, here: stored images too small

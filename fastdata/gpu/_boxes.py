@@ -188,3 +188,87 @@ def iou_crops(
     chosen = torch.stack([top, left, crop_h, crop_w], dim=-1)[rows, first]
     whole = torch.stack([torch.zeros_like(heights), torch.zeros_like(widths), heights, widths], -1)
     return torch.where(good.any(dim=1, keepdim=True), chosen, whole[:, 0])
+
+
+def as_padded(value: object) -> PaddedBoxes | None:
+    """A field's value as :class:`PaddedBoxes` when it is one, or a ``(padded, counts)``
+    pair of tensors (what ``ragged="padded"`` collates): ``(B, max_N, 4)`` and ``(B,)``;
+    else ``None`` (a list of per-sample tensors, moved on the host)."""
+    if isinstance(value, PaddedBoxes):
+        return value
+    if (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and all(isinstance(item, torch.Tensor) for item in value)
+        and value[0].dim() == 3
+        and value[0].shape[-1] == 4
+        and value[1].dim() == 1
+    ):
+        padded, counts = value
+        rows = torch.arange(padded.shape[1], device=padded.device)
+        return PaddedBoxes(padded, rows[None, :] < counts.to(padded.device)[:, None])
+    return None
+
+
+def move_padded(
+    padded: PaddedBoxes,
+    *,
+    crops: torch.Tensor,
+    offsets: torch.Tensor,
+    resized: torch.Tensor,
+    out_size: tuple[int, int],
+    flips: torch.Tensor,
+    min_size: float = DEFAULT_MIN_SIZE,
+    min_visibility: float = DEFAULT_MIN_VISIBILITY,
+) -> PaddedBoxes:
+    """The device twin of :func:`fastdata.transforms._fields.move_boxes`: map through
+    ``crops`` (``(B, 4)`` float input region the whole canvas shows, as
+    ``Geometry.box_crops``), clip to the resized image placed at ``offsets`` (``(B, 2)``
+    top, left) with sides ``resized`` (``(B, 2)``), drop by the rule, flip the canvas
+    where ``flips``; every part on the boxes' device."""
+    placed = place(padded, crops, out_size, None)
+    shift = offsets.to(torch.float32)[:, [1, 0, 1, 0]][:, None, :]
+    local = PaddedBoxes(placed.boxes - shift, placed.valid)
+    boxes = local.boxes
+    widths = (boxes[..., 2] - boxes[..., 0]).clamp(min=0)
+    heights = (boxes[..., 3] - boxes[..., 1]).clamp(min=0)
+    mapped = widths * heights
+    limits = resized.to(torch.float32)[:, [1, 0, 1, 0]][:, None, :]
+    clipped = torch.minimum(torch.nan_to_num(boxes).clamp(min=0), limits)
+    clipped_w = clipped[..., 2] - clipped[..., 0]
+    clipped_h = clipped[..., 3] - clipped[..., 1]
+    keep = (
+        padded.valid
+        & torch.isfinite(boxes).all(dim=-1)
+        & (clipped_w >= min_size)
+        & (clipped_h >= min_size)
+        & (clipped_w > 0)
+        & (clipped_h > 0)
+        & (clipped_w * clipped_h >= min_visibility * mapped)
+    )
+    canvas = clipped + shift
+    moved = flip(PaddedBoxes(canvas, keep), out_size[1], flips.to(canvas.device))
+    return moved
+
+
+def repack(values: dict[str, object], roles: dict[str, str], name: str, moved: PaddedBoxes) -> None:
+    """Write the moved boxes of field ``name`` back in its form, valid rows first, and move
+    the rows of its padded companions (``box_labels`` and per-box ``other`` fields given
+    as ``(padded, counts)`` pairs of the same ``(B, max_N)``) alike; counts stay on the
+    device."""
+    given = values[name]
+    companions = [
+        other
+        for other, value in values.items()
+        if other != name
+        and roles.get(other) in ("box_labels", "other")
+        and isinstance(value, tuple)
+        and len(value) == 2
+        and isinstance(value[0], torch.Tensor)
+        and value[0].shape[:2] == moved.boxes.shape[:2]
+    ]
+    fields = [values[other][0] for other in companions]  # type: ignore[index]
+    packed, counts, moved_fields = compact(moved, *fields)
+    values[name] = packed if isinstance(given, PaddedBoxes) else (packed.boxes, counts)
+    for other, field in zip(companions, moved_fields, strict=True):
+        values[other] = (field, counts)

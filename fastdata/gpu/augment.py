@@ -8,11 +8,20 @@ turned into flips and boxes by the description, so a seed gives the same boxes a
 on every device and in every executor; then the whole batch is transformed by a few
 device kernels. Masks given along with the images get
 the same flips and crops (nearest-neighbour).
+
+Called on a :class:`~fastdata.transforms.FieldBatch` (or a dict of fields with ``roles``),
+a module moves every field by its role from one draw: the image field and every mask on
+the device, boxes (lists of ``(N_i, 4)`` tensors) and any other role with a mover through
+the one box geometry of :mod:`fastdata.transforms` (clipped, and dropped with their box
+labels by the same rule as on the CPU), returned on the boxes' device. Boxes collated
+padded (``ragged="padded"``: a ``(padded, counts)`` pair, or a
+:class:`~fastdata.gpu.PaddedBoxes`) are moved on the device by the same rule instead,
+without a host sync, their padded box labels alongside (kept rows first, new counts).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,11 +29,19 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from fastdata import ops
+from fastdata import _roles, ops
+from fastdata._boxes import DEFAULT_MIN_SIZE, DEFAULT_MIN_VISIBILITY
 from fastdata._draws import UniformDraws
 from fastdata._layout import check_layout
 from fastdata._transfer import copy_to_device
-from fastdata.gpu._boxes import flip as flip_boxes
+from fastdata.gpu._boxes import PaddedBoxes, as_padded, move_padded, repack
+from fastdata.transforms import (
+    FieldBatch,
+    Geometry,
+    apply_geometry,
+    as_field_batch,
+    moved_roles,
+)
 
 _to = copy_to_device
 
@@ -51,10 +68,107 @@ def _check_batch(images: torch.Tensor, masks: torch.Tensor | None, layout: str) 
         )
 
 
+def _spatial(images: torch.Tensor, layout: str) -> tuple[int, int]:
+    """``(height, width)`` of a 4-D batch in ``layout``."""
+    shape = images.shape[1:3] if layout == "HWC" else images.shape[2:4]
+    return int(shape[0]), int(shape[1])
+
+
+def _host(item: Any) -> np.ndarray:
+    """A target row array on the host, as NumPy."""
+    if isinstance(item, torch.Tensor):
+        return item.detach().cpu().numpy()
+    return np.asarray(item)
+
+
+def _device(item: Any) -> torch.device:
+    return item.device if isinstance(item, torch.Tensor) else torch.device("cpu")
+
+
 class _SeededModule(nn.Module, ops.Executor):
     """Holds the module's description (``op``) and its draws:
     :class:`fastdata._draws.UniformDraws`, the scheme the CPU transforms and the decoders
     use, so one seed gives the same boxes and flips in all."""
+
+    interpolation: int | None = None  # the host movers' kernel (unused: pixels move here)
+    # Boxes are dropped below this clipped side (pixels) or visible fraction, as on the CPU.
+    min_box_size: float = DEFAULT_MIN_SIZE
+    min_box_visibility: float = DEFAULT_MIN_VISIBILITY
+
+    def _move(
+        self, images: torch.Tensor, masks: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, list[torch.Tensor], Geometry]:
+        """Move images and masks by one draw; return them and the draw's geometry."""
+        raise NotImplementedError
+
+    def _forward_fields(
+        self, batch: FieldBatch | Mapping[str, Any], roles: Mapping[str, str] | None
+    ) -> FieldBatch:
+        """:meth:`forward` on a batch of fields with roles (see the module docstring)."""
+        batch = as_field_batch(batch, roles)
+        images = batch.names(_roles.IMAGE)
+        if len(images) != 1:
+            raise ValueError(f"{self!r} moves exactly one image field, got {images}")
+        masks = batch.names(_roles.MASK)
+        self._prepare(batch)
+        moved_images, moved_masks, geometry = self._move(
+            batch.values[images[0]], [batch.values[name] for name in masks]
+        )
+        values = dict(batch.values)
+        values[images[0]] = moved_images
+        values.update(zip(masks, moved_masks, strict=True))
+        for name in batch.names(_roles.BOXES):
+            padded = as_padded(batch.values[name])
+            if padded is not None:  # padded on the device: moved there, no host sync
+                repack(values, batch.roles, name, self._move_padded(padded, geometry))
+        targets = [
+            name
+            for name in batch
+            if batch.role(name) not in (_roles.IMAGE, _roles.MASK)
+            and isinstance(batch.values[name], list)
+            and (
+                batch.role(name) in moved_roles()
+                or batch.role(name) in (_roles.BOX_LABELS, _roles.OTHER)
+            )
+        ]
+        if targets:
+            host = FieldBatch(
+                {name: [_host(item) for item in batch.values[name]] for name in targets},
+                {name: batch.role(name) for name in targets},
+            )
+            moved = apply_geometry(self, host, geometry)
+            for name in targets:
+                values[name] = [
+                    torch.from_numpy(np.ascontiguousarray(array)).to(_device(old))
+                    for array, old in zip(moved.values[name], batch.values[name], strict=True)
+                ]
+        return FieldBatch(values, dict(batch.roles))
+
+    def _prepare(self, batch: FieldBatch) -> None:
+        """Read what the next :meth:`_move` draws from (an IoU crop: the boxes); nothing
+        by default."""
+
+    def _move_padded(self, padded: PaddedBoxes, geometry: Geometry) -> PaddedBoxes:
+        """Padded boxes moved by the host ``geometry`` on their device (its parts copied
+        there, non-blocking)."""
+        device = padded.boxes.device
+        size = geometry.uniform_size
+        if size is None:
+            raise ValueError("padded boxes need one output size for the whole batch")
+        crops, offsets, resized, flips = (
+            _to(torch.from_numpy(np.ascontiguousarray(part)), device)
+            for part in (geometry.box_crops(), geometry.offsets, geometry.resized, geometry.flips)
+        )
+        return move_padded(
+            padded,
+            crops=crops,
+            offsets=offsets,
+            resized=resized,
+            out_size=size,
+            flips=flips,
+            min_size=self.min_box_size,
+            min_visibility=self.min_box_visibility,
+        )
 
     def __init__(self, op: ops.Operation, layout: str, seed: int | None) -> None:
         super().__init__()
@@ -123,35 +237,47 @@ class DeviceRandomHorizontalFlip(_SeededModule):
         return self.op.p
 
     def forward(
-        self, images: torch.Tensor, masks: torch.Tensor | None = None, boxes: Any = None
+        self,
+        images: torch.Tensor | FieldBatch | Mapping[str, Any],
+        masks: torch.Tensor | None = None,
+        roles: Mapping[str, str] | None = None,
     ) -> Any:
         """Flip a random subset of the batch.
 
         Args:
-            images: 4-D batch in the module's layout.
+            images: 4-D batch in the module's layout, or a batch of fields with roles
+                (a :class:`~fastdata.transforms.FieldBatch`, or a dict and ``roles``).
             masks: Optional ``(B, H, W)`` or 4-D (same layout) masks, flipped alike.
-            boxes: Optional :class:`~fastdata.gpu.PaddedBoxes` on the images' device,
-                mirrored alike (``x -> W - x``).
+            roles: The roles of a dict batch's fields.
 
         Returns:
-            The images, then the masks and the boxes when given; same shapes, dtypes and
-            device.
+            The images (and masks, when given), same shapes, dtypes and device; for a batch
+            of fields, a :class:`~fastdata.transforms.FieldBatch`.
 
         Raises:
             ValueError: ``images`` is not 4-D or ``masks`` does not match it.
         """
-        _check_batch(images, masks, self.layout)
-        flips = torch.from_numpy(self.op.flips(self._uniform(images.shape[0])))
-        flip = _to(flips, images.device)
+        if isinstance(images, FieldBatch | Mapping):
+            return self._forward_fields(images, roles)
+        out_images, moved, _ = self._move(images, [] if masks is None else [masks])
+        return out_images if masks is None else (out_images, moved[0])
+
+    def _move(
+        self, images: torch.Tensor, masks: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, list[torch.Tensor], Geometry]:
+        _check_batch(images, None, self.layout)
+        for mask in masks:
+            _check_batch(images, mask, self.layout)
+        flips_host = self.op.flips(self._uniform(images.shape[0]))
+        flip = _to(torch.from_numpy(flips_host), images.device)
         out_images = self._flip(images, flip, -2 if self.layout == "HWC" else -1)
-        moved: list[Any] = [out_images]
-        if masks is not None:
-            mask_dim = -1 if masks.dim() == 3 or self.layout == "CHW" else -2
-            moved.append(self._flip(masks, flip, mask_dim))
-        if boxes is not None:
-            width = images.shape[2] if self.layout == "HWC" else images.shape[3]
-            moved.append(flip_boxes(boxes, int(width), flip))
-        return moved[0] if len(moved) == 1 else tuple(moved)
+        moved = [
+            self._flip(mask, flip, -1 if mask.dim() == 3 or self.layout == "CHW" else -2)
+            for mask in masks
+        ]
+        height, width = _spatial(images, self.layout)
+        sides = np.full(images.shape[0], height), np.full(images.shape[0], width)
+        return out_images, moved, Geometry.identity(*sides, flips_host)
 
     @staticmethod
     def _flip(tensor: torch.Tensor, flip: torch.Tensor, dim: int) -> torch.Tensor:
@@ -225,26 +351,45 @@ class DeviceRandomResizedCrop(_SeededModule):
         return torch.from_numpy(np.stack([left, top, box_w, box_h], axis=1))
 
     def forward(
-        self, images: torch.Tensor, masks: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        self,
+        images: torch.Tensor | FieldBatch | Mapping[str, Any],
+        masks: torch.Tensor | None = None,
+        roles: Mapping[str, str] | None = None,
+    ) -> Any:
         """Crop and resize every sample.
 
         Args:
-            images: 4-D batch in the module's layout, float or uint8.
+            images: 4-D batch in the module's layout, float or uint8, or a batch of fields
+                with roles (a :class:`~fastdata.transforms.FieldBatch`, or a dict and
+                ``roles``).
             masks: Optional ``(B, H, W)`` or 4-D (same layout) integer masks.
+            roles: The roles of a dict batch's fields.
 
         Returns:
             Images of spatial size ``size`` in the same layout, dtype, device and memory
             format (a channels-last ``(B, C, H, W)`` batch stays channels-last), and masks,
-            when given, likewise.
+            when given, likewise; for a batch of fields, a
+            :class:`~fastdata.transforms.FieldBatch`.
 
         Raises:
             ValueError: ``images`` is not 4-D or ``masks`` does not match it.
         """
-        _check_batch(images, masks, self.layout)
+        if isinstance(images, FieldBatch | Mapping):
+            return self._forward_fields(images, roles)
+        out, moved, _ = self._move(images, [] if masks is None else [masks])
+        return out if masks is None else (out, moved[0])
+
+    def _move(
+        self, images: torch.Tensor, masks: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, list[torch.Tensor], Geometry]:
+        _check_batch(images, None, self.layout)
+        for mask in masks:
+            _check_batch(images, mask, self.layout)
         bchw = images.permute(0, 3, 1, 2) if self.layout == "HWC" else images
         batch, _, height, width = bchw.shape
         boxes = self.sample_boxes(batch, height, width).double()
+        crops = boxes[:, [1, 0, 3, 2]].numpy().astype(np.int64)  # (top, left, h, w)
+        geometry = Geometry.of(crops, np.tile(np.array(self.size, np.int64), (batch, 1)))
         x0, y0, box_w, box_h = boxes.unbind(dim=1)
         theta = torch.zeros(batch, 2, 3, dtype=torch.float32)
         theta[:, 0, 0] = box_w / width
@@ -258,8 +403,9 @@ class DeviceRandomResizedCrop(_SeededModule):
             out = out.permute(0, 2, 3, 1).contiguous()
         elif _channels_last(images):
             out = out.contiguous(memory_format=torch.channels_last)  # keep the caller's format
-        if masks is None:
-            return out
+        return out, [self._move_mask(mask, grid) for mask in masks], geometry
+
+    def _move_mask(self, masks: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
         mask_bchw = masks.unsqueeze(1) if masks.dim() == 3 else masks
         if masks.dim() == 4 and self.layout == "HWC":
             mask_bchw = masks.permute(0, 3, 1, 2)
@@ -268,7 +414,7 @@ class DeviceRandomResizedCrop(_SeededModule):
             out_masks = out_masks.squeeze(1)
         elif self.layout == "HWC":
             out_masks = out_masks.permute(0, 2, 3, 1).contiguous()
-        return out, out_masks
+        return out_masks
 
     @staticmethod
     def _resample(bchw: torch.Tensor, grid: torch.Tensor, mode: str) -> torch.Tensor:

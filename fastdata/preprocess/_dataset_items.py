@@ -3,6 +3,14 @@
 An item is ``(image, label)``, ``(image, label, mask)``, ``(image, mask)``, a bare image,
 or a dict with an image under ``"image"``/``"img"``, optionally a label under
 ``"label"``/``"labels"``/``"target"`` and a mask under ``"mask"`` (other keys ignored).
+Detection items, torchvision style: ``(image, target)`` with ``target`` a dict holding
+``"boxes"`` (``(N, 4)`` xyxy pixels) and ``"labels"`` (``(N,)`` ints), or a dict item with
+``"boxes"`` and ``"labels"`` beside its image; other per-box entries of the target
+(1-D or 2-D numeric arrays with ``N`` rows, such as ``"iscrowd"`` or ``"area"``) are kept
+too, anything else in it (``"image_id"``, per-instance masks) is ignored. Boxes with a
+NaN, a negative size or outside the image (by more than a pixel), or labels not one per
+box, raise a :class:`~fastdata.errors.DecodeError` of reason ``"bad_annotation"``: the
+item is skipped or refused by the ``on_error`` policy, as a corrupt image is.
 An image is a PIL image (any mode but ``I`` and ``F``, read by
 :func:`fastdata._codec.pil_pixels`, the rule files are decoded with: ``L`` and 16-bit modes
 gray, 16 bits keeping their high byte; other modes converted to RGB as torchvision's
@@ -24,6 +32,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from PIL import Image
 
+from fastdata._boxes import check_boxes, clip_to_image
 from fastdata._codec import pil_pixels
 from fastdata._labels import check_label
 from fastdata.errors import DecodeError, PreprocessError
@@ -31,6 +40,8 @@ from fastdata.errors import DecodeError, PreprocessError
 IMAGE_KEYS = ("image", "img")
 LABEL_KEYS = ("label", "labels", "target")
 MASK_KEYS = ("mask",)
+BOXES_KEY = "boxes"
+BOX_LABELS_KEY = "labels"
 _ITEM_FORMS = (
     "(image, label), (image, label, mask), (image, mask), an image, or a dict with an 'image' "
     "(or 'img') key"
@@ -54,18 +65,47 @@ class LoadedSample(NamedTuple):
         image: ``(H, W, 3)`` RGB or ``(H, W, 1)`` gray, uint8.
         mask: ``(H, W)`` uint8, or ``None``.
         label: The label, or ``None``.
+        targets: Detection targets, or ``None``: ``"boxes"`` ``(N, 4)`` float32 xyxy pixels
+            (clipped to the image), ``"labels"`` ``(N,)`` int64, and any other per-box
+            array with ``N`` rows (int64, float32 or uint8 for bools).
     """
 
     image: np.ndarray
     mask: np.ndarray | None
     label: int | None
+    targets: dict[str, np.ndarray] | None = None
 
 
 def where(index: int) -> str:
     return f"dataset[{index}]"
 
 
-def _split_item(item: Any, index: int) -> tuple[Any, Any, Any]:
+def _split_item(item: Any, index: int) -> tuple[Any, Any, Any, Any]:
+    """``(image, label, mask, targets)`` of one item (``None`` where absent), still in the
+    dataset's types."""
+    if isinstance(item, Mapping) and BOXES_KEY in item:
+        image_keys = [key for key in IMAGE_KEYS if key in item]
+        if len(image_keys) != 1:
+            raise DatasetTypeError(
+                f"{where(index)} is a dict with boxes and keys {sorted(map(str, item))}: it "
+                f"needs exactly one image key of {IMAGE_KEYS}"
+            )
+        targets = {k: v for k, v in item.items() if k not in (*IMAGE_KEYS, *MASK_KEYS)}
+        label = targets.pop("label", None)
+        mask = next((item[key] for key in MASK_KEYS if key in item), None)
+        return item[image_keys[0]], label, mask, targets
+    if (
+        isinstance(item, (tuple, list))
+        and len(item) == 2
+        and isinstance(item[1], Mapping)
+        and BOXES_KEY in item[1]
+    ):
+        return item[0], None, None, dict(item[1])
+    image, label, mask = _split_plain(item, index)
+    return image, label, mask, None
+
+
+def _split_plain(item: Any, index: int) -> tuple[Any, Any, Any]:
     """``(image, label or None, mask or None)`` of one item, still in the dataset's types."""
     if isinstance(item, Mapping):
         image_keys = [key for key in IMAGE_KEYS if key in item]
@@ -255,6 +295,68 @@ def _label_value(value: Any, index: int) -> int:
     )
 
 
+def _numeric(value: Any, index: int, part: str) -> np.ndarray:
+    """A list, array or tensor as a numeric ndarray (``DatasetTypeError`` otherwise)."""
+    tensor = _torch_tensor_type()
+    if tensor is not None and isinstance(value, tensor):
+        array = np.asarray(value.detach().cpu().numpy())
+    else:
+        try:
+            array = np.asarray(value)
+        except (TypeError, ValueError) as exc:
+            raise DatasetTypeError(f"{where(index)}: the {part} is a {_describe(value)}") from exc
+    if array.dtype.kind not in "biuf":
+        raise DatasetTypeError(
+            f"{where(index)}: the {part} is a {_describe(value)}; expected numbers"
+        )
+    return array
+
+
+def _target_arrays(value: Any, index: int, image_hw: tuple[int, int]) -> dict[str, np.ndarray]:
+    """The checked detection targets of one item (see :class:`LoadedSample`).
+
+    Raises:
+        DatasetTypeError: The target is not a dict, or boxes or labels are not numbers.
+        DecodeError: Bad boxes or labels (reason ``bad_annotation``).
+    """
+    if not isinstance(value, Mapping):
+        raise DatasetTypeError(
+            f"{where(index)}: the target is a {_describe(value)}; expected a dict"
+        )
+    boxes = _numeric(value[BOXES_KEY], index, "boxes").astype(np.float32)
+    if boxes.size == 0:
+        boxes = boxes.reshape(0, 4)
+    problem = check_boxes(boxes, image_hw)
+    if problem is not None:
+        raise DecodeError(problem, where(index), "bad_annotation")
+    count = len(boxes)
+    if BOX_LABELS_KEY not in value:
+        raise DatasetTypeError(f"{where(index)}: the target has boxes but no 'labels'")
+    labels = _numeric(value[BOX_LABELS_KEY], index, "labels").reshape(-1)
+    if len(labels) != count:
+        raise DecodeError(f"{len(labels)} labels for {count} boxes", where(index), "bad_annotation")
+    if labels.dtype.kind == "f" and not np.array_equal(labels, np.round(labels)):
+        raise DatasetTypeError(f"{where(index)}: the labels are not integers ({labels[:4]!r})")
+    targets: dict[str, np.ndarray] = {
+        BOXES_KEY: clip_to_image(boxes, image_hw),
+        BOX_LABELS_KEY: labels.astype(np.int64),
+    }
+    for key, extra in value.items():
+        if key in (BOXES_KEY, BOX_LABELS_KEY) or not isinstance(key, str):
+            continue
+        array = np.asarray(extra) if not hasattr(extra, "detach") else extra.detach().cpu().numpy()
+        if array.dtype.kind not in "biuf" or array.ndim not in (1, 2) or len(array) != count:
+            continue  # not per box (an image id, instance masks): not stored
+        if array.dtype.kind == "b":
+            array = array.astype(np.uint8)
+        elif array.dtype.kind in "iu":
+            array = array.astype(np.int64)
+        else:
+            array = array.astype(np.float32)
+        targets[key] = np.ascontiguousarray(array)
+    return targets
+
+
 def load_item(dataset: Any, index: int, max_pixels: int | None = None) -> LoadedSample:
     """Read ``dataset[index]`` and convert it to uint8 pixels (see the module docstring).
 
@@ -277,11 +379,12 @@ def load_item(dataset: Any, index: int, max_pixels: int | None = None) -> Loaded
         raise PreprocessError(
             f"{where(index)} raised {type(exc).__name__}: {exc}".rstrip(": ")
         ) from exc
-    image_value, label_value, mask_value = _split_item(item, index)
+    image_value, label_value, mask_value, target_value = _split_item(item, index)
     image = _image_pixels(image_value, index, max_pixels)
     mask = None if mask_value is None else _mask_pixels(mask_value, index, image.shape[:2])
     label = None if label_value is None else _label_value(label_value, index)
-    return LoadedSample(image, mask, label)
+    targets = None if target_value is None else _target_arrays(target_value, index, image.shape[:2])
+    return LoadedSample(image, mask, label, targets)
 
 
 def sample_digest(sample: LoadedSample) -> bytes:
@@ -290,4 +393,7 @@ def sample_digest(sample: LoadedSample) -> bytes:
     if sample.mask is not None:
         digest.update(b"mask")
         digest.update(sample.mask.tobytes())
+    for key, array in sorted((sample.targets or {}).items()):
+        digest.update(f"{key}\0{array.dtype}\0{array.shape}".encode())
+        digest.update(array.tobytes())
     return digest.digest()

@@ -55,7 +55,13 @@ from fastdata.preprocess._dataset_items import (
 from fastdata.preprocess._engine import Engine, LocalEngine
 from fastdata.preprocess._fork import fork_refusal, resolve_start_method
 from fastdata.preprocess._sources import SourceItem, SourceListing
-from fastdata.preprocess._task import SampleFailure, SampleResult, ShardJob, process_pixels
+from fastdata.preprocess._task import (
+    SampleFailure,
+    SampleResult,
+    ShardJob,
+    place_targets,
+    process_pixels,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -160,13 +166,23 @@ class DatasetLoader:
         dataset: The map-style dataset.
         has_labels: Items carry labels (as item 0 does).
         has_masks: Items carry masks (as item 0 does).
+        targets: Items carry detection targets: per key (``boxes``, ``labels``, per-box
+            extras) its dtype and row shape, as item 0's (empty: none).
     """
 
-    def __init__(self, dataset: Any, *, has_labels: bool, has_masks: bool) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        has_labels: bool,
+        has_masks: bool,
+        targets: tuple[tuple[str, str, tuple[int, ...]], ...] = (),
+    ) -> None:
         self._dataset: Any = dataset
         self._payload: bytes | None = None
         self.has_labels = has_labels
         self.has_masks = has_masks
+        self.targets = targets
 
     def prepare_for_workers(self) -> str:
         """Pickle the dataset for worker processes; return ``""``, or why it cannot go."""
@@ -185,6 +201,7 @@ class DatasetLoader:
             "payload": self._payload,
             "has_labels": self.has_labels,
             "has_masks": self.has_masks,
+            "targets": self.targets,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -192,6 +209,7 @@ class DatasetLoader:
         self._payload = state["payload"]
         self.has_labels = state["has_labels"]
         self.has_masks = state["has_masks"]
+        self.targets = state["targets"]
 
     @property
     def dataset(self) -> Any:
@@ -230,6 +248,12 @@ class DatasetLoader:
                 f"but dataset[0] has {_parts(self.has_labels, self.has_masks)}: every item "
                 "must have the same parts"
             )
+        if target_layout(loaded) != self.targets:
+            raise DatasetValueError(
+                f"{item.path} has detection targets {_layout_text(target_layout(loaded))}, but "
+                f"dataset[0] has {_layout_text(self.targets)}: every item must have the same "
+                "per-box entries"
+            )
         image = loaded.image
         if job.options.grayscale and image.shape[2] == 3:
             image = cv2.cvtColor(image, cv2.COLOR_RGB2GRAY)[..., None]
@@ -239,7 +263,21 @@ class DatasetLoader:
         sample["path"] = item.name
         if loaded.label is not None:
             sample["label"] = loaded.label
+        if loaded.targets is not None:
+            sample.update(place_targets(loaded.targets, image.shape[:2], job.options))
         return sample, stats
+
+
+def target_layout(sample: LoadedSample) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+    """Per detection-target key its dtype and row shape (empty without targets)."""
+    return tuple(
+        (key, array.dtype.name, tuple(array.shape[1:]))
+        for key, array in (sample.targets or {}).items()
+    )
+
+
+def _layout_text(layout: tuple[tuple[str, str, tuple[int, ...]], ...]) -> str:
+    return ", ".join(f"{key} {dtype} {tail}" for key, dtype, tail in layout) or "none"
 
 
 def _parts(label: bool, mask: bool) -> str:
@@ -266,6 +304,11 @@ class DatasetListing(SourceListing):
     @property
     def has_masks(self) -> bool:
         return self.loader.has_masks
+
+    @property
+    def target_fields(self) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+        """Detection targets per key: dtype and row shape (empty: none)."""
+        return self.loader.targets
 
     def fingerprint(self) -> str:
         return self.digest
@@ -346,7 +389,10 @@ def list_dataset(
             "without them and augment at training time"
         )
     loader = DatasetLoader(
-        dataset, has_labels=first.label is not None, has_masks=first.mask is not None
+        dataset,
+        has_labels=first.label is not None,
+        has_masks=first.mask is not None,
+        targets=target_layout(first),
     )
     for index in probes[1:]:
         sample = loaded[index]
@@ -358,6 +404,12 @@ def list_dataset(
                 f"{where(index)} has {_parts(sample.label is not None, sample.mask is not None)}"
                 f", but dataset[0] has {_parts(loader.has_labels, loader.has_masks)}: every "
                 "item must have the same parts"
+            )
+        if sample is not None and target_layout(sample) != loader.targets:
+            raise DatasetValueError(
+                f"{where(index)} has detection targets {_layout_text(target_layout(sample))}, "
+                f"but dataset[0] has {_layout_text(loader.targets)}: every item must have the "
+                "same per-box entries"
             )
     class_names = _class_names(dataset)
     label = f"{kind.__module__}.{kind.__qualname__}" if name is None else name

@@ -25,7 +25,7 @@ from fastdata.errors import DecodeError, OnError, PreprocessError
 from fastdata.preprocess._options import PreprocessOptions
 from fastdata.preprocess._sources import SourceItem, SourceListing, display_name
 from fastdata.preprocess._stats import PixelStats, merge_fields
-from fastdata.preprocess._transforms import decode_min_side, transform
+from fastdata.preprocess._transforms import decode_min_side, transform, transform_boxes
 from fastdata.shards import FieldSpec, ShardInfo
 
 logger = logging.getLogger(__name__)
@@ -125,18 +125,26 @@ def build_fields(listing: SourceListing, options: PreprocessOptions) -> tuple[Fi
         fields = []
         for name, side in zip(field_names("image", options.sizes), options.sizes, strict=True):
             if options.storage == "raw":
-                fields.append(FieldSpec(name, "array", "uint8", (side, side, channels), "HWC"))
+                fields.append(
+                    FieldSpec(name, "array", "uint8", (side, side, channels), "HWC", role="image")
+                )
             else:
-                fields.append(FieldSpec(name, "encoded", "uint8", encoding="jpeg"))
+                fields.append(FieldSpec(name, "encoded", "uint8", encoding="jpeg", role="image"))
         if listing.kind == "segmentation" or getattr(listing, "has_masks", False):
             for name, side in zip(field_names("mask", options.sizes), options.sizes, strict=True):
                 if options.storage == "raw":
-                    fields.append(FieldSpec(name, "array", "uint8", (side, side), "HW"))
+                    fields.append(
+                        FieldSpec(name, "array", "uint8", (side, side), "HW", role="mask")
+                    )
                 else:
-                    fields.append(FieldSpec(name, "encoded", "uint8", encoding="png"))
+                    fields.append(FieldSpec(name, "encoded", "uint8", encoding="png", role="mask"))
+        for key, dtype, tail in getattr(listing, "target_fields", ()):
+            role = {"boxes": "boxes", "labels": "box_labels"}.get(key, "other")
+            for name in field_names(key, options.sizes):
+                fields.append(FieldSpec(name, "ragged", dtype, tail, role=role))
     if listing.has_labels:
-        fields.append(FieldSpec("label", "array", "int64"))
-    fields.append(FieldSpec("path", "encoded", "uint8", encoding="utf-8"))
+        fields.append(FieldSpec("label", "array", "int64", role="label"))
+    fields.append(FieldSpec("path", "encoded", "uint8", encoding="utf-8", role="path"))
     return tuple(fields)
 
 
@@ -256,6 +264,28 @@ def process_pixels(
                 small if options.storage == "raw" else _encode(small, ".png", 0, mask_source)
             )
     return sample, stats
+
+
+def place_targets(
+    targets: dict[str, np.ndarray], image_hw: tuple[int, int], options: PreprocessOptions
+) -> dict[str, np.ndarray]:
+    """The stored target fields: per output size the boxes where the offline resize puts
+    them (``boxes``, ``boxes_<side>``...), and the labels and per-box entries of the boxes
+    kept (``labels``, ``labels_<side>``...).
+
+    Args:
+        targets: ``"boxes"`` ``(N, 4)`` float32 xyxy in pixels of the decoded image, and
+            per-box arrays with ``N`` rows (``"labels"``, ``"iscrowd"``...).
+        image_hw: ``(height, width)`` of the decoded image.
+        options: The job's options (sizes and resize mode).
+    """
+    out: dict[str, np.ndarray] = {}
+    for position, side in enumerate(options.sizes):
+        boxes, keep = transform_boxes(targets["boxes"], *image_hw, side, options.resize)
+        for key, array in targets.items():
+            name = key if position == 0 else f"{key}_{side}"
+            out[name] = boxes if key == "boxes" else array[keep]
+    return out
 
 
 def _process_array(item: SourceItem, spec: FieldSpec) -> SampleResult:

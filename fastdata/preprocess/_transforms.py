@@ -12,6 +12,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
+from fastdata._boxes import place_boxes, sanitize_boxes
 from fastdata._crop import largest_centered_box, scaled_size
 from fastdata._resize import resize_image
 
@@ -87,3 +88,44 @@ def decode_min_side(side: int, mode: str, height: int, width: int) -> int:
     if mode in ("shorter", "exact"):
         return side
     return max(1, -(-side * min(height, width) // max(height, width)))
+
+
+def transform_boxes(
+    boxes: np.ndarray, height: int, width: int, side: int, mode: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Where ``(N, 4)`` xyxy pixel boxes of an ``height x width`` image land under
+    :func:`transform` (same mode and side), clipped to the stored image and dropped by
+    :func:`fastdata._boxes.sanitize_boxes`' rule (the ``shorter`` mode's centre crop can cut
+    boxes away).
+
+    Returns:
+        ``(boxes, keep)``: the kept ``(K, 4)`` float32 boxes and the ``(N,)`` bool mask that
+        chose them (for the boxes' labels).
+    """
+    content = (0, 0, side, side)  # (top, left, height, width) of the picture in the output
+    if mode == "exact":
+        crop, out = (0.0, 0.0, float(height), float(width)), (side, side)
+    elif mode == "shorter":
+        top, left, crop_h, crop_w = largest_centered_box((height, width), 1.0)
+        crop, out = (float(top), float(left), float(crop_h), float(crop_w)), (side, side)
+    elif mode == "pad":
+        new_h, new_w = scaled_size(height, width, side, longer=True)
+        pad_top, pad_left = (side - new_h) // 2, (side - new_w) // 2
+        scale_y, scale_x = height / new_h, width / new_w
+        crop = (-pad_top * scale_y, -pad_left * scale_x, side * scale_y, side * scale_x)
+        out = (side, side)
+        content = (pad_top, pad_left, new_h, new_w)
+    elif mode == "longer":
+        out = (
+            (height, width)
+            if max(height, width) <= side
+            else scaled_size(height, width, side, longer=True)
+        )
+        crop = (0.0, 0.0, float(height), float(width))
+        content = (0, 0, *out)
+    else:
+        raise ValueError(f"resize mode must be one of {RESIZE_MODES}, got {mode!r}")
+    placed = place_boxes(boxes, crop, out)
+    shift = np.array([content[1], content[0]] * 2, np.float32)
+    clipped, keep = sanitize_boxes(placed - shift, content[2:])
+    return (clipped[keep] + shift).astype(np.float32), keep

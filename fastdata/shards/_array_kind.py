@@ -58,10 +58,6 @@ class ArrayKind(FieldKind):
             return (shape[1], shape[2]) if axes == "CHW" else (shape[0], shape[1])
         return None
 
-    @property
-    def is_mask(self) -> bool:
-        return self.spec.dtype == "uint8" and len(self.spec.shape) == 2
-
     def describe(self) -> str:
         spec = self.spec
         return f"{spec.dtype} {tuple(spec.shape)} {spec.axes}".rstrip()

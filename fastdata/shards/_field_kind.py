@@ -126,12 +126,6 @@ class FieldKind(ABC):
         ``uint8`` (with ``decode=True``)."""
         return False
 
-    @property
-    def is_mask(self) -> bool:
-        """Whether samples are stored ``(H, W)`` ``uint8`` label maps, which a batch
-        transform moves along with their images."""
-        return False
-
     @abstractmethod
     def describe(self) -> str:
         """One line for ``fastdata inspect``."""

@@ -1,6 +1,6 @@
 """The registry of field kinds: the name a manifest gives a field's ``kind`` → its class.
 
-A new kind of field (say variable-length arrays of detection boxes) is one
+A new kind of field (say per-sample point clouds) is one
 :class:`~fastdata.shards.FieldKind` subclass passed to :func:`register_field_kind`.
 """
 
@@ -9,8 +9,11 @@ from __future__ import annotations
 from fastdata.shards._array_kind import ArrayKind
 from fastdata.shards._encoded_kind import EncodedKind
 from fastdata.shards._field_kind import FieldKind
+from fastdata.shards._ragged_kind import RaggedKind
 
-FIELD_KINDS: dict[str, type[FieldKind]] = {kind.name: kind for kind in (ArrayKind, EncodedKind)}
+FIELD_KINDS: dict[str, type[FieldKind]] = {
+    kind.name: kind for kind in (ArrayKind, EncodedKind, RaggedKind)
+}
 
 
 def register_field_kind(cls: type[FieldKind]) -> type[FieldKind]:

@@ -12,13 +12,16 @@ from typing import Any
 import numpy as np
 
 from fastdata._files import write_json_atomic
+from fastdata._roles import check_role, default_role
 from fastdata.errors import ShardFormatError
 from fastdata.shards._field_kind import NUMERIC_KINDS, FieldKind
 from fastdata.shards._kinds import kind_class
 from fastdata.storage import parse_location, read_file
 
 FORMAT_NAME = "fastdata-shards"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Versions this fastdata reads: 1 had no field roles (they default, see default_role).
+READABLE_VERSIONS = (1, 2)
 MANIFEST_NAME = "index.json"
 # Lossless compressions a shard's array fields may use (HDF5 filters that h5py always has).
 COMPRESSIONS = ("gzip", "lzf")
@@ -42,6 +45,11 @@ class FieldSpec:
             (the manifest key ``axes``; manifests written before it was named so say
             ``layout``, which is read the same).
         encoding: For encoded fields: ``"jpeg"``, ``"png"`` or ``"utf-8"``.
+        role: What the field is, which decides how transforms move it: one of
+            ``"image"``, ``"mask"``, ``"boxes"``, ``"label"``, ``"box_labels"``,
+            ``"path"``, ``"other"`` (:data:`fastdata._roles.ROLES`). Left empty, the
+            default for the field's name and kind (:func:`fastdata._roles.default_role`),
+            which is also what manifests of format version 1 (written before roles) get.
     """
 
     name: str
@@ -50,10 +58,15 @@ class FieldSpec:
     shape: tuple[int, ...] = ()
     axes: str = ""
     encoding: str | None = None
+    role: str = ""
 
     def __post_init__(self) -> None:
         np.dtype(self.dtype)  # raises TypeError for an unknown dtype name
         kind_class(self.kind).check(self)
+        if self.role:
+            check_role(self.role, f"role of field {self.name!r}")
+        else:
+            object.__setattr__(self, "role", default_role(self))
 
     @cached_property
     def field_kind(self) -> FieldKind:
@@ -97,8 +110,9 @@ class FieldSpec:
             raise ValueError(f"{key}.name must be a non-empty name without '/', got {name!r}")
         axes_key = _axes_key(entry, key)
         axes = _expect(entry.get(axes_key, ""), str, f"{key}.{axes_key}")
+        role = _expect(entry.get("role", ""), str, f"{key}.role")
         try:
-            return cls(name, kind, dtype, tuple(shape), axes, encoding)
+            return cls(name, kind, dtype, tuple(shape), axes, encoding, role)
         except ValueError as exc:  # the kind's own rules
             raise ValueError(f"{key}: {exc}") from exc
 
@@ -239,7 +253,7 @@ class Manifest:
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT_NAME,
-            "version": self.version,
+            "version": FORMAT_VERSION,  # roles are filled in whatever version was read
             "num_samples": self.num_samples,
             "num_bytes": self.num_bytes,
             "fields": [f.to_json() for f in self.fields],
@@ -268,10 +282,10 @@ class Manifest:
         if data.get("format") != FORMAT_NAME:
             raise ShardFormatError(f"not a {FORMAT_NAME} manifest", path)
         version = data.get("version")
-        if version != FORMAT_VERSION or isinstance(version, bool):
+        if version not in READABLE_VERSIONS or isinstance(version, bool):
             raise ShardFormatError(
                 f"manifest format version {version} is not supported "
-                f"(this fastdata reads version {FORMAT_VERSION})",
+                f"(this fastdata reads versions {', '.join(map(str, READABLE_VERSIONS))})",
                 path,
             )
         try:

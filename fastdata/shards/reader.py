@@ -16,7 +16,7 @@ from fastdata._gather import locate
 from fastdata.errors import ShardFormatError
 from fastdata.shards._schema import (
     FORMAT_NAME,
-    FORMAT_VERSION,
+    READABLE_VERSIONS,
     FieldSpec,
     Manifest,
     ShardInfo,
@@ -147,8 +147,10 @@ def _check_attributes(h5: h5py.File, info: ShardInfo) -> None:
     attrs = h5.attrs
     if _text(attrs.get("format")) != FORMAT_NAME:
         raise ValueError(f"not a {FORMAT_NAME} shard")
-    if _integer(attrs.get("version")) != FORMAT_VERSION:
-        raise ValueError(f"shard format version {attrs.get('version')} is not {FORMAT_VERSION}")
+    if _integer(attrs.get("version")) not in READABLE_VERSIONS:
+        raise ValueError(
+            f"shard format version {attrs.get('version')} is not one of {READABLE_VERSIONS}"
+        )
     if _integer(attrs.get("num_samples")) != info.num_samples:
         raise ValueError(
             f"it holds {attrs.get('num_samples')} samples, the manifest records {info.num_samples}"

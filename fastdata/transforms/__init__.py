@@ -5,14 +5,26 @@ collated batches.
 They take a whole batch (``(B, C, H, W)`` uint8 tensor, ``(B, H, W, C)`` uint8 array, or
 a list of ``(H, W, C)`` uint8 arrays), are seeded per DataLoader worker, and compose with
 :class:`~fastdata.datasets.ShardDataset` and :class:`~fastdata.datasets.RAMDataset`,
-which call them once per batch on their thread pool. Any other callable (a torchvision
-transform) given to a dataset is applied per sample instead.
+which call them once per batch on their thread pool, every field moved by its role
+(images, masks nearest-neighbour, detection boxes with their labels; see
+:class:`FieldBatch`). Any other callable (a torchvision transform) given to a dataset is
+applied per sample to the image instead.
 """
 
 from fastdata.transforms._base import BatchTransform, Compose
-from fastdata.transforms._detection import Geometry, Letterbox, RandomIoUCrop, move_boxes
+from fastdata.transforms._detection import Letterbox, RandomIoUCrop
+from fastdata.transforms._fields import (
+    FieldBatch,
+    Geometry,
+    Move,
+    apply_geometry,
+    as_field_batch,
+    moved_roles,
+    register_mover,
+)
 from fastdata.transforms._geometric import (
     CenterCrop,
+    GeometricTransform,
     RandomHorizontalFlip,
     RandomResizedCrop,
     Resize,
@@ -41,10 +53,13 @@ __all__ = [
     "ColorJitter",
     "Compose",
     "CutMix",
+    "FieldBatch",
     "GaussianBlur",
+    "GeometricTransform",
     "Geometry",
     "Letterbox",
     "MixUp",
+    "Move",
     "RandAugment",
     "RandomAdjustSharpness",
     "RandomAffine",
@@ -62,5 +77,8 @@ __all__ = [
     "Resize",
     "StepTransform",
     "TrivialAugmentWide",
-    "move_boxes",
+    "apply_geometry",
+    "as_field_batch",
+    "moved_roles",
+    "register_mover",
 ]

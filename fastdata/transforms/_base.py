@@ -3,16 +3,18 @@ run a :mod:`fastdata.ops` description, and ``Compose``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 import torch
 
-from fastdata import ops
+from fastdata import _roles, ops
+from fastdata._boxes import DEFAULT_MIN_SIZE, DEFAULT_MIN_VISIBILITY
 from fastdata._draws import UniformDraws
 from fastdata._images import Images, check_images, check_masks, stack_images
+from fastdata.transforms._fields import MOVERS, FieldBatch, as_field_batch
 
 BatchInput = Union[Images, torch.Tensor]  # noqa: UP007
 
@@ -31,10 +33,13 @@ class BatchTransform:
     Masks follow the images: :meth:`apply_all` takes the image batch plus any number of
     mask batches (``(B, H, W)`` uint8, or a list of ``(H, W)`` uint8, one per image of the
     same height and width) and moves every mask's pixels exactly as the image's, from the
-    same random draw, resampling them nearest-neighbour so labels stay labels. Datasets pass
-    every 2-D uint8 field after the first as a mask. A subclass that moves pixels overrides
-    :meth:`apply_all`; one that only changes values (colour, noise) overrides :meth:`apply`
-    and leaves masks as they are.
+    same random draw, resampling them nearest-neighbour so labels stay labels.
+    :meth:`apply_batch` is the general form, which datasets call: a
+    :class:`~fastdata.transforms.FieldBatch` of fields with roles in, one out (images,
+    masks, boxes and box labels moved from one draw). A geometric transform
+    (:class:`~fastdata.transforms.GeometricTransform`) implements ``geometry`` only; one
+    that moves pixels its own way overrides :meth:`apply_all`; one that only changes values
+    (colour, noise) overrides :meth:`apply` and leaves masks and boxes as they are.
 
     Each transform declares what it makes of its input before any batch is read, the way
     a dataset needs it to check sizes at construction: :meth:`output_size` (the output
@@ -60,6 +65,11 @@ class BatchTransform:
     """
 
     batched = True
+    moves_pixels = False  # True: the geometry changes (fields of every moved role follow)
+    interpolation: int | None = None  # the image kernel (None: antialiased, see _resize)
+    # Boxes are dropped below this clipped side (pixels) or visible fraction (_boxes).
+    min_box_size: float = DEFAULT_MIN_SIZE
+    min_box_visibility: float = DEFAULT_MIN_VISIBILITY
     min_input_side: int | None = None  # decoders may decode JPEGs reduced down to this
     in_place = True  # False: never writes to its input (datasets may pass stored rows)
     keeps_size = True  # False: outputs have another height and width than their inputs
@@ -128,14 +138,78 @@ class BatchTransform:
         """
         return self.apply(images, executor, tasks), list(masks)
 
+    def apply_batch(
+        self,
+        batch: FieldBatch,
+        executor: Executor | None = None,
+        tasks: int = 1,
+        out: np.ndarray | None = None,
+    ) -> FieldBatch:
+        """Transform a batch of named fields with roles and return one: the convention
+        every executor shares.
+
+        Geometric transforms (``moves_pixels``) draw once per batch and move every field
+        whose role has a mover (images, masks, boxes, registered roles); this default, for
+        transforms that move pixels their own way (:meth:`apply_all`: colour steps, affine
+        policies), runs :meth:`apply_all` on the first image field and the masks and passes
+        the other fields through; it refuses boxes (or another moved role) when it moves
+        pixels, since it has no box geometry.
+
+        Args:
+            batch: The fields; image fields NumPy ``(B, H, W, C)`` uint8 or lists of
+                ``(H, W, C)``, masks ``(B, H, W)``, boxes lists of ``(N_i, 4)`` float32.
+            executor: Optional thread pool for the per-sample work.
+            tasks: Number of slices to split the batch into on ``executor``.
+            out: Where to write the first image field's output (``writes_out`` only).
+
+        Raises:
+            ValueError: A moved role this transform cannot move, or more than one image
+                field for a transform that moves pixels.
+        """
+        images = batch.names(_roles.IMAGE)
+        if not images:
+            return batch
+        masks = batch.names(_roles.MASK)
+        if self.moves_pixels:
+            for name in batch:
+                role = batch.role(name)
+                if role in MOVERS and role not in (_roles.IMAGE, _roles.MASK):
+                    raise ValueError(
+                        f"{self!r} moves pixels but cannot move the {role} field {name!r}: "
+                        "use the crops, resizes and flips of fastdata.transforms with "
+                        f"{role}, or leave {name!r} out of the batch"
+                    )
+            if len(images) > 1:
+                raise ValueError(
+                    f"{self!r} moves one image field per batch, got {images}: read one"
+                )
+        values = dict(batch.values)
+        given = {} if out is None else {"out": out}  # only writes_out transforms take one
+        moved_images, moved = self.apply_all(
+            values[images[0]], [values[m] for m in masks], executor, tasks, **given
+        )
+        values[images[0]] = moved_images
+        values.update(zip(masks, moved, strict=True))
+        for name in images[1:]:  # value-only transforms: every image field alike
+            values[name] = self.apply(values[name], executor, tasks)
+        return FieldBatch(values, dict(batch.roles))
+
     def __call__(
         self,
-        images: BatchInput,
+        images: BatchInput | Mapping[str, Any],
         executor: Executor | None = None,
         tasks: int = 1,
         masks: BatchInput | None = None,
-    ) -> BatchInput | tuple[BatchInput, BatchInput]:
+        roles: Mapping[str, str] | None = None,
+    ) -> Any:
         """Transform a batch.
+
+        A mapping of fields (or a :class:`~fastdata.transforms.FieldBatch`) is transformed
+        with :meth:`apply_batch` and a :class:`~fastdata.transforms.FieldBatch` returned,
+        every field moved by its role (``roles``; by default from the names: ``image``,
+        ``mask``, ``boxes``, ``labels`` are box labels, ``label`` a class per sample).
+        Image fields there are NumPy ``(B, H, W, C)`` uint8 (or lists), boxes lists of
+        ``(N_i, 4)`` float32 xyxy pixels. Otherwise:
 
         Args:
             images: ``(B, C, H, W)`` uint8 tensor, ``(B, H, W, C)`` uint8 array, or a list
@@ -153,6 +227,11 @@ class BatchTransform:
             ValueError: A batch of the wrong dtype or rank, or masks whose count, height or
                 width differ from the images'.
         """
+        if isinstance(images, Mapping | FieldBatch):
+            batch = as_field_batch(images, roles)
+            if self.in_place:
+                batch = _contiguous_fields(batch)
+            return self.apply_batch(batch, executor, tasks)
         tensor_masks = isinstance(masks, torch.Tensor)
         mask_list: list[Images] = []
         if masks is not None:
@@ -206,6 +285,14 @@ def check_out(out: np.ndarray, shape: tuple[int, ...]) -> None:
         )
 
 
+def _contiguous_fields(batch: FieldBatch) -> FieldBatch:
+    """``batch`` with its image and mask samples C-contiguous (for in-place kernels)."""
+    values = dict(batch.values)
+    for name in (*batch.names(_roles.IMAGE), *batch.names(_roles.MASK)):
+        values[name] = _contiguous(check_images(values[name]))
+    return FieldBatch(values, dict(batch.roles))
+
+
 def _contiguous(images: Images) -> Images:
     """``images`` with every sample C-contiguous (copied only where one is not)."""
     if isinstance(images, np.ndarray):
@@ -226,6 +313,7 @@ class OpTransform(BatchTransform, ops.Executor):
     def __init__(self, op: ops.Operation, seed: int | None = None) -> None:
         super().__init__(seed)
         self.op = op
+        self.moves_pixels = self.moves_pixels or bool(getattr(op, "moves_pixels", False))
         self.in_place = not op.reads_only
         self.keeps_size = op.keeps_size
         self.min_input_side = op.min_input_side
@@ -255,6 +343,7 @@ class Compose(BatchTransform):
         # The first transform is the one that reads the input batch (or writes into it).
         self.in_place = self.transforms[0].in_place if self.transforms else True
         self.keeps_size = all(t.keeps_size for t in self.transforms)
+        self.moves_pixels = any(t.moves_pixels for t in self.transforms)
         # The side the first resize needs, past transforms that keep sizes (a flip first).
         self.min_input_side = None
         for transform in self.transforms:
@@ -281,6 +370,18 @@ class Compose(BatchTransform):
         for transform in self.transforms:
             images = transform.apply(images, executor, tasks)
         return images
+
+    def apply_batch(
+        self,
+        batch: FieldBatch,
+        executor: Executor | None = None,
+        tasks: int = 1,
+        out: np.ndarray | None = None,
+    ) -> FieldBatch:
+        for index, transform in enumerate(self.transforms):
+            given = out if out is not None and index == self._out_step else None
+            batch = transform.apply_batch(batch, executor, tasks, given)
+        return batch
 
     def apply_all(
         self,

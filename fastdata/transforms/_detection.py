@@ -1,106 +1,40 @@
-"""CPU kernels of the detection geometry: :class:`RandomIoUCrop` (SSD's crop) and
-:class:`Letterbox` (YOLO's resize-and-pad), images and masks moved by OpenCV, boxes by
-:mod:`fastdata._boxes` from the same per-sample crop.
+"""CPU executors of the detection geometry: :class:`RandomIoUCrop` (SSD's crop) and
+:class:`Letterbox` (YOLO's resize-and-pad).
 
-Each states its batch's geometry first (:meth:`geometry`: the crop of each sample in
-input pixels and the output size), then cuts the pixels and maps the boxes through that
-one geometry, so images, masks and boxes never disagree.
+Both are geometric transforms: each draws one
+:class:`~fastdata.transforms._fields.Geometry` per batch and the movers move every field
+by its role from it (images, masks nearest-neighbour, boxes clipped and dropped with
+their labels), as for the other crops.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Executor
-from typing import NamedTuple
 
-import cv2
 import numpy as np
 
-from fastdata import ops
-from fastdata._boxes import (
-    DEFAULT_MIN_SIZE,
-    DEFAULT_MIN_VISIBILITY,
-    box_areas,
-    place_box_batch,
-    sanitize_boxes,
-)
+from fastdata import _roles, ops
 from fastdata._crop import parse_size
 from fastdata._ops_boxes import IOU_OPTIONS, LETTERBOX_FILL
-from fastdata._threads import parallel_for
-from fastdata.transforms._base import Images, OpTransform
-from fastdata.transforms._geometric import (
-    MASK_INTERPOLATION,
-    _check_interpolation,
-    _output,
-    _resize,
-    _sizes,
-)
+from fastdata.transforms._fields import FieldBatch, Geometry
+from fastdata.transforms._geometric import GeometricTransform, _check_interpolation
 
 
-class Geometry(NamedTuple):
-    """One batch's geometry: where each sample's output comes from.
-
-    Attributes:
-        crops: ``(B, 4)`` float64 ``(top, left, height, width)`` in input pixels: the input
-            region each output shows (past the image's edges where the output is padding).
-        out_sizes: ``(B, 2)`` int64 output ``(height, width)`` of each sample.
-    """
-
-    crops: np.ndarray
-    out_sizes: np.ndarray
+def batch_boxes(batch: FieldBatch, count: int) -> list[np.ndarray]:
+    """The first boxes field of ``batch`` as ``count`` NumPy ``(N_i, 4)`` arrays (none
+    without a boxes field)."""
+    names = batch.names(_roles.BOXES)
+    if not names:
+        return [np.zeros((0, 4), np.float32)] * count
+    return [np.asarray(rows, np.float32).reshape(-1, 4) for rows in batch.values[names[0]]]
 
 
-def move_boxes(
-    boxes: Sequence[np.ndarray],
-    geometry: Geometry,
-    min_size: float = DEFAULT_MIN_SIZE,
-    min_visibility: float = DEFAULT_MIN_VISIBILITY,
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Map each sample's boxes through its crop and output size, clip them to the output
-    and drop them by :func:`fastdata._boxes.sanitize_boxes`'s rule.
-
-    Args:
-        boxes: ``B`` arrays ``(N_i, 4)`` xyxy in input pixels.
-        geometry: The batch's :class:`Geometry`.
-        min_size: Smallest clipped side kept, output pixels.
-        min_visibility: Smallest kept fraction of a box's mapped area.
-
-    Returns:
-        ``(kept, keeps)``: ``B`` float32 ``(K_i, 4)`` boxes in output pixels, and the ``B``
-        ``(N_i,)`` bool masks that chose them (to filter per-box fields alike).
-    """
-    sizes = np.asarray(geometry.out_sizes, np.int64).reshape(-1, 2)
-    if len(sizes) and (sizes == sizes[0]).all():  # one output size: the batch in one pass
-        out_size = (int(sizes[0, 0]), int(sizes[0, 1]))
-        placed = place_box_batch(boxes, geometry.crops, out_size)
-        counts = [len(rows) for rows in placed]
-        flat = np.concatenate(placed) if placed else np.zeros((0, 4), np.float32)
-        clipped, keep = sanitize_boxes(flat, out_size, min_size, min_visibility, box_areas(flat))
-        splits = np.cumsum(counts)[:-1]
-        keeps = np.split(keep, splits)
-        pieces = np.split(clipped, splits)
-        return [rows[mask] for rows, mask in zip(pieces, keeps, strict=True)], keeps
-    kept: list[np.ndarray] = []
-    keeps = []
-    for k, sample in enumerate(boxes):
-        out_size = (int(sizes[k, 0]), int(sizes[k, 1]))
-        placed_one = place_box_batch([sample], geometry.crops[k : k + 1], out_size)[0]
-        clipped, keep = sanitize_boxes(
-            placed_one, out_size, min_size, min_visibility, box_areas(placed_one)
-        )
-        kept.append(clipped[keep])
-        keeps.append(keep)
-    return kept, keeps
-
-
-def _no_boxes(count: int) -> list[np.ndarray]:
-    return [np.zeros((0, 4), np.float32)] * count
-
-
-class RandomIoUCrop(OpTransform):
+class RandomIoUCrop(GeometricTransform):
     """Crop each image so that a box stays mostly inside (SSD's sampler, as
-    ``torchvision.transforms.v2.RandomIoUCrop``), no resize: the CPU kernel of
-    :class:`fastdata.ops.RandomIoUCrop`, which states the rule.
+    ``torchvision.transforms.v2.RandomIoUCrop``): the CPU executor of
+    :class:`fastdata.ops.RandomIoUCrop`, which states the rule. The crop is drawn from the
+    batch's boxes (its first field of role ``boxes``; none: any crop of a good shape).
 
     Args:
         min_scale: Smallest side fraction of the crop.
@@ -109,16 +43,12 @@ class RandomIoUCrop(OpTransform):
         max_aspect_ratio: Largest crop width / height.
         sampler_options: IoU thresholds to pick from (``1.0``: no crop).
         seed: See :class:`~fastdata.transforms.BatchTransform`.
-        size: ``None`` (default): each crop as cut, a list; or an output ``(height,
-            width)`` (one int: a square) each crop is resized to in the same pass (what
-            ``Compose([RandomIoUCrop(), Resize(size)])`` gives, without the copy between).
+        size: ``None`` (default): each crop as cut, a list of ``(h_i, w_i, C)``; or an
+            output ``(height, width)`` (one int: a square) every crop is resized to in the
+            same pass, what ``Compose([RandomIoUCrop(), Resize(size)])`` gives without the
+            copy between.
         interpolation: With ``size``: ``None`` for the antialiased kernel, or an OpenCV
             ``INTER_*`` flag.
-
-    Input ``(B, H, W, C)`` uint8 or a list of ``(H, W, C)`` uint8; output a list of
-    ``(h_i, w_i, C)`` uint8 crops (contiguous copies), or ``(B, height, width, C)`` with
-    ``size``; masks alike (nearest-neighbour). Its crops depend on the boxes
-    (:meth:`geometry`); given none, each image counts as one without boxes.
     """
 
     op_type = ops.RandomIoUCrop
@@ -148,115 +78,26 @@ class RandomIoUCrop(OpTransform):
         """``size`` when given, else ``None`` (each crop has its own)."""
         return self.size
 
-    def geometry(
-        self, heights: np.ndarray, widths: np.ndarray, boxes: Sequence[np.ndarray] | None = None
-    ) -> Geometry:
-        """This batch's crops, from this transform's draws (one draw per batch).
+    def crops(
+        self, heights: np.ndarray, widths: np.ndarray, boxes: Sequence[np.ndarray]
+    ) -> np.ndarray:
+        """This batch's crops ``(B, 4)`` int64 ``(top, left, height, width)`` for images of
+        ``(B,)`` heights and widths holding ``boxes`` (one draw per batch)."""
+        draws = self.uniform(len(heights), self.op.draws_per_sample)
+        return self.op.crops(heights, widths, boxes, draws)
 
-        Args:
-            heights: ``(B,)`` image heights.
-            widths: ``(B,)`` image widths.
-            boxes: ``B`` arrays ``(N_i, 4)`` xyxy pixels, or ``None`` for none.
-        """
-        count = len(heights)
-        draws = self.uniform(count, self.op.draws_per_sample)
-        given = boxes if boxes is not None else _no_boxes(count)
-        crops = self.op.crops(heights, widths, given, draws)
-        out_sizes = crops[:, 2:].copy() if self.size is None else np.tile(self.size, (count, 1))
-        return Geometry(crops.astype(np.float64), out_sizes.astype(np.int64))
-
-    def apply_boxes(
-        self,
-        images: Images,
-        masks: Sequence[Images],
-        boxes: Sequence[np.ndarray],
-        executor: Executor | None,
-        tasks: int,
-        *,
-        out: np.ndarray | None = None,
-    ) -> tuple[Images, list[Images], Geometry]:
-        """Crop (and with ``size`` resize) images and masks from crops drawn for
-        ``boxes`` (``B`` arrays ``(N_i, 4)`` xyxy pixels); returns them and the batch's
-        :class:`Geometry`, which :func:`move_boxes` moves the boxes through."""
-        heights, widths = _sizes(images)
-        geometry = self.geometry(heights, widths, boxes)
+    def geometry(self, heights: np.ndarray, widths: np.ndarray, batch: FieldBatch) -> Geometry:
+        """The crops drawn for the batch's boxes, resized to ``size`` when given."""
+        crops = self.crops(heights, widths, batch_boxes(batch, len(heights)))
         if self.size is None:
-            cut, cut_masks = self.cut(images, masks, geometry, executor, tasks)
-            return cut, cut_masks, geometry
-        resized, resized_masks = self._cut_resized(images, masks, geometry, executor, tasks, out)
-        return resized, resized_masks, geometry
-
-    def apply_all(
-        self,
-        images: Images,
-        masks: Sequence[Images],
-        executor: Executor | None,
-        tasks: int,
-        out: np.ndarray | None = None,  # never given: writes_out is False
-    ) -> tuple[Images, list[Images]]:
-        moved, moved_masks, _ = self.apply_boxes(
-            images, masks, _no_boxes(len(images)), executor, tasks, out=out
-        )
-        return moved, moved_masks
-
-    def _cut_resized(  # noqa: PLR0917
-        self,
-        images: Images,
-        masks: Sequence[Images],
-        geometry: Geometry,
-        executor: Executor | None,
-        tasks: int,
-        out: np.ndarray | None,
-    ) -> tuple[Images, list[Images]]:
-        """Each crop resized to ``size`` into ``out`` (or a new batch), masks alike."""
-        out_h, out_w = self.size or (1, 1)  # set: only called with a size
-        rows = geometry.crops.astype(np.int64).tolist()
-        out = _output(images, out_h, out_w, out)
-        mask_outs = [_output(mask, out_h, out_w) for mask in masks]
-
-        def body(start: int, stop: int) -> None:
-            for k in range(start, stop):
-                top, left, height, width = rows[k]
-                crop = images[k][top : top + height, left : left + width]
-                _resize(crop, out_w, out_h, out[k], self.interpolation)
-                for mask, mask_out in zip(masks, mask_outs, strict=True):
-                    window = mask[k][top : top + height, left : left + width]
-                    cv2.resize(
-                        window, (out_w, out_h), dst=mask_out[k], interpolation=MASK_INTERPOLATION
-                    )
-
-        parallel_for(executor, len(images), body, tasks=tasks)
-        return out, list(mask_outs)
-
-    @staticmethod
-    def cut(
-        images: Images,
-        masks: Sequence[Images],
-        geometry: Geometry,
-        executor: Executor | None,
-        tasks: int,
-    ) -> tuple[Images, list[Images]]:
-        """Cut each sample's crop of ``geometry`` out of the images and masks."""
-        rows = geometry.crops.astype(np.int64).tolist()
-        batches = [images, *masks]
-        outputs: list[list[np.ndarray]] = [[None] * len(images) for _ in batches]  # type: ignore[list-item]
-
-        def body(start: int, stop: int) -> None:
-            for k in range(start, stop):
-                top, left, height, width = rows[k]
-                for batch, output in zip(batches, outputs, strict=True):
-                    output[k] = np.ascontiguousarray(
-                        batch[k][top : top + height, left : left + width]
-                    )
-
-        parallel_for(executor, len(images), body, tasks=tasks)
-        cut_masks: list[Images] = list(outputs[1:])
-        return outputs[0], cut_masks
+            return Geometry.of(crops, crops[:, 2:])
+        return Geometry.of(crops, np.tile(np.array(self.size, np.int64), (len(crops), 1)))
 
 
-class Letterbox(OpTransform):
+class Letterbox(GeometricTransform):
     """Resize each image by one factor to fit ``size``, centre it and pad the rest (YOLO's
-    letterbox): the CPU kernel of :class:`fastdata.ops.Letterbox`.
+    letterbox): the CPU executor of :class:`fastdata.ops.Letterbox`. Boxes are scaled and
+    shifted (none is dropped: nothing leaves the output).
 
     Args:
         size: Output ``(height, width)``, or one int for a square.
@@ -280,66 +121,53 @@ class Letterbox(OpTransform):
         interpolation: int | None = None,
     ) -> None:
         super().__init__(ops.Letterbox(size, fill))
-        self.interpolation = interpolation
+        self.interpolation = _check_interpolation(interpolation)
 
     @property
     def size(self) -> tuple[int, int]:
         """Output ``(height, width)``."""
         return self.op.size
 
-    def geometry(
-        self, heights: np.ndarray, widths: np.ndarray, boxes: Sequence[np.ndarray] | None = None
-    ) -> Geometry:
-        """This batch's layout (no draws; ``boxes`` are not needed)."""
-        _, crops = self.op.layout(heights, widths)
-        return Geometry(crops, np.tile(np.array(self.size, np.int64), (len(heights), 1)))
+    @property
+    def fill(self) -> tuple[int, ...]:
+        """The images' padding value (one, or one per channel)."""
+        return self.op.fill
 
-    def apply_all(
+    def geometry(self, heights: np.ndarray, widths: np.ndarray, batch: FieldBatch) -> Geometry:
+        """Each image whole, resized to its placement and put at its offset."""
+        placements, _ = self.op.layout(heights, widths)
+        zeros = np.zeros(len(heights), np.int64)
+        whole = np.stack([zeros, zeros, heights, widths], axis=1)
+        sizes = np.tile(np.array(self.size, np.int64), (len(heights), 1))
+        return Geometry.of(whole, placements[:, 2:], offsets=placements[:, :2], out_sizes=sizes)
+
+    def apply_batch(
         self,
-        images: Images,
-        masks: Sequence[Images],
-        executor: Executor | None,
-        tasks: int,
+        batch: FieldBatch,
+        executor: Executor | None = None,
+        tasks: int = 1,
         out: np.ndarray | None = None,
-    ) -> tuple[Images, list[Images]]:
-        heights, widths = _sizes(images)
+    ) -> FieldBatch:
+        """Move every field, then fill the images' padding with ``fill`` (the movers pad
+        with 0, what masks keep)."""
+        moved = super().apply_batch(batch, executor, tasks, out)
+        names = moved.names(_roles.IMAGE)
+        if not names or self.fill == (0,):
+            return moved
+        first = batch.values[names[0]]
+        heights = np.array([image.shape[0] for image in first], np.int64)
+        widths = np.array([image.shape[1] for image in first], np.int64)
         placements = self.op.layout(heights, widths)[0].tolist()
-        out_h, out_w = self.size
-        out = _output(images, out_h, out_w, out)
-        mask_outs = [_output(mask, out_h, out_w) for mask in masks]
-        channels = out.shape[3] if out.ndim == 4 else 1
-        fill = self.op.fill * channels if len(self.op.fill) == 1 else self.op.fill
-        if len(fill) != channels:
-            raise ValueError(f"fill {self.op.fill} does not match images of {channels} channels")
-        fill_value = np.array(fill, np.uint8)
-
-        def body(start: int, stop: int) -> None:
-            for k in range(start, stop):
-                top, left, height, width = placements[k]
-                _pad(out[k], placements[k], fill_value)
-                _resize(
-                    images[k],
-                    width,
-                    height,
-                    out[k][top : top + height, left : left + width],
-                    self.interpolation,
-                )
-                for mask, mask_out in zip(masks, mask_outs, strict=True):
-                    _pad(mask_out[k], placements[k], np.uint8(0))
-                    window = mask_out[k][top : top + height, left : left + width]
-                    window[...] = cv2.resize(
-                        mask[k], (width, height), interpolation=MASK_INTERPOLATION
-                    )
-
-        parallel_for(executor, len(images), body, tasks=tasks)
-        return out, list(mask_outs)
-
-
-def _pad(image: np.ndarray, placement: Sequence[int], fill: np.ndarray | np.uint8) -> None:
-    """Fill the four bands of ``image`` around the window ``placement``, ``(top, left,
-    height, width)``."""
-    top, left, height, width = placement
-    image[:top] = fill
-    image[top + height :] = fill
-    image[top : top + height, :left] = fill
-    image[top : top + height, left + width :] = fill
+        for name in names:
+            images = moved.values[name]
+            channels = images[0].shape[2] if len(images) and images[0].ndim == 3 else 1
+            fill = self.fill * channels if len(self.fill) == 1 else self.fill
+            if len(fill) != channels:
+                raise ValueError(f"fill {self.fill} does not match images of {channels} channels")
+            value = np.array(fill, np.uint8)
+            for image, (top, left, height, width) in zip(images, placements, strict=True):
+                image[:top] = value
+                image[top + height :] = value
+                image[top : top + height, :left] = value
+                image[top : top + height, left + width :] = value
+        return moved

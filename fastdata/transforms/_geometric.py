@@ -1,18 +1,25 @@
 """Per-batch uint8 crops, resizes and flips with OpenCV (which releases the GIL): the CPU
-kernels of the descriptions in :mod:`fastdata.ops`."""
+executors of the descriptions in :mod:`fastdata.ops`.
+
+Each draws one :class:`~fastdata.transforms._fields.Geometry` per batch
+(:meth:`GeometricTransform.geometry`); the movers of :mod:`fastdata.transforms._fields`
+move every field by its role from it (images, masks, boxes).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Executor
 
-import cv2
 import numpy as np
 
-from fastdata import ops
-from fastdata._resize import resize_image
-from fastdata._threads import parallel_for
-from fastdata.transforms._base import Images, OpTransform, check_out
+from fastdata import _roles, ops
+from fastdata.transforms._base import Images, OpTransform
+from fastdata.transforms._fields import (
+    FieldBatch,
+    Geometry,
+    apply_geometry,
+)
 
 
 def _sizes(images: Images) -> tuple[np.ndarray, np.ndarray]:
@@ -29,26 +36,6 @@ def _sizes(images: Images) -> tuple[np.ndarray, np.ndarray]:
     )
 
 
-def _output(images: Images, height: int, width: int, out: np.ndarray | None = None) -> np.ndarray:
-    """A ``(B, height, width[, C])`` uint8 batch matching the input's channels: ``out``
-    when given (checked), otherwise a new one."""
-    if isinstance(images, np.ndarray):
-        shape = (len(images), height, width, *images.shape[3:])
-    else:
-        first = images[0] if len(images) else np.empty((1, 1, 3), np.uint8)
-        shape = (len(images), height, width, *first.shape[2:])
-    if out is None:
-        return np.empty(shape, np.uint8)
-    check_out(out, shape)
-    return out
-
-
-# Masks are resampled nearest-neighbour at pixel centres (OpenCV's INTER_NEAREST samples
-# the top-left corner instead, half a pixel off the bilinear image); grid_sample's
-# "nearest" with align_corners=False, the device executor's, samples the same centres.
-MASK_INTERPOLATION = cv2.INTER_NEAREST_EXACT
-
-
 def _check_interpolation(interpolation: int | None) -> int | None:
     if interpolation is not None and (
         isinstance(interpolation, bool) or not isinstance(interpolation, int)
@@ -60,17 +47,68 @@ def _check_interpolation(interpolation: int | None) -> int | None:
     return interpolation
 
 
-def _resize(
-    source: np.ndarray, width: int, height: int, out: np.ndarray | None, interpolation: int | None
-) -> np.ndarray:
-    """``source`` resized to ``(height, width)`` into ``out`` (or a new array): with the
-    antialiased kernel preprocessing shares when ``interpolation`` is ``None``."""
-    if interpolation is None:
-        return resize_image(source, width, height, out)
-    return cv2.resize(source, (width, height), dst=out, interpolation=interpolation)
+class GeometricTransform(OpTransform):
+    """A batch transform that changes the geometry: it draws one
+    :class:`~fastdata.transforms._fields.Geometry` per batch (:meth:`geometry`) and every
+    field whose role has a mover follows it (images with :attr:`interpolation`, masks
+    nearest-neighbour, boxes clipped and dropped by ``min_box_size`` and
+    ``min_box_visibility``, with their labels).
+    """
+
+    moves_pixels = True
+    interpolation: int | None = None
+
+    def geometry(self, heights: np.ndarray, widths: np.ndarray, batch: FieldBatch) -> Geometry:
+        """This batch's geometry, from this transform's draws.
+
+        Args:
+            heights: ``(B,)`` int64 heights of the first image field's samples.
+            widths: ``(B,)`` int64 widths.
+            batch: The whole batch (a crop that depends on the boxes reads them here).
+        """
+        raise NotImplementedError
+
+    def apply_batch(
+        self,
+        batch: FieldBatch,
+        executor: Executor | None = None,
+        tasks: int = 1,
+        out: np.ndarray | None = None,
+    ) -> FieldBatch:
+        """Draw once and move every field by its role (see :class:`GeometricTransform`)."""
+        images = batch.names(_roles.IMAGE)
+        if not images:
+            return batch
+        heights, widths = _sizes(batch.values[images[0]])
+        for name in images[1:]:
+            other = _sizes(batch.values[name])
+            if not (np.array_equal(other[0], heights) and np.array_equal(other[1], widths)):
+                raise ValueError(
+                    f"image fields {images[0]!r} and {name!r} differ in size: {self!r} moves "
+                    "every image field of a batch by one geometry"
+                )
+        geometry = self.geometry(heights, widths, batch)
+        return apply_geometry(self, batch, geometry, executor=executor, tasks=tasks, out=out)
+
+    def apply_all(
+        self,
+        images: Images,
+        masks: Sequence[Images],
+        executor: Executor | None,
+        tasks: int,
+        out: np.ndarray | None = None,
+    ) -> tuple[Images, list[Images]]:
+        """Images and masks only: :meth:`apply_batch` of an ``image`` and ``mask_<i>`` batch."""
+        names = [f"mask_{i}" for i in range(len(masks))]
+        batch = FieldBatch(
+            {"image": images, **dict(zip(names, masks, strict=True))},
+            {"image": _roles.IMAGE, **dict.fromkeys(names, _roles.MASK)},
+        )
+        moved = self.apply_batch(batch, executor, tasks, out)
+        return moved.values["image"], [moved.values[name] for name in names]
 
 
-class RandomResizedCrop(OpTransform):
+class RandomResizedCrop(GeometricTransform):
     """Crop a random area and aspect ratio of each image, resized to ``size``
     (the Inception crop, as ``torchvision.transforms.RandomResizedCrop``): the CPU kernel
     of :class:`fastdata.ops.RandomResizedCrop`.
@@ -124,36 +162,12 @@ class RandomResizedCrop(OpTransform):
         draws = self.uniform(len(heights), self.op.draws_per_sample)
         return self.op.boxes(heights, widths, draws)
 
-    def apply_all(
-        self,
-        images: Images,
-        masks: Sequence[Images],
-        executor: Executor | None,
-        tasks: int,
-        out: np.ndarray | None = None,
-    ) -> tuple[Images, list[Images]]:
-        heights, widths = _sizes(images)
-        boxes = self.boxes(heights, widths).tolist()
-        out_h, out_w = self.size
-        out = _output(images, out_h, out_w, out)
-        mask_outs = [_output(mask, out_h, out_w) for mask in masks]
-
-        def body(start: int, stop: int) -> None:
-            for k in range(start, stop):
-                top, left, h, w = boxes[k]
-                crop = images[k][top : top + h, left : left + w]
-                _resize(crop, out_w, out_h, out[k], self.interpolation)
-                for mask, mask_out in zip(masks, mask_outs, strict=True):
-                    crop = mask[k][top : top + h, left : left + w]
-                    cv2.resize(
-                        crop, (out_w, out_h), dst=mask_out[k], interpolation=MASK_INTERPOLATION
-                    )
-
-        parallel_for(executor, len(images), body, tasks=tasks)
-        return out, list(mask_outs)
+    def geometry(self, heights: np.ndarray, widths: np.ndarray, batch: FieldBatch) -> Geometry:
+        boxes = self.boxes(heights, widths)
+        return Geometry.of(boxes, np.tile(np.array(self.size, np.int64), (len(boxes), 1)))
 
 
-class CenterCrop(OpTransform):
+class CenterCrop(GeometricTransform):
     """Crop the centre ``size`` of each image (``top = (H - height) // 2``): the CPU kernel
     of :class:`fastdata.ops.CenterCrop`.
 
@@ -176,32 +190,12 @@ class CenterCrop(OpTransform):
         """Output ``(height, width)``."""
         return self.op.size
 
-    def apply_all(
-        self,
-        images: Images,
-        masks: Sequence[Images],
-        executor: Executor | None,
-        tasks: int,
-        out: np.ndarray | None = None,
-    ) -> tuple[Images, list[Images]]:
-        heights, widths = _sizes(images)
-        out_h, out_w = self.size
-        boxes = self.op.boxes(heights, widths).tolist()
-        out = _output(images, out_h, out_w, out)
-        mask_outs = [_output(mask, out_h, out_w) for mask in masks]
-
-        def body(start: int, stop: int) -> None:
-            for k in range(start, stop):
-                top, left = boxes[k][:2]
-                out[k] = images[k][top : top + out_h, left : left + out_w]
-                for mask, mask_out in zip(masks, mask_outs, strict=True):
-                    mask_out[k] = mask[k][top : top + out_h, left : left + out_w]
-
-        parallel_for(executor, len(images), body, tasks=tasks)
-        return out, list(mask_outs)
+    def geometry(self, heights: np.ndarray, widths: np.ndarray, batch: FieldBatch) -> Geometry:
+        boxes = self.op.boxes(heights, widths)
+        return Geometry.of(boxes, boxes[:, 2:])
 
 
-class Resize(OpTransform):
+class Resize(GeometricTransform):
     """Resize each image: an int resizes the shorter side to it (aspect kept), a
     ``(height, width)`` resizes to exactly that: the CPU kernel of
     :class:`fastdata.ops.Resize`.
@@ -236,49 +230,13 @@ class Resize(OpTransform):
         """The shorter side, or ``None`` for an exact ``(height, width)``."""
         return self.op.shorter
 
-    def apply_all(
-        self,
-        images: Images,
-        masks: Sequence[Images],
-        executor: Executor | None,
-        tasks: int,
-        out: np.ndarray | None = None,
-    ) -> tuple[Images, list[Images]]:
-        heights, widths = _sizes(images)
-        targets = self.op.targets(heights, widths)
-        same = len(set(targets)) <= 1
-
-        def empty(batch: Images, given: np.ndarray | None = None) -> Images:
-            if same and targets:
-                return _output(batch, *targets[0], given)
-            if given is not None and not same:
-                raise ValueError(
-                    f"out cannot hold outputs of different sizes: {sorted(set(targets))[:3]}"
-                )
-            return [None] * len(batch)  # type: ignore[list-item]
-
-        outputs = empty(images, out)
-        mask_outs = [empty(mask) for mask in masks]
-        pairs: list[tuple[Images, Images, int | None]] = [(images, outputs, self.interpolation)]
-        pairs += [
-            (mask, mask_out, MASK_INTERPOLATION)
-            for mask, mask_out in zip(masks, mask_outs, strict=True)
-        ]
-
-        def body(start: int, stop: int) -> None:
-            for k in range(start, stop):
-                out_h, out_w = targets[k]
-                for source, dest, interpolation in pairs:
-                    if same:
-                        _resize(source[k], out_w, out_h, dest[k], interpolation)
-                    else:
-                        dest[k] = _resize(source[k], out_w, out_h, None, interpolation)
-
-        parallel_for(executor, len(images), body, tasks=tasks)
-        return outputs, mask_outs
+    def geometry(self, heights: np.ndarray, widths: np.ndarray, batch: FieldBatch) -> Geometry:
+        targets = np.array(self.op.targets(heights, widths), np.int64).reshape(-1, 2)
+        zeros = np.zeros(len(heights), np.int64)
+        return Geometry.of(np.stack([zeros, zeros, heights, widths], axis=1), targets)
 
 
-class RandomHorizontalFlip(OpTransform):
+class RandomHorizontalFlip(GeometricTransform):
     """Mirror each image left-right with probability ``p`` (in place for arrays): the CPU
     kernel of :class:`fastdata.ops.HorizontalFlip`.
 
@@ -298,27 +256,6 @@ class RandomHorizontalFlip(OpTransform):
         """Probability that a sample is flipped."""
         return self.op.p
 
-    def apply_all(
-        self,
-        images: Images,
-        masks: Sequence[Images],
-        executor: Executor | None,
-        tasks: int,
-        out: np.ndarray | None = None,  # never given: flips in place (writes_out is False)
-    ) -> tuple[Images, list[Images]]:
-        draws = self.uniform(len(images), self.op.draws_per_sample)
-        flips = np.flatnonzero(self.op.flips(draws)).tolist()
-        batches = [images, *masks]
-        for batch in batches:
-            if isinstance(batch, list):
-                for k in flips:
-                    batch[k] = cv2.flip(batch[k], 1)
-
-        def body(start: int, stop: int) -> None:
-            for k in flips[start:stop]:
-                for batch in batches:
-                    if isinstance(batch, np.ndarray):
-                        cv2.flip(batch[k], 1, dst=batch[k])  # in place: no [:, ::-1] copy
-
-        parallel_for(executor, len(flips), body, tasks=tasks)
-        return images, list(masks)
+    def geometry(self, heights: np.ndarray, widths: np.ndarray, batch: FieldBatch) -> Geometry:
+        draws = self.uniform(len(heights), self.op.draws_per_sample)
+        return Geometry.identity(heights, widths, self.op.flips(draws))

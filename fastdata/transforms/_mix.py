@@ -15,6 +15,7 @@ from fastdata._images import Images
 from fastdata._mixing import MixExecutor
 from fastdata._ops_steps import check_probability
 from fastdata.transforms._base import BatchTransform
+from fastdata.transforms._fields import FieldBatch
 
 
 class _Mix(MixExecutor):
@@ -160,6 +161,15 @@ class RandomChoice(BatchTransform):
         out: np.ndarray | None = None,
     ) -> tuple[Images, list[Images]]:
         return self.choose().apply_all(images, masks, executor, tasks)
+
+    def apply_batch(
+        self,
+        batch: FieldBatch,
+        executor: Executor | None = None,
+        tasks: int = 1,
+        out: np.ndarray | None = None,
+    ) -> FieldBatch:
+        return self.choose().apply_batch(batch, executor, tasks)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._batch:

@@ -27,7 +27,7 @@ def test_a_per_sample_callable_is_planned_per_sample(raw_shards: Reference) -> N
     def crop(image: torch.Tensor) -> torch.Tensor:  # (C, H, W), torchvision style
         return image[:, 2:8, 1:5]
 
-    with pytest.warns(UserWarning, match=r"mask fields \('mask',\) are not moved"):
+    with pytest.warns(UserWarning, match=r"fields \('mask',\) \(masks, boxes\) are not moved"):
         dataset = ShardDataset(raw_shards.path, fields=("image", "label", "mask"), transform=crop)
     plan = dataset.plan
     assert plan.per_sample and not plan.batched and plan.field == "image"

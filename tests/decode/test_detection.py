@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fastdata.decode._detection import decode_iou_crops
-from fastdata.transforms import Geometry, RandomIoUCrop, move_boxes
+from fastdata.transforms import FieldBatch, Geometry, RandomIoUCrop, apply_geometry
 from tests.detection_scenes import check_painted, painted_scenes
 
 SIZE = 96
@@ -29,18 +29,23 @@ def test_decoded_iou_crops_are_the_transforms_and_boxes_keep_their_colour(extens
     images, boxes = painted_scenes(24, 240, 320, 13)
     buffers = _encode(images, extension)
     count = len(images)
-    transform = RandomIoUCrop(seed=6)
+    transform = RandomIoUCrop(seed=6, size=SIZE)
     draws = RandomIoUCrop(seed=6).uniform(count, transform.op.draws_per_sample)
     out = np.empty((count, SIZE, SIZE, 3), np.uint8)
     crops = decode_iou_crops(buffers, boxes, transform.op, draws, out)
-    expected = transform.geometry(np.full(count, 240), np.full(count, 320), boxes)
-    np.testing.assert_array_equal(crops, expected.crops.astype(np.int64))
-    kept, keeps = move_boxes(boxes, Geometry(crops.astype(np.float64), np.full((count, 2), SIZE)))
+    expected = transform.crops(np.full(count, 240), np.full(count, 320), boxes)
+    np.testing.assert_array_equal(crops, expected)
+    # the boxes follow the same crops through the CPU movers
+    targets = FieldBatch(
+        {"boxes": boxes, "labels": [np.arange(len(rows)) for rows in boxes]},
+        {"boxes": "boxes", "labels": "box_labels"},
+    )
+    moved = apply_geometry(transform, targets, Geometry.of(crops, np.full((count, 2), SIZE)))
     judged = 0
     for k in range(count):
         scale = SIZE * SIZE / (crops[k, 2] * crops[k, 3])
         sides = boxes[k][:, 2:] - boxes[k][:, :2]
         areas = sides[:, 0] * sides[:, 1] * scale
-        ids = np.flatnonzero(keeps[k])
-        judged += check_painted(out[k], kept[k], ids, np.arange(len(boxes[k])), areas)
+        ids = moved["labels"][k]
+        judged += check_painted(out[k], moved["boxes"][k], ids, np.arange(len(boxes[k])), areas)
     assert judged >= 30

@@ -200,7 +200,7 @@ def test_shard_file_outside_the_folder_is_refused(tmp_path: Path, name: str) -> 
         ),
         (
             lambda d: d["fields"][0].update(kind="blob"),
-            r"fields\[0\].kind must be one of 'array', 'encoded', got 'blob'",
+            r"fields\[0\].kind must be one of 'array', 'encoded', 'ragged', got 'blob'",
         ),
         (lambda d: d["fields"][0].update(dtype="object"), r"fields\[0\].dtype must be a plain"),
         (lambda d: d["fields"][0].update(dtype="nope"), r"fields\[0\].dtype 'nope' is not"),

@@ -304,7 +304,9 @@ def test_a_per_sample_transform_warns_that_masks_stay_where_they_are(tmp_path: P
     def crop(image: torch.Tensor) -> torch.Tensor:  # torchvision style: one (C, H, W) image
         return image[:, :32, :32]
 
-    with pytest.warns(UserWarning, match=r"mask fields \('mask',\) are not moved with it"):
+    with pytest.warns(
+        UserWarning, match=r"fields \('mask',\) \(masks, boxes\) are not moved with it"
+    ):
         ShardDataset(root, fields=("image", "mask"), transform=crop)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

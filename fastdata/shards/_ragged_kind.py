@@ -1,0 +1,160 @@
+"""The ``ragged`` kind: a variable number of fixed-size rows per sample (detection boxes,
+box labels, keypoints)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Executor
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fastdata.shards._field_kind import (
+    Column,
+    FieldKind,
+    FieldSpecLike,
+    Mapper,
+    Region,
+    checked_dataset,
+    create_contiguous,
+)
+
+if TYPE_CHECKING:
+    import h5py
+
+
+class RaggedKind(FieldKind):
+    """Per sample an ``(N_i, *shape)`` array of ``dtype``: ``shape`` (the manifest's) is the
+    fixed tail of a row, ``N_i`` any count including 0. Stored without padding as a group
+    named after the field holding ``values``, every sample's rows back to back
+    (``(sum N_i, *shape)``, contiguous), and ``offsets``, ``N + 1`` ``int64`` row offsets:
+    sample ``i`` is ``values[offsets[i]:offsets[i + 1]]``.
+
+    Boxes are ``shape=(4,)`` float32 (xyxy pixels of the stored image), box labels
+    ``shape=()`` int64. Images of varying sizes could use the same layout with rows of one
+    image line each (``shape=(W, C)``, ``N_i`` = height) once the width is fixed; a varying
+    width as well needs a second offsets array (per sample height and width), which this
+    kind does not store.
+    """
+
+    name = "ragged"
+    fixed_size = False
+
+    @classmethod
+    def check(cls, spec: FieldSpecLike) -> None:
+        if any(side < 1 for side in spec.shape):
+            raise ValueError(
+                f"ragged field {spec.name!r} needs a row shape of positive sides, got {spec.shape}"
+            )
+        if spec.axes and len(spec.axes) != len(spec.shape) + 1:
+            raise ValueError(
+                f"axes {spec.axes!r} of ragged field {spec.name!r} must name the row axis "
+                f"and the {len(spec.shape)} axes of shape {spec.shape}"
+            )
+
+    @property
+    def sample_nbytes(self) -> int:
+        return 0
+
+    @cached_property
+    def row_nbytes(self) -> int:
+        """Bytes of one row (``shape`` of ``dtype``)."""
+        spec = self.spec
+        return int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+
+    def describe(self) -> str:
+        spec = self.spec
+        return f"ragged {spec.dtype} (N, {', '.join(map(str, spec.shape))})".replace(", )", ")")
+
+    def to_bytes(self, value: Any) -> bytes | memoryview:
+        spec = self.spec
+        array = np.asarray(value)
+        if array.size == 0 and array.ndim <= 1:
+            array = array.reshape(0, *spec.shape)
+        if array.ndim != len(spec.shape) + 1 or tuple(array.shape[1:]) != spec.shape:
+            raise ValueError(
+                f"field {spec.name!r} takes shape (N, {', '.join(map(str, spec.shape))}) "
+                f"rows, got {array.shape}".replace(", )", ")")
+            )
+        if array.dtype != np.dtype(spec.dtype):
+            if not np.can_cast(array.dtype, np.dtype(spec.dtype), casting="same_kind"):
+                raise TypeError(f"field {spec.name!r} takes dtype {spec.dtype}, got {array.dtype}")
+            array = array.astype(spec.dtype)
+        return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+
+    def write(self, h5: h5py.File, column: Column, compression: str | None) -> list[Region]:
+        spec = self.spec
+        group = h5.create_group(spec.name)
+        lengths = np.asarray(column.lengths, dtype=np.int64)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths // self.row_nbytes, out=offsets[1:])
+        group.create_dataset("offsets", data=offsets)
+        rows = int(offsets[-1])
+        values = create_contiguous(group, "values", (rows, *spec.shape), spec.dtype)
+        offset = values.id.get_offset()
+        total = rows * self.row_nbytes
+        if not total or offset is None:
+            return []
+        return [(column.path, column.offset, offset, total)]
+
+    def open(self, h5: h5py.File, num_samples: int, mapper: Mapper) -> Any:
+        import h5py  # noqa: PLC0415 - workers load kinds without h5py (see _field_kind.py)
+
+        spec = self.spec
+        group = h5.get(spec.name)
+        if not isinstance(group, h5py.Group):
+            raise ValueError(f"field {spec.name!r} is not a group of a ragged field")
+        offsets = np.asarray(checked_dataset(group, "offsets", "int64", (num_samples + 1,))[()])
+        values = group.get("values")
+        rows = values.shape[0] if isinstance(values, h5py.Dataset) and values.ndim else 0
+        values = checked_dataset(group, "values", spec.dtype, (rows, *spec.shape))
+        if offsets[0] != 0 or offsets[-1] != rows or np.any(np.diff(offsets) < 0):
+            raise ValueError(f"offsets of field {spec.name!r} do not run from 0 up to {rows}")
+        return mapper(values), offsets
+
+    def read(self, view: Any, index: int) -> np.ndarray:
+        values, offsets = view
+        return np.array(values[offsets[index] : offsets[index + 1]])
+
+    def gather(
+        self,
+        views: Callable[[int], Any],
+        segments: np.ndarray,
+        local: np.ndarray,
+        out: np.ndarray | None = None,
+        *,
+        executor: Executor | None = None,
+        tasks: int = 1,
+    ) -> list[np.ndarray]:
+        """One copy per segment touched (a fancy-indexed read of all its rows), split
+        into the samples' arrays: the batch's rows never alias the shard."""
+        spec = self.spec
+        result: list[np.ndarray] = [np.empty((0, *spec.shape), spec.dtype)] * len(segments)
+        for segment in np.unique(segments).tolist():
+            chosen = np.flatnonzero(segments == segment)
+            values, offsets = views(segment)
+            starts = offsets[local[chosen]]
+            counts = offsets[local[chosen] + 1] - starts
+            total = int(counts.sum())
+            if total == 0:
+                for k in chosen.tolist():
+                    result[k] = np.empty((0, *spec.shape), spec.dtype)
+                continue
+            # row numbers of every chosen sample, back to back
+            rows = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(total)
+            if isinstance(values, np.ndarray):
+                taken = values[rows]
+            else:  # an HDF5 dataset: one read of the span, then the rows
+                low = int(rows.min())
+                taken = np.asarray(values[low : int(rows.max()) + 1])[rows - low]
+            pieces = np.split(taken, np.cumsum(counts)[:-1])
+            for k, piece in zip(chosen.tolist(), pieces, strict=True):
+                result[k] = piece
+        return result
+
+    def pack(self, view: Any) -> tuple[Any, np.ndarray | None]:
+        return view
+
+    def unpack(self, payload: np.ndarray, offsets: np.ndarray | None, num_samples: int) -> Any:
+        return payload.view(self.spec.dtype).reshape(-1, *self.spec.shape), offsets

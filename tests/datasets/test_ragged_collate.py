@@ -1,0 +1,85 @@
+"""Variable-length fields in loader batches: lists by default, padded + counts on request,
+and both moved by the device prefetcher."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fastdata import ShardDataset
+from fastdata.datasets import RaggedCollate, pad_ragged
+from fastdata.gpu import DevicePrefetcher
+from tests.shards.test_ragged import COUNTS, write_detection_set
+
+
+def test_pad_ragged_against_numpy() -> None:
+    items = [torch.arange(6.0).reshape(3, 2), torch.zeros(0, 2), torch.ones(1, 2)]
+    padded, counts = pad_ragged(items, pad_value=-1)
+    expected = np.full((3, 3, 2), -1.0, np.float32)
+    expected[0] = np.arange(6.0).reshape(3, 2)
+    expected[2, 0] = 1
+    np.testing.assert_array_equal(padded.numpy(), expected)
+    assert counts.tolist() == [3, 0, 1] and counts.dtype == torch.int64
+    with pytest.raises(ValueError, match="share their row shape"):
+        pad_ragged([torch.zeros(1, 2), torch.zeros(1, 3)])
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_loader_lists_or_pads(tmp_path: Path, num_workers: int) -> None:
+    expected = write_detection_set(tmp_path)
+    dataset = ShardDataset(tmp_path, fields=("label", "boxes", "labels"))
+    listed = next(iter(dataset.loader(batch_size=7, num_workers=num_workers)))
+    assert [len(b) for b in listed[1]] == COUNTS
+    padded_loader = dataset.loader(batch_size=7, ragged="padded", num_workers=num_workers)
+    labels, (boxes, counts), (box_labels, label_counts) = next(iter(padded_loader))
+    assert tuple(boxes.shape) == (7, max(COUNTS), 4)
+    assert counts.tolist() == COUNTS == label_counts.tolist()
+    for i, count in enumerate(COUNTS):
+        np.testing.assert_array_equal(boxes[i, :count].numpy(), expected["boxes"][i])
+        assert (boxes[i, count:] == 0).all()
+        np.testing.assert_array_equal(box_labels[i, :count].numpy(), expected["labels"][i])
+    assert labels.tolist() == list(range(7))
+
+
+def test_ragged_argument_is_checked(tmp_path: Path) -> None:
+    write_detection_set(tmp_path)
+    dataset = ShardDataset(tmp_path, fields=("label", "boxes"))
+    with pytest.raises(ValueError, match="ragged must be one of"):
+        dataset.loader(batch_size=2, ragged="pad")
+    with pytest.raises(ValueError, match="not both"):
+        dataset.loader(batch_size=2, ragged="padded", collate_fn=lambda b: b)
+    with pytest.raises(ValueError, match="ragged must be one of"):
+        RaggedCollate("stacked")
+
+
+@pytest.mark.parametrize("ragged", ["list", "padded"])
+def test_the_prefetcher_moves_both_forms(tmp_path: Path, ragged: str) -> None:
+    write_detection_set(tmp_path)
+    dataset = ShardDataset(tmp_path, fields=("image", "boxes", "labels"))
+    loader = dataset.loader(batch_size=4, ragged=ragged)
+    seen: list[torch.Tensor] = []
+
+    def record(batch: object) -> object:
+        # the prefetcher's transform gets the batch after the move: every tensor is there
+        stack: list[object] = [batch]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, torch.Tensor):
+                seen.append(item)
+            elif isinstance(item, tuple | list):
+                stack.extend(item)
+        return batch
+
+    batches = list(DevicePrefetcher(loader, "cpu", transform=record))
+    assert len(batches) == 2
+    if ragged == "list":
+        assert isinstance(batches[0][1], list) and len(batches[0][1]) == 4
+        assert len(seen) == (1 + 4 + 4) + (1 + 3 + 3)  # 7 samples: batches of 4 and 3
+    else:
+        boxes, counts = batches[0][1]
+        assert tuple(boxes.shape)[::2] == (4, 4) and counts.tolist() == COUNTS[:4]
+        assert len(seen) == 2 * (1 + 2 + 2)  # image, (boxes, counts), (labels, counts)
+    assert all(t.device.type == "cpu" for t in seen)

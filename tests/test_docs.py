@@ -137,6 +137,9 @@ def test_datasets_guide(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(scope["arrays"]) == 8
     jpeg_images, _ = next(iter(scope["loader"]))
     assert jpeg_images.shape == (64, 3, 224, 224)
+    assert scope["det_images"].shape == (16, 3, 512, 512)
+    assert [tuple(b.shape) for b in scope["det_boxes"]] == [(1, 4)] * 16
+    assert all(label.tolist() == [1] for label in scope["det_labels"])
 
 
 def test_gpu_guide() -> None:

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         f"{format_bytes(manifest.num_bytes)}"
     )
     for spec in manifest.fields:
-        print(f"field         {spec.name:<12} {spec.field_kind.describe()}")
+        print(f"field         {spec.name:<12} {spec.field_kind.describe()}  ({spec.role})")
     if manifest.class_names:
         shown = ", ".join(manifest.class_names[:8])
         more = f" … (+{len(manifest.class_names) - 8})" if len(manifest.class_names) > 8 else ""

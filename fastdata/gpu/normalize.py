@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from fastdata._layout import check_layout, resolve_layout
+from fastdata._roles import IMAGE
 from fastdata.shards import load_manifest
+from fastdata.transforms import FieldBatch, as_field_batch
 
 # torch.compiler.is_compiling appeared in torch 2.3; before it, eager code is always taken.
 _is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
@@ -136,22 +139,36 @@ class Normalize(nn.Module):
         """The channel count the statistics are for."""
         return int(self.mean.numel())
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        images: torch.Tensor | FieldBatch | Mapping[str, Any],
+        roles: Mapping[str, str] | None = None,
+    ) -> Any:
         """Normalize a batch.
 
         Args:
             images: ``(B, C, H, W)`` or ``(B, H, W, C)`` uint8, on any device (the module's
-                buffers must be on the same one).
+                buffers must be on the same one); or a batch of fields with roles (a
+                :class:`~fastdata.transforms.FieldBatch`, or a dict and ``roles``), whose
+                ``image`` fields are normalized and the others passed through.
+            roles: The roles of a dict batch's fields (default: from their names).
 
         Returns:
             ``(B, C, H, W)`` tensor of the module's ``dtype`` on the input's device,
-            ``channels_last`` in memory when asked, contiguous otherwise.
+            ``channels_last`` in memory when asked, contiguous otherwise (for a batch of
+            fields, a :class:`~fastdata.transforms.FieldBatch`).
 
         Raises:
             TypeError: ``images`` is not a uint8 tensor.
             ValueError: ``images`` is not 4-D, its channel count does not match, or it is on
                 another device than the module.
         """
+        if isinstance(images, FieldBatch | Mapping):
+            batch = as_field_batch(images, roles)
+            values = dict(batch.values)
+            for name in batch.names(IMAGE):
+                values[name] = self.forward(values[name])
+            return FieldBatch(values, dict(batch.roles))
         if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8:
             got = images.dtype if isinstance(images, torch.Tensor) else type(images).__name__
             raise TypeError(f"images must be a uint8 tensor, got {got}")

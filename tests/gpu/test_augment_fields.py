@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastdata.gpu import DeviceRandomHorizontalFlip, DeviceRandomResizedCrop
+from fastdata.gpu import DeviceRandomHorizontalFlip, DeviceRandomResizedCrop, Normalize
 from fastdata.transforms import FieldBatch, RandomHorizontalFlip, RandomResizedCrop
 
 
@@ -66,3 +66,14 @@ def test_flip_moves_masks_by_role_and_refuses_two_images() -> None:
         DeviceRandomHorizontalFlip()({"x": batch["image"]}, roles={"x": "other"})
     flipped = RandomHorizontalFlip(p=1.0)(batch["image"].permute(0, 2, 3, 1).numpy().copy())  # type: ignore[union-attr]
     assert flipped.shape == (6, 40, 50, 3)
+
+
+def test_normalize_takes_a_batch_of_fields() -> None:
+    batch = detection_batch()
+    out = Normalize([10.0, 20.0, 30.0], [2.0, 4.0, 5.0])(batch)
+    images = batch["image"].numpy().astype(np.float32)  # type: ignore[union-attr]
+    expected = (images - np.array([10, 20, 30]).reshape(1, 3, 1, 1)) / np.array([2, 4, 5]).reshape(
+        1, 3, 1, 1
+    )
+    np.testing.assert_allclose(out["image"].numpy(), expected, rtol=1e-5, atol=1e-4)
+    assert out["boxes"] is batch["boxes"]

@@ -3,8 +3,8 @@
 The COCO folder (images + ``instances_*.json``) is preprocessed once into uint8 shards at
 one size (``resize="pad"``: letterboxed, boxes scaled and shifted with the image); training
 reads batches of images ``(B, 3, S, S)`` uint8 with a list of ``(N_i, 4)`` float32 xyxy
-boxes and a list of ``(N_i,)`` int64 labels, augmented in the workers (crop, resize,
-flip: the boxes move with the pixels). The model is a tiny CenterNet-style detector in
+boxes and a list of ``(N_i,)`` int64 labels, augmented in the workers (IoU crop, flip,
+resize: the boxes move with the pixels). The model is a tiny CenterNet-style detector in
 plain PyTorch (a class heatmap, box sizes and centre offsets at stride 4), small enough to
 train on a CPU; torchvision's Faster R-CNN takes the same batches (see
 ``docs/guides/detection.md``). Run it twice with ``--weights`` to fine-tune what the first
@@ -29,7 +29,7 @@ from torch import nn
 from fastdata.datasets import ShardDataset
 from fastdata.gpu import Normalize, to_device
 from fastdata.preprocess import CocoDetection, PreprocessOptions, preprocess
-from fastdata.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop
+from fastdata.transforms import Compose, RandomHorizontalFlip, RandomIoUCrop, Resize
 
 STRIDE = 4  # the heatmap's cell, in input pixels
 
@@ -175,11 +175,10 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
         source = CocoDetection(args.images, args.annotations)
         options = PreprocessOptions(sizes=(args.image_size,), resize="pad")
         preprocess(source, shards, options, workers=max(args.num_workers, 1), show_progress=False)
-    # a crop of half to all of the picture, flipped half the time: boxes follow, clipped,
-    # and dropped with their labels when less than 10% of one is left in the crop
-    augment = Compose(
-        [RandomResizedCrop(args.image_size, scale=(0.5, 1.0)), RandomHorizontalFlip()]
-    )
+    # SSD's crop (it keeps boxes overlapping it by a drawn IoU), a flip, back to the size:
+    # boxes follow, clipped, and dropped with their labels when little of one is left
+    side = args.image_size
+    augment = Compose([RandomIoUCrop(), RandomHorizontalFlip(), Resize((side, side))])
     dataset = ShardDataset(shards, fields=("image", "boxes", "labels"), transform=augment)
     loader = dataset.loader(
         batch_size=args.batch_size, shuffle=True, num_workers=args.num_workers, drop_last=True

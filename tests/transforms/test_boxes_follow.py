@@ -129,10 +129,10 @@ def test_dropped_boxes_take_their_labels_and_per_box_fields() -> None:
 
 def test_a_box_whose_centre_left_the_crop_is_kept() -> None:
     images = np.zeros((1, 100, 100, 3), np.uint8)
-    boxes = [np.array([[10, 40, 40, 60]], np.float32)]  # centre x=25, crop starts at 25
+    boxes = [np.array([[10, 40, 36, 60]], np.float32)]  # centre x=23, the crop starts at 25
     batch = FieldBatch({"image": images, "boxes": boxes}, {"image": "image", "boxes": "boxes"})
     moved = CenterCrop(50)(batch)
-    np.testing.assert_allclose(moved["boxes"][0], [[0, 15, 15, 35]])
+    np.testing.assert_allclose(moved["boxes"][0], [[0, 15, 11, 35]])
 
 
 def test_affine_refuses_boxes_in_one_line() -> None:

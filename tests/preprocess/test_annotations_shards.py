@@ -146,3 +146,19 @@ def test_a_rerun_notices_a_changed_box_of_an_unprobed_image(
     path.write_text(json.dumps(data))
     with pytest.raises(PreprocessError, match="overwrite"):
         preprocess(CocoDetection(photos.images, path), tmp_path / "out", options, workers=1)
+
+
+def test_a_missing_photo_or_a_wrong_annotated_size_is_a_counted_skip(
+    tmp_path: Path, photos: DetectionSet
+) -> None:
+    path = write_coco(photos, tmp_path / "i.json")
+    data = json.loads(path.read_text())
+    data["images"][3]["width"] = 81  # img_003.jpg is 80x60
+    path.write_text(json.dumps(data))
+    (photos.images / "img_005.jpg").unlink()
+    options = PreprocessOptions(sizes=(SIDE,), resize="pad")
+    summary = preprocess(CocoDetection(photos.images, path), tmp_path / "out", options, workers=1)
+    assert summary.num_samples == 10 and summary.num_skipped == 2
+    reasons = {entry["path"]: entry["reason"] for entry in load_manifest(tmp_path / "out").skipped}
+    assert reasons["dataset[3]"].startswith("the image is 80x60, but its annotation says 81x60")
+    assert reasons["dataset[5]"].startswith("cannot read (FileNotFoundError")

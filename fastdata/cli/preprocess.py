@@ -106,9 +106,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--resize",
         choices=RESIZE_MODES,
-        default="shorter",
-        help="shorter: resize+centre crop; exact: stretch; pad: fit+pad; "
-        "longer: cap the longer side (--storage jpeg only)",
+        help="shorter: resize+centre crop; exact: stretch; pad: fit+pad; longer: cap the "
+        "longer side (--storage jpeg only) (default: shorter; pad with --coco, --yolo, --voc "
+        "or --annotations, so that no box is cut off)",
     )
     parser.add_argument(
         "--storage",
@@ -247,6 +247,14 @@ def validate(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _resize_mode(args: argparse.Namespace) -> str:
+    """``--resize``, else ``pad`` for detection annotations (a centre crop would cut boxes
+    off), else ``shorter``."""
+    if args.resize is not None:
+        return str(args.resize)
+    return "pad" if _annotation_option(args) is not None else "shorter"
+
+
 def _annotation_option(args: argparse.Namespace) -> tuple[str, str, str] | None:
     """``(option, format, path)`` of the annotation option given, or ``None``."""
     for option, name in (("--coco", "coco"), ("--yolo", "yolo"), ("--voc", "voc"),
@@ -291,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
         )
     options = PreprocessOptions(
         sizes=tuple(args.size),
-        resize=args.resize,
+        resize=_resize_mode(args),
         storage=args.storage,
         grayscale=args.grayscale,
         compression=args.compression,

@@ -86,3 +86,18 @@ def test_a_bad_annotation_under_on_error_raise_stops_in_one_line(
         "bad annotation: " in line and "a.txt: line 1: box 'cx cy w h' = '0.5 0.5 0.2 nan'" in line
     )
     assert not (tmp_path / "out" / "index.json").exists()
+
+
+def test_detection_annotations_letterbox_by_default(tmp_path: Path) -> None:
+    from fastdata.shards import load_manifest  # noqa: PLC0415
+    from tests.detection_sets import painted_photos, write_yolo  # noqa: PLC0415
+
+    photos = painted_photos(tmp_path / "images", num_images=3)
+    labels = write_yolo(photos, tmp_path / "labels")
+    base = ["preprocess", str(photos.images), "--size", "40", "--workers", "1", "-q"]
+    assert main([*base[:2], str(tmp_path / "boxes"), *base[2:], "--yolo", str(labels)]) == 0
+    assert load_manifest(tmp_path / "boxes").options["resize"] == "pad"  # no box cut off
+    write_image(tmp_path / "classes" / "a" / "x.jpg", 8, 8)  # an ImageFolder
+    plain = ["preprocess", str(tmp_path / "classes"), str(tmp_path / "plain"), *base[2:]]
+    assert main(plain) == 0
+    assert load_manifest(tmp_path / "plain").options["resize"] == "shorter"

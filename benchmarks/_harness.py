@@ -19,7 +19,7 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -122,6 +122,70 @@ def environment() -> dict[str, Any]:
         "git_commit": _git_commit(),
         "versions": {name: _version(name) for name in packages},
     }
+
+
+def images_per(
+    epochs: Iterable[Any], batches: int, warmup: int, clocks: Sequence[Callable[[], float]]
+) -> list[float]:
+    """Images per unit of each clock (``time.perf_counter``, a CPU-time reading) over
+    ``batches`` batches after ``warmup`` untimed ones (enough to start the workers and
+    drain the batches they queued meanwhile). ``epochs`` is iterated again whenever an
+    epoch ends; a batch is a tuple whose first item holds the images."""
+    iterator = iter(epochs)
+
+    def take() -> int:
+        nonlocal iterator
+        try:
+            return len(next(iterator)[0])
+        except StopIteration:
+            iterator = iter(epochs)
+            return len(next(iterator)[0])
+
+    for _ in range(warmup):
+        take()
+    starts = [clock() for clock in clocks]
+    count = sum(take() for _ in range(batches))
+    spans = [clock() - start for clock, start in zip(clocks, starts, strict=True)]
+    return [count / span if span > 0 else float("nan") for span in spans]
+
+
+def best_of_passes(
+    rows: dict[str, Callable[[], Any]],
+    measure: Callable[[str, Any], float],
+    repeats: int,
+    *,
+    unit: str = "images/s",
+    in_process: str = "DALI",
+) -> dict[str, float]:
+    """The best of ``repeats`` round-robin passes of ``measure(name, rows[name]())`` per row,
+    printed as they come; 0.0 for a row that failed in every pass (one line each time).
+
+    Rows whose name starts with ``in_process`` are measured after every other row's
+    passes: DALI's threads stay in this process, and a DataLoader forking its workers
+    after them may crash.
+    """
+    import gc  # noqa: PLC0415 - only the benchmarks' main runs need it
+
+    best = dict.fromkeys(rows, 0.0)
+    groups = [
+        [name for name in rows if not name.startswith(in_process)],
+        [name for name in rows if name.startswith(in_process)],
+    ]
+    width = max(map(len, rows), default=0)
+    for group in groups:
+        for repeat in range(repeats):
+            for name in group:
+                where = f"[{repeat + 1}/{repeats}] {name:{width}s}"
+                try:
+                    measured = measure(name, rows[name]())
+                except Exception as error:  # a peer's pipeline that does not run here
+                    print(f"{where} failed: {type(error).__name__}: {str(error)[:200]}")
+                    continue
+                finally:
+                    gc.collect()  # this row's workers end before the next row forks its own
+                best[name] = max(best[name], measured)
+                print(f"{where} {measured:10,.1f} {unit}", flush=True)
+    return best
 
 
 def add_publish_argument(parser: argparse.ArgumentParser) -> None:

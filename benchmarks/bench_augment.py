@@ -26,7 +26,6 @@ registry's torchvision does not import beside a CPU torch, see ``shared/tools``)
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -39,7 +38,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import add_publish_argument, load_tool, save
+from _harness import add_publish_argument, best_of_passes, images_per, load_tool, save
 from bench_loaders import build_shards
 
 from fastdata.datasets import RAMDataset, ShardDataset, passthrough_collate
@@ -335,25 +334,8 @@ def dali_rows(folder: Path, batch: int) -> dict[str, Batches]:
 
 # -- timing --------------------------------------------------------------------------------
 def rate(epochs: Epochs, batches: int, warmup: int) -> float:
-    """Images per second over ``batches`` batches after ``warmup`` untimed ones (enough
-    to start the workers and drain the batches they queued meanwhile; a new epoch is
-    started whenever one ends)."""
-    iterator = iter(epochs)
-
-    def take() -> int:
-        nonlocal iterator
-        try:
-            return len(next(iterator)[0])
-        except StopIteration:
-            iterator = iter(epochs)
-            return len(next(iterator)[0])
-
-    for _ in range(warmup):
-        take()
-    started, count = time.perf_counter(), 0
-    for _ in range(batches):
-        count += take()
-    return count / (time.perf_counter() - started)
+    """Images per second over ``batches`` batches after ``warmup`` untimed ones."""
+    return images_per(epochs, batches, warmup, [time.perf_counter])[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -392,26 +374,9 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError as error:  # one line per missing peer
             print(f"skipped {name}: {error}")
     selected = {name: make for name, make in rows.items() if args.only in name}
-    best = dict.fromkeys(selected, 0.0)
-    # DALI's pipeline threads stay in this process: a DataLoader forking its workers after
-    # them may crash, so the DALI rows are measured after every other row's passes.
-    groups = [
-        [name for name in selected if not name.startswith("DALI")],
-        [name for name in selected if name.startswith("DALI")],
-    ]
-    for group in groups:
-        for repeat in range(args.repeats):
-            for name in group:
-                where = f"[{repeat + 1}/{args.repeats}] {name:32s}"
-                try:
-                    measured = rate(selected[name](), args.batches, args.warmup)
-                except Exception as error:  # a peer's pipeline that does not run here
-                    print(f"{where} failed: {type(error).__name__}: {str(error)[:200]}")
-                    continue
-                finally:
-                    gc.collect()  # this row's workers end before the next row forks its own
-                best[name] = max(best[name], measured)
-                print(f"{where} {measured:8,.0f} images/s", flush=True)
+    best = best_of_passes(
+        selected, lambda _name, epochs: rate(epochs, args.batches, args.warmup), args.repeats
+    )
 
     print("\n| loader | images/s | heavy cost (light / heavy) |\n|---|---:|---:|")
     for name, value in best.items():

@@ -29,7 +29,10 @@ Beyond crops and flips, the colour ops (:class:`ColorJitter`, :class:`Grayscale`
 :class:`TrivialAugmentWide` turn their draws into per-sample steps (one kernel name,
 the samples it applies to, their parameters) that the CPU transforms and the device
 modules run with their own kernel per name; :class:`MixUp` and :class:`CutMix` turn
-theirs into a mixing plan for a collated batch.
+theirs into a mixing plan for a collated batch. The detection geometry,
+:class:`RandomIoUCrop` (SSD's crop, which draws from the samples' boxes) and
+:class:`Letterbox` (YOLO's resize-and-pad), states each sample's crop in input pixels,
+which images, masks and boxes all follow.
 
 Adding an augmentation is one description and one kernel per
 executor: a frozen :class:`Operation` subclass here that validates its arguments, declares
@@ -70,12 +73,14 @@ __all__ = [
     "Grayscale",
     "HorizontalFlip",
     "Invert",
+    "Letterbox",
     "MixUp",
     "Operation",
     "Posterize",
     "RandAugment",
     "RandomAffine",
     "RandomErasing",
+    "RandomIoUCrop",
     "RandomResizedCrop",
     "Resize",
     "Sharpness",
@@ -310,6 +315,7 @@ def described(value: object, op_type: type[OperationT]) -> OperationT | None:
 
 # The per-sample colour, affine, erasing and policy descriptions, and batch mixing, each
 # family in a module of its own.
+from fastdata._ops_boxes import Letterbox, RandomIoUCrop  # noqa: E402
 from fastdata._ops_colour import (  # noqa: E402
     AutoContrast,
     ColorJitter,

@@ -31,6 +31,7 @@ import fastdata
 from fastdata.cli import main
 from fastdata.datasets import ShardDataset, passthrough_collate
 from tests.conftest import DEMO_IMAGES, make_demo_workdir
+from tests.detection_sets import painted_photos, write_coco
 from tests.preprocess.test_ray_engine import _ray_module, ray_instance  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -187,6 +188,9 @@ def test_augment_guide(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert scope["images"].shape == (64, 3, 224, 224) and scope["images"].dtype == torch.uint8
     assert scope["soft_labels"].shape == (64, 1000)
     assert scope["batch"].shape == (16, 3, 64, 64) and scope["soft"].shape == (16, 1000)
+    assert scope["cropped"].shape == (2, 96, 96, 3) and len(scope["moved"]["boxes"]) == 2
+    assert scope["on_device"]["image"].shape == (2, 3, 96, 96)
+    assert scope["padded_boxes"].shape == (2, 1, 4) and scope["counts"][1] == 0
 
 
 # Every page with Python examples, and the test here that runs them all.
@@ -201,6 +205,7 @@ RUN_BY = {
     "guides/augment.md": "test_augment_guide",
     "guides/distributed.md": "test_distributed_guide_ddp_loop and test_distributed_guide_ray",
     "guides/storage.md": "tests/storage/test_guide.py",
+    "guides/detection.md": "test_detection_guide",
 }
 
 
@@ -270,3 +275,18 @@ def test_distributed_guide_ray(
     code = code.replace('"/shared/out"', '"out-ray-guide/"')
     exec(compile(code, str(GUIDES / "distributed.md"), "exec"), {"__name__": "__main__"})
     assert len(ShardDataset("out-ray-guide/")) == DEMO_IMAGES
+
+
+def test_detection_guide(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    photos = painted_photos(tmp_path / "coco" / "images", num_images=8)
+    write_coco(photos, tmp_path / "coco" / "instances_train.json")
+    monkeypatch.chdir(tmp_path)
+    scope = run(GUIDES / "detection.md")
+    assert scope["summary"].num_samples == 8 and scope["summary"].num_skipped == 0
+    images, boxes, labels = scope["images"], scope["boxes"], scope["labels"]
+    assert images.shape == (4, 3, 96, 96) and images.dtype == torch.uint8
+    assert [len(b) for b in boxes] == [len(c) for c in labels]
+    assert all(b.dtype == torch.float32 and b.shape[1:] == (4,) for b in boxes)
+    assert all(c.dtype == torch.int64 for c in labels)
+    # the Faster R-CNN sketch is not run (torchvision): it is a ```py block
+    assert "fasterrcnn_resnet50_fpn_v2" not in "".join(blocks(GUIDES / "detection.md", "python"))

@@ -33,6 +33,7 @@ from fastdata.preprocess import (
     SegmentationSource,
     Source,
     load_python_source,
+    open_annotations,
     preprocess,
 )
 from fastdata.shards import COMPRESSIONS, load_manifest
@@ -48,8 +49,8 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "src",
-        help="ImageFolder, CSV/TSV list of path,label, image folder "
-        "(with --masks) or folder of .npy arrays; with --from-python, module:attribute",
+        help="ImageFolder, CSV/TSV list of path,label, image folder (with --masks or an "
+        "annotation option) or folder of .npy arrays; with --from-python, module:attribute",
     )
     parser.add_argument("out", help="output folder")
     parser.add_argument(
@@ -59,6 +60,30 @@ def register(subparsers: Any) -> None:
         "a zero-argument callable returning one, imported with the current folder on sys.path",
     )
     parser.add_argument("--kind", choices=SOURCE_KINDS, default="auto", help="source kind")
+    boxes = parser.add_mutually_exclusive_group()
+    boxes.add_argument(
+        "--coco", metavar="JSON", help="detection boxes from a COCO file (SRC: its image folder)"
+    )
+    boxes.add_argument(
+        "--yolo",
+        metavar="DIR",
+        help="detection boxes from YOLO .txt labels, one per image of SRC (matched by path)",
+    )
+    boxes.add_argument(
+        "--voc", metavar="DIR", help="detection boxes from Pascal VOC .xml files (SRC: images)"
+    )
+    boxes.add_argument(
+        "--annotations",
+        metavar="PATH",
+        help="detection boxes, format detected: a .json file is COCO, a folder of .txt YOLO, "
+        "a folder of .xml VOC",
+    )
+    parser.add_argument(
+        "--classes",
+        metavar="FILE",
+        help="YOLO/VOC: class names, one a line (label i is line i; default: YOLO's "
+        "classes.txt, VOC's sorted names)",
+    )
     parser.add_argument("--masks", help="mask folder of a segmentation source (matched by stem)")
     parser.add_argument(
         "--mask-suffix",
@@ -86,9 +111,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--resize",
         choices=RESIZE_MODES,
-        default="shorter",
-        help="shorter: resize+centre crop; exact: stretch; pad: fit+pad; "
-        "longer: cap the longer side (--storage jpeg only)",
+        help="shorter: resize+centre crop; exact: stretch; pad: fit+pad; longer: cap the "
+        "longer side (--storage jpeg only) (default: shorter; pad with --coco, --yolo, --voc "
+        "or --annotations, so that no box is cut off)",
     )
     parser.add_argument(
         "--storage",
@@ -161,6 +186,27 @@ def validate(args: argparse.Namespace) -> str | None:
     size_problem = output_size_problem(tuple(args.size), args.max_pixels or None, "--max-pixels")
     if size_problem:
         return f"--size {max(args.size)}: {size_problem}"
+    annotations = _annotation_option(args)
+    if args.classes is not None and (annotations is None or annotations[0] == "--coco"):
+        return (
+            "--classes names the classes of --yolo, --voc or --annotations (a COCO file "
+            "names its own)"
+        )
+    if annotations is not None:
+        refused = {
+            "--from-python": args.from_python,
+            "--kind": args.kind != "auto",
+            "--masks": args.masks is not None,
+            "--mask-suffix": args.mask_suffix is not None,
+            "--path-column": args.path_column is not None,
+            "--label-column": args.label_column is not None,
+        }
+        given = [name for name, is_given in refused.items() if is_given]
+        if given:
+            return (
+                f"{', '.join(given)}: not with {annotations[0]} (SRC is the image folder of "
+                "the annotations)"
+            )
     if args.from_python:
         path_options = {
             "--kind": args.kind != "auto",
@@ -206,6 +252,24 @@ def validate(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _resize_mode(args: argparse.Namespace) -> str:
+    """``--resize``, else ``pad`` for detection annotations (a centre crop would cut boxes
+    off), else ``shorter``."""
+    if args.resize is not None:
+        return str(args.resize)
+    return "pad" if _annotation_option(args) is not None else "shorter"
+
+
+def _annotation_option(args: argparse.Namespace) -> tuple[str, str, str] | None:
+    """``(option, format, path)`` of the annotation option given, or ``None``."""
+    for option, name in (("--coco", "coco"), ("--yolo", "yolo"), ("--voc", "voc"),
+                         ("--annotations", "auto")):  # fmt: skip
+        value = getattr(args, option[2:])
+        if value is not None:
+            return option, name, value
+    return None
+
+
 def _mask_suffix(value: str) -> str:
     if not value or "/" in value:
         raise argparse.ArgumentTypeError(
@@ -247,9 +311,14 @@ def run(args: argparse.Namespace) -> int:
         # say which Ray instance runs the job: a running one, or a private one it starts
         logging.getLogger("fastdata.preprocess._ray").setLevel(logging.INFO)
     src: Any = load_python_source(args.src) if args.from_python else args.src
+    annotations = _annotation_option(args)
+    if annotations is not None:
+        src = open_annotations(
+            args.src, annotations[2], format=annotations[1], class_names=args.classes
+        )
     options = PreprocessOptions(
         sizes=tuple(args.size),
-        resize=args.resize,
+        resize=_resize_mode(args),
         storage=args.storage,
         grayscale=args.grayscale,
         compression=args.compression,
@@ -275,19 +344,21 @@ def run(args: argparse.Namespace) -> int:
         f"{format_bytes(summary.num_bytes)}, in {summary.elapsed_s:.1f} s: "
         f"{summary.images_per_s:,.0f} images/s; skipped {summary.num_skipped}"
     )
-    _print_class_names(summary.out)
+    _print_class_names(summary.out, shown=annotations is not None)
     if summary.num_skipped:
         print(f"skipped inputs are listed in {summary.out}/index.json ('skipped')", file=sys.stderr)
     return EXIT_OK
 
 
-def _print_class_names(out: Path) -> None:
-    """Show how class names of a list source became labels (recorded in index.json)."""
+def _print_class_names(out: Path, shown: bool = False) -> None:
+    """Show how class names of a list source (or of annotations, when ``shown``) became
+    labels (recorded in index.json)."""
     manifest = load_manifest(out)
-    if manifest.source.get("kind") != "list" or not manifest.class_names:
+    if not (shown or manifest.source.get("kind") == "list") or not manifest.class_names:
         return
     pairs = [f"{i}={name}" for i, name in enumerate(manifest.class_names)]
     more = f", ... ({len(pairs)} classes)" if len(pairs) > 20 else ""
     print(
-        f"labels (class names, sorted; 'class_names' in index.json): {', '.join(pairs[:20])}{more}"
+        f"labels ({'class names' if shown else 'class names, sorted'}; 'class_names' in "
+        f"index.json): {', '.join(pairs[:20])}{more}"
     )

@@ -5,10 +5,13 @@
 batch augmentation on the device (``DeviceRandomHorizontalFlip``,
 ``DeviceRandomResizedCrop``, the colour ops, ``DeviceRandomAffine``,
 ``DeviceRandomErasing``, ``DeviceRandAugment``, ``DeviceTrivialAugmentWide``,
-``DeviceMixUp``, ``DeviceCutMix``).
+``DeviceMixUp``, ``DeviceCutMix``), and detection geometry with boxes as
+``PaddedBoxes`` (``DeviceRandomIoUCrop``, ``DeviceLetterbox``; ``compact`` for counts).
 Everything also runs on the CPU; CUDA is used, never required.
 """
 
+from fastdata.gpu._boxes import PaddedBoxes, compact
+from fastdata.gpu._detection import DeviceLetterbox, DeviceRandomIoUCrop
 from fastdata.gpu._mix import DeviceCutMix, DeviceMixUp
 from fastdata.gpu._steps import (
     DeviceColorJitter,
@@ -34,6 +37,7 @@ __all__ = [
     "DeviceColorJitter",
     "DeviceCutMix",
     "DeviceGaussianBlur",
+    "DeviceLetterbox",
     "DeviceMixUp",
     "DevicePrefetcher",
     "DeviceRandAugment",
@@ -45,6 +49,7 @@ __all__ = [
     "DeviceRandomGrayscale",
     "DeviceRandomHorizontalFlip",
     "DeviceRandomInvert",
+    "DeviceRandomIoUCrop",
     "DeviceRandomPosterize",
     "DeviceRandomResizedCrop",
     "DeviceRandomSolarize",
@@ -52,5 +57,7 @@ __all__ = [
     "DeviceTrivialAugmentWide",
     "MaskToLong",
     "Normalize",
+    "PaddedBoxes",
+    "compact",
     "to_device",
 ]

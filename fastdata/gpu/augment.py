@@ -13,7 +13,10 @@ Called on a :class:`~fastdata.transforms.FieldBatch` (or a dict of fields with `
 a module moves every field by its role from one draw: the image field and every mask on
 the device, boxes (lists of ``(N_i, 4)`` tensors) and any other role with a mover through
 the one box geometry of :mod:`fastdata.transforms` (clipped, and dropped with their box
-labels by the same rule as on the CPU), returned on the boxes' device.
+labels by the same rule as on the CPU), returned on the boxes' device. Boxes collated
+padded (``ragged="padded"``: a ``(padded, counts)`` pair, or a
+:class:`~fastdata.gpu.PaddedBoxes`) are moved on the device by the same rule instead,
+without a host sync, their padded box labels alongside (kept rows first, new counts).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from fastdata._boxes import DEFAULT_MIN_SIZE, DEFAULT_MIN_VISIBILITY
 from fastdata._draws import UniformDraws
 from fastdata._layout import check_layout
 from fastdata._transfer import copy_to_device
+from fastdata.gpu._boxes import PaddedBoxes, as_padded, move_padded, repack
 from fastdata.transforms import (
     FieldBatch,
     Geometry,
@@ -106,12 +110,17 @@ class _SeededModule(nn.Module, ops.Executor):
         if len(images) != 1:
             raise ValueError(f"{self!r} moves exactly one image field, got {images}")
         masks = batch.names(_roles.MASK)
+        self._prepare(batch)
         moved_images, moved_masks, geometry = self._move(
             batch.values[images[0]], [batch.values[name] for name in masks]
         )
         values = dict(batch.values)
         values[images[0]] = moved_images
         values.update(zip(masks, moved_masks, strict=True))
+        for name in batch.names(_roles.BOXES):
+            padded = as_padded(batch.values[name])
+            if padded is not None:  # padded on the device: moved there, no host sync
+                repack(values, batch.roles, name, self._move_padded(padded, geometry))
         targets = [
             name
             for name in batch
@@ -134,6 +143,32 @@ class _SeededModule(nn.Module, ops.Executor):
                     for array, old in zip(moved.values[name], batch.values[name], strict=True)
                 ]
         return FieldBatch(values, dict(batch.roles))
+
+    def _prepare(self, batch: FieldBatch) -> None:
+        """Read what the next :meth:`_move` draws from (an IoU crop: the boxes); nothing
+        by default."""
+
+    def _move_padded(self, padded: PaddedBoxes, geometry: Geometry) -> PaddedBoxes:
+        """Padded boxes moved by the host ``geometry`` on their device (its parts copied
+        there, non-blocking)."""
+        device = padded.boxes.device
+        size = geometry.uniform_size
+        if size is None:
+            raise ValueError("padded boxes need one output size for the whole batch")
+        crops, offsets, resized, flips = (
+            _to(torch.from_numpy(np.ascontiguousarray(part)), device)
+            for part in (geometry.box_crops(), geometry.offsets, geometry.resized, geometry.flips)
+        )
+        return move_padded(
+            padded,
+            crops=crops,
+            offsets=offsets,
+            resized=resized,
+            out_size=size,
+            flips=flips,
+            min_size=self.min_box_size,
+            min_visibility=self.min_box_visibility,
+        )
 
     def __init__(self, op: ops.Operation, layout: str, seed: int | None) -> None:
         super().__init__()

@@ -20,6 +20,7 @@ from typing import Any
 from fastdata._progress import progress_bar
 from fastdata._system import usable_cpus
 from fastdata.errors import PreprocessError
+from fastdata.preprocess._detection import add_source_record, source_skipped
 from fastdata.preprocess._options import PreprocessOptions
 from fastdata.preprocess._outdir import (
     JOB_DIR,
@@ -184,7 +185,9 @@ def preprocess(
     elif isinstance(src, (str, os.PathLike)):
         listing = list_path(Path(src), on_error=options.on_error, exclude=(root,))
     else:
+        skipped = source_skipped(src, options.on_error)  # bad annotations of a source
         listing = list_dataset(src, max_pixels=options.max_pixels)
+        add_source_record(listing, src, skipped)
         loader = listing.loader
         engine = dataset_engine(loader, engine)
     fields = build_fields(listing, options)

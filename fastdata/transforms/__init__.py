@@ -12,6 +12,7 @@ applied per sample to the image instead.
 """
 
 from fastdata.transforms._base import BatchTransform, Compose
+from fastdata.transforms._detection import Letterbox, RandomIoUCrop
 from fastdata.transforms._fields import (
     FieldBatch,
     Geometry,
@@ -56,6 +57,7 @@ __all__ = [
     "GaussianBlur",
     "GeometricTransform",
     "Geometry",
+    "Letterbox",
     "MixUp",
     "Move",
     "RandAugment",
@@ -68,6 +70,7 @@ __all__ = [
     "RandomGrayscale",
     "RandomHorizontalFlip",
     "RandomInvert",
+    "RandomIoUCrop",
     "RandomPosterize",
     "RandomResizedCrop",
     "RandomSolarize",

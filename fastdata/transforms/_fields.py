@@ -28,7 +28,7 @@ from fastdata._boxes import (
     DEFAULT_MIN_SIZE,
     DEFAULT_MIN_VISIBILITY,
     as_boxes,
-    place_boxes,
+    box_areas,
     sanitize_boxes,
 )
 from fastdata._images import Images
@@ -358,31 +358,59 @@ def move_boxes(move: Move, batch: Sequence[Any]) -> tuple[list[np.ndarray], list
     """The boxes mover: :func:`fastdata._boxes.place_boxes`, then each box clipped to
     the part of the canvas the image covers and dropped by
     :func:`fastdata._boxes.sanitize_boxes`' rule (the transform's ``min_box_size`` and
-    ``min_box_visibility``)."""
+    ``min_box_visibility``); the whole batch in one vectorised pass."""
     geometry, transform = move.geometry, move.transform
-    crops = geometry.box_crops()
-    moved: list[np.ndarray] = []
-    kept: list[np.ndarray] = []
-    for k, item in enumerate(batch):
-        out_h, out_w = (int(side) for side in geometry.out_sizes[k])
-        pad_top, pad_left = (float(side) for side in geometry.offsets[k])
-        res_h, res_w = (int(side) for side in geometry.resized[k])
-        shift = np.array([pad_left, pad_top, pad_left, pad_top], np.float32)
-        placed = place_boxes(as_boxes(np.asarray(item)), crops[k], (out_h, out_w))
-        local = placed - shift  # in the resized image's pixels, for the clip
-        clipped, keep = sanitize_boxes(
-            local,
-            (res_h, res_w),
-            transform.min_box_size,
-            transform.min_box_visibility,
-        )
-        canvas = clipped[keep] + shift
-        if geometry.flips[k]:
-            canvas = np.stack(
-                [out_w - canvas[:, 2], canvas[:, 1], out_w - canvas[:, 0], canvas[:, 3]], axis=1
-            )
-        moved.append(canvas.astype(np.float32).reshape(-1, 4))
-        kept.append(keep)
+    arrays = [as_boxes(np.asarray(item)) for item in batch]
+    counts = np.array([len(rows) for rows in arrays], np.int64)
+    if not counts.sum():
+        return [rows.copy() for rows in arrays], [np.zeros(0, bool) for _ in arrays]
+    flat = np.concatenate(arrays).astype(np.float64)
+    crops = np.repeat(geometry.box_crops(), counts, axis=0)
+    out_h, out_w = (np.repeat(geometry.out_sizes[:, k], counts).astype(np.float64) for k in (0, 1))
+    res_h, res_w = (np.repeat(geometry.resized[:, k], counts).astype(np.float32) for k in (0, 1))
+    pad_top, pad_left = (
+        np.repeat(geometry.offsets[:, k], counts).astype(np.float32) for k in (0, 1)
+    )
+    # place_boxes, row by row: (x - left) * W_out / width in float64, stored as float32
+    scale_x, scale_y = out_w / crops[:, 3], out_h / crops[:, 2]
+    placed = np.stack(
+        [
+            (flat[:, 0] - crops[:, 1]) * scale_x,
+            (flat[:, 1] - crops[:, 0]) * scale_y,
+            (flat[:, 2] - crops[:, 1]) * scale_x,
+            (flat[:, 3] - crops[:, 0]) * scale_y,
+        ],
+        axis=1,
+    ).astype(np.float32)
+    shift = np.stack([pad_left, pad_top, pad_left, pad_top], axis=1)
+    local = placed - shift  # in the resized image's pixels, for the clip
+    # sanitize_boxes, with each row's own limits
+    if not transform.min_box_size >= 0 or not 0 <= transform.min_box_visibility <= 1:
+        sanitize_boxes(local[:0], (1, 1), transform.min_box_size, transform.min_box_visibility)
+    limits = np.stack([res_w, res_h, res_w, res_h], axis=1)
+    clipped = np.clip(np.nan_to_num(local), 0.0, limits).astype(np.float32)
+    widths, heights = clipped[:, 2] - clipped[:, 0], clipped[:, 3] - clipped[:, 1]
+    keep = (
+        np.isfinite(local).all(axis=1)
+        & (widths >= transform.min_box_size)
+        & (heights >= transform.min_box_size)
+        & (widths > 0)
+        & (heights > 0)
+        & (widths * heights >= transform.min_box_visibility * box_areas(local))
+    )
+    canvas = clipped + shift
+    mirrored = np.repeat(geometry.flips, counts)
+    width_f32 = out_w.astype(np.float32)
+    canvas = np.where(
+        mirrored[:, None],
+        np.stack(
+            [width_f32 - canvas[:, 2], canvas[:, 1], width_f32 - canvas[:, 0], canvas[:, 3]], 1
+        ),
+        canvas,
+    ).astype(np.float32)
+    splits = np.cumsum(counts)[:-1]
+    kept = np.split(keep, splits)
+    moved = [rows[mask] for rows, mask in zip(np.split(canvas, splits), kept, strict=True)]
     return moved, kept
 
 

@@ -310,12 +310,16 @@ def run(args: argparse.Namespace) -> int:
         engine = RayEngine(args.address, num_cpus=args.workers)
         # say which Ray instance runs the job: a running one, or a private one it starts
         logging.getLogger("fastdata.preprocess._ray").setLevel(logging.INFO)
-    src: Any = load_python_source(args.src) if args.from_python else args.src
     annotations = _annotation_option(args)
-    if annotations is not None:
+    src: Any
+    if args.from_python:
+        src = load_python_source(args.src)
+    elif annotations is not None:
         src = open_annotations(
             args.src, annotations[2], format=annotations[1], class_names=args.classes
         )
+    else:
+        src = _source(args)
     options = PreprocessOptions(
         sizes=tuple(args.size),
         resize=_resize_mode(args),
@@ -328,7 +332,7 @@ def run(args: argparse.Namespace) -> int:
         max_pixels=args.max_pixels,
     )
     summary = preprocess(
-        src if args.from_python else _source(args),
+        src,
         args.out,
         options,
         workers=args.workers,

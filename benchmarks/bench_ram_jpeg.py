@@ -35,6 +35,7 @@ import argparse
 import dataclasses
 import importlib.util
 import io
+import os
 import sys
 import tempfile
 import time
@@ -277,6 +278,7 @@ def measure_set(
     else:
         loaders["ffcv_jpeg_eval_2_workers"] = ffcv_loader(paths, workdir, args.batch_size)
     best: dict[str, float] = {}
+    load_at_start = [round(value, 2) for value in os.getloadavg()]
     for _ in range(args.repeats):
         for key, one_pass in passes.items():
             best[key] = max(best.get(key, 0.0), rate_of(one_pass, args.min_seconds))
@@ -301,6 +303,7 @@ def measure_set(
     return {
         "set": name,
         "num_images": len(paths),
+        "load_average_1_5_15_at_start": load_at_start,
         "images_per_s": {key: round(rate, 1) for key, rate in best.items()},
         "ratios": {key: round(value, 3) for key, value in ratios.items()},
         "fast_dct_difference_levels": fast_dct_difference(jpegs),

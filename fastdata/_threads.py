@@ -25,7 +25,9 @@ def parallel_for(
     the end of the batch; ``body`` is then called many times per thread.
 
     Runs inline when there is no executor, one task, or fewer than two items per task;
-    exceptions from any call propagate to the caller.
+    exceptions from any call propagate to the caller. With a ``chunk``, an exception stops
+    the threads from taking more items, and the call returns only once none still runs
+    ``body`` (so that none writes into the caller's buffers after it).
     """
     if executor is None or tasks <= 1 or count < 2 * tasks:
         if count:
@@ -38,16 +40,25 @@ def parallel_for(
     else:
         starts = iter(range(0, count, max(1, chunk)))
         lock = threading.Lock()
+        failed = threading.Event()
 
         def take_until_done() -> None:
-            while True:
+            while not failed.is_set():
                 with lock:
                     start = next(starts, None)
                 if start is None:
                     return
-                body(start, min(start + max(1, chunk), count))
+                try:
+                    body(start, min(start + max(1, chunk), count))
+                except BaseException:
+                    failed.set()  # the other threads take no more items
+                    raise
 
         futures = [executor.submit(take_until_done) for _ in range(1, tasks)]
-        take_until_done()  # the calling thread takes chunks too
+        try:
+            take_until_done()  # the calling thread takes chunks too
+        finally:  # return or raise only once no thread still runs `body`
+            for future in futures:
+                future.exception()
     for future in futures:
         future.result()

@@ -60,3 +60,35 @@ def test_with_chunks_a_slow_item_does_not_hold_up_the_items_after_it() -> None:
         parallel_for(executor, count, body, tasks=2, chunk=1)
     assert waited == [True]
     assert done == set(range(1, count))
+
+
+def test_with_chunks_an_error_returns_only_once_no_thread_runs_an_item() -> None:
+    """The calling thread's item raises once the pool thread runs one of its own, which is
+    still running then (it waits up to a second for a release the test gives only
+    afterwards): the error must not reach the caller before that item has finished."""
+    caller = threading.current_thread()
+    other_started = threading.Event()
+    release = threading.Event()
+    running: list[int] = []
+    lock = threading.Lock()
+
+    def body(start: int, stop: int) -> None:
+        for item in range(start, stop):
+            with lock:
+                running.append(item)
+            try:
+                if threading.current_thread() is caller:
+                    assert other_started.wait(timeout=30)
+                    raise ValueError("the caller's item")
+                other_started.set()
+                release.wait(timeout=1)
+            finally:
+                with lock:
+                    running.remove(item)
+
+    with ThreadPoolExecutor(1) as executor:
+        with pytest.raises(ValueError, match="the caller's item"):
+            parallel_for(executor, 4, body, tasks=2, chunk=1)
+        still_running = list(running)
+        release.set()
+    assert still_running == []

@@ -17,7 +17,8 @@ that opens each image with PIL, as torchvision's ImageFolder does). The ratio is
 time over fastdata's. The decode+resize bound is the single-core rate of fastdata's own
 per-image work (decode, resize, statistics; one process, one OpenCV thread, measured right
 before and after the runs, averaged) times the number of workers; its ratio is the job's
-rate over that bound.
+rate over that bound. The store bound adds what every job must do with the result: write
+its bytes to a file and SHA-256 hash them (the shard checksum), in the same process.
 
     python benchmarks/bench_preprocess.py [--num-images 4000] [--workers N] [--rounds 3]
 
@@ -28,9 +29,11 @@ FFCV is not a dependency of fastdata; to include it (Linux):
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import multiprocessing
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -78,21 +81,40 @@ class ImageFiles:
             return image.convert("RGB"), label
 
 
-def _single_core_rate(items: list[SourceItem], job: ShardJob) -> float:
-    """Images/s of fastdata's per-image work in this process with one OpenCV thread."""
+def _stored_bytes(values: dict[str, Any]) -> list[Any]:
+    """The image values of one processed sample as the shard stores them (arrays, bytes)."""
+    return [value for name, value in values.items() if name.startswith("image")]
+
+
+def _single_core_rates(items: list[SourceItem], job: ShardJob) -> tuple[float, float]:
+    """Images/s of fastdata's per-image work in this process with one OpenCV thread: the
+    work alone (decode, resize, statistics), and the same plus storing its bytes (written to
+    a file and SHA-256 hashed, as the shard writer does with every byte of a shard). Both
+    are timed per image, one after the other, so that they share the machine's moments."""
     cv2.setNumThreads(1)
     for item in items[:_WARMUP_ITEMS]:
         process_sample(item, job)
-    started = time.perf_counter()
-    for item in items[_WARMUP_ITEMS:]:
-        process_sample(item, job)
-    return (len(items) - _WARMUP_ITEMS) / (time.perf_counter() - started)
+    hasher = hashlib.sha256()
+    work_s = store_s = 0.0
+    with tempfile.TemporaryFile() as scratch:
+        for item in items[_WARMUP_ITEMS:]:
+            started = time.perf_counter()
+            values, _ = process_sample(item, job)
+            processed = time.perf_counter()
+            for value in _stored_bytes(values):
+                hasher.update(value)
+                scratch.write(value)
+            work_s += processed - started
+            store_s += time.perf_counter() - processed
+    count = len(items) - _WARMUP_ITEMS
+    return count / work_s, count / (work_s + store_s)
 
 
-def _probe(probe: list[SourceItem], job: ShardJob) -> float:
+def _probe(probe: list[SourceItem], job: ShardJob) -> tuple[float, float]:
     context = multiprocessing.get_context("spawn")  # fresh: no inherited OpenCV threads
     with context.Pool(1) as pool:
-        return float(pool.apply(_single_core_rate, (probe, job)))
+        work_rate, store_rate = pool.apply(_single_core_rates, (probe, job))
+        return float(work_rate), float(store_rate)
 
 
 def run_ffcv(items: list[SourceItem], out: Path, write_mode: str, workers: int) -> float:
@@ -153,8 +175,9 @@ def measure(
     rates.append(_probe(probe, job))
     assert summary is not None
     shutil.rmtree(out, ignore_errors=True)
-    single = sum(rates) / len(rates)
+    single = sum(rate[0] for rate in rates) / len(rates)
     bound = single * workers
+    store_bound = sum(rate[1] for rate in rates) / len(rates) * workers
     seconds = min(fastdata_runs)
     ffcv_s = min(ffcv_runs) if ffcv_runs else None
     return {
@@ -169,6 +192,8 @@ def measure(
         "single_core_images_per_s": single,
         "decode_bound_images_per_s": bound,
         "ratio_to_decode_bound": summary.num_processed / seconds / bound,
+        "store_bound_images_per_s": store_bound,
+        "ratio_to_store_bound": summary.num_processed / seconds / store_bound,
     }
 
 
@@ -210,7 +235,8 @@ def main() -> None:
         print(
             f"{name:9s} fastdata {r['seconds']:5.1f} s ({r['images_per_s']:5.0f} images/s)  "
             f"{ffcv}decode bound {r['decode_bound_images_per_s']:5.0f} images/s "
-            f"(ratio {r['ratio_to_decode_bound']:.2f})"
+            f"(ratio {r['ratio_to_decode_bound']:.2f}), with storing "
+            f"{r['store_bound_images_per_s']:5.0f} (ratio {r['ratio_to_store_bound']:.2f})"
         )
 
 

@@ -14,7 +14,10 @@ machine. Per set:
 - ``RAMDataset`` 1 thread: eval (``Resize(256)`` + ``CenterCrop(224)``, run in the decode)
   as a ratio to the decode + resize bound, and the same with the two transforms run after
   a whole decode, train (``RandomResizedCrop(224)`` + flip) as a ratio to the
-  decode-only bound; eval with 2 threads as a ratio to 1 thread;
+  decode-only bound; eval with 2 threads as a ratio to 1 thread, and the process's CPU
+  time per image with 1 thread over that with 2 (its efficiency: 1.0 means the second
+  thread adds no work, so 2 free cores give 2x up to the GIL-held share, which a loaded
+  machine's wall-clock ratio cannot show);
 - DataLoader with 2 workers: ``RAMDataset`` eval and train against a naive per-sample PIL
   loader (open the file, resize, crop, to tensor) doing the same;
 - JPEG shards (the same files in one JPEG-mode shard set), eval with 2 workers, against
@@ -35,6 +38,7 @@ import argparse
 import dataclasses
 import importlib.util
 import io
+import os
 import sys
 import tempfile
 import time
@@ -124,12 +128,16 @@ def bound_pass(jpegs: Sequence[bytes], kind: str) -> Callable[[], int]:
     return one_pass
 
 
-def rate_of(one_pass: Callable[[], int], min_seconds: float) -> float:
+def rate_of(one_pass: Callable[[], int], min_seconds: float) -> tuple[float, float]:
+    """Images/s of ``one_pass`` over at least ``min_seconds``, and the CPU seconds this
+    process spent per image (all its threads: on a shared machine it does not depend on
+    how much of the cores the process got)."""
     one_pass()
-    count, started = 0, time.perf_counter()
+    count, started, cpu_started = 0, time.perf_counter(), time.process_time()
     while count == 0 or time.perf_counter() - started < min_seconds:
         count += one_pass()
-    return count / (time.perf_counter() - started)
+    cpu_per_image = (time.process_time() - cpu_started) / count
+    return count / (time.perf_counter() - started), cpu_per_image
 
 
 def dataset_pass(dataset: RAMDataset, batch: int) -> Callable[[], int]:
@@ -277,9 +285,13 @@ def measure_set(
     else:
         loaders["ffcv_jpeg_eval_2_workers"] = ffcv_loader(paths, workdir, args.batch_size)
     best: dict[str, float] = {}
+    cpu_s: dict[str, float] = {}
+    load_at_start = [round(value, 2) for value in os.getloadavg()]
     for _ in range(args.repeats):
         for key, one_pass in passes.items():
-            best[key] = max(best.get(key, 0.0), rate_of(one_pass, args.min_seconds))
+            rate, cpu_per_image = rate_of(one_pass, args.min_seconds)
+            best[key] = max(best.get(key, 0.0), rate)
+            cpu_s[key] = min(cpu_s.get(key, np.inf), cpu_per_image)
         for key, loader in loaders.items():
             rate = images_per_second(loader, warm_epochs=1, min_seconds=args.min_seconds)
             best[key] = max(best.get(key, 0.0), rate)
@@ -290,6 +302,8 @@ def measure_set(
         ),
         "train_of_decode_only_bound": best["ram_train_1_thread"] / best["bound_decode_only"],
         "eval_2_threads_over_1": best["ram_eval_2_threads"] / best["ram_eval_1_thread"],
+        # CPU per image of 1 thread over 2: what 2 free cores would give, up to the GIL
+        "eval_2_threads_cpu_efficiency": cpu_s["ram_eval_1_thread"] / cpu_s["ram_eval_2_threads"],
         "eval_2_workers_over_pil": best["ram_eval_2_workers"] / best["pil_eval_2_workers"],
         "train_2_workers_over_pil": best["ram_train_2_workers"] / best["pil_train_2_workers"],
         "fast_dct_speedup": best["bound_decode_only"] / best["bound_decode_accurate_dct"],
@@ -301,7 +315,9 @@ def measure_set(
     return {
         "set": name,
         "num_images": len(paths),
+        "load_average_1_5_15_at_start": load_at_start,
         "images_per_s": {key: round(rate, 1) for key, rate in best.items()},
+        "cpu_us_per_image": {key: round(value * 1e6, 1) for key, value in cpu_s.items()},
         "ratios": {key: round(value, 3) for key, value in ratios.items()},
         "fast_dct_difference_levels": fast_dct_difference(jpegs),
         "notes": notes,

@@ -101,13 +101,15 @@ def resize_center_crop(
         first_x = max(int((left + 0.5) * scale_x - 0.5) - 2, 0)
         last_x = min(int((left + box_w - 0.5) * scale_x - 0.5) + 3, w)
         source = np.empty_like(image)  # outside the region: never sampled for the box
-        source[first_y:last_y, first_x:last_x] = cv2.GaussianBlur(
+        # filtered straight into the region of `source` (OpenCV writes into the view)
+        cv2.GaussianBlur(
             _plane(image[first_y:last_y, first_x:last_x]),
             (3 if scale_x > 1 else 1, 3 if scale_y > 1 else 1),
+            dst=_plane(source[first_y:last_y, first_x:last_x]),
             sigmaX=max(_SIGMA_PER_EXTRA_SCALE * (scale_x - 1), 1e-3),
             sigmaY=max(_SIGMA_PER_EXTRA_SCALE * (scale_y - 1), 1e-3),
             borderType=cv2.BORDER_REFLECT_101,
-        ).reshape(last_y - first_y, last_x - first_x, *image.shape[2:])
+        )
         resized = cv2.resize(_plane(source), (resized_w, resized_h), interpolation=cv2.INTER_LINEAR)
     else:
         resized = resize_image(image, resized_w, resized_h)

@@ -372,7 +372,8 @@ class BatchedDataset(Dataset):
                     failures.append((k, exc))
                 failures.extend((k, note) for note in damaged or ())
 
-        parallel_for(pool[0], len(raw), body, tasks=pool[1])
+        # one image at a time: decode costs differ by image size
+        parallel_for(pool[0], len(raw), body, tasks=pool[1], chunk=1)
         for k, exc in sorted(failures, key=lambda item: item[0]):
             index = int(indices[k])
             error = exc.with_source(f"dataset[{index}], {self.store.source(index)}")

@@ -9,7 +9,7 @@ per image (4.5 on average). Rows end with the uint8 images and each sample's box
 labels in the training process.
 
 - fastdata, JPEG files: the IoU crop is drawn from the JPEG header's size and the boxes,
-  then decoded and resized in one step (``fastdata.decode._detection.decode_iou_crops``),
+  then decoded and resized in one step (``fastdata.decode.detection.decode_iou_crops``),
   flipped in place; boxes and labels through the CPU movers of the same geometry (clip,
   drop below 1 px or 10 % visible).
 - fastdata, uint8 shards: the photos letterboxed to 512x512 once, boxes and labels stored
@@ -64,7 +64,7 @@ from fastdata._codec import decode_image
 from fastdata._draws import keyed_uniform
 from fastdata.datasets import ShardDataset, passthrough_collate
 from fastdata.datasets._buffers import BatchBuffers
-from fastdata.decode._detection import decode_iou_crops
+from fastdata.decode.detection import decode_iou_crops
 from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
 from fastdata.transforms import (
     Compose,

@@ -336,7 +336,7 @@ class BatchedDataset(Dataset):
         iou_plans: list[Any] = []
         iou_rows = np.zeros((len(raw), 4), np.int64)
         if iou_crop is not None and draws is not None:
-            from fastdata.decode._detection import (  # noqa: PLC0415 - decode imports datasets
+            from fastdata.decode.detection import (  # noqa: PLC0415 - decode imports datasets
                 decode_into_iou_crop,
                 plan_iou_crops,
             )

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from fastdata._codec import DEFAULT_MAX_PIXELS, decode_image
 from fastdata._draws import batch_draws
 from fastdata._images import check_masks, stack_images
 from fastdata._layout import check_layout
+from fastdata._roles import check_role
 from fastdata._system import available_memory_bytes, usable_cpus
 from fastdata._threads import parallel_for
 from fastdata.datasets._buffers import BatchBuffers
@@ -65,8 +67,10 @@ class BatchedDataset(Dataset):
         decode_min_side: int | None,
         on_error: OnError | str,
         num_threads: int | None,
+        roles: Mapping[str, str] | None = None,
     ) -> None:
         on_error = OnError.parse(on_error)
+        _override_roles(store, fields, roles)
         decodes, crop_decode = resolve_decode(decode)
         if crop_decode is not None and decode_min_side is not None:
             raise ValueError(
@@ -109,7 +113,8 @@ class BatchedDataset(Dataset):
     @property
     def roles(self) -> dict[str, str]:
         """The role of each returned field (``image``, ``mask``, ``boxes``, ``label``,
-        ``box_labels``, ``path``, ``other``), as the manifest declares it."""
+        ``box_labels``, ``path``, ``other``), as the manifest declares it or the
+        dataset's ``roles`` argument overrides it."""
         return {name: self.store.specs[name].role for name in self.fields}
 
     @property
@@ -594,6 +599,24 @@ class BatchedDataset(Dataset):
         state = self.__dict__.copy()
         state["_executor"] = None
         return state
+
+
+def _override_roles(store: Store, fields: Sequence[str], roles: Mapping[str, str] | None) -> None:
+    """Give the fields named in ``roles`` that role instead of the manifest's.
+
+    Raises:
+        TypeError: ``roles`` is not a mapping.
+        ValueError: A name is not one of ``fields``, or a role is unknown.
+    """
+    if roles is None:
+        return
+    if not isinstance(roles, Mapping):
+        raise TypeError(f"roles must be a mapping of field name to role, got {roles!r}")
+    for name, role in roles.items():
+        if name not in fields:
+            raise ValueError(f"roles names field {name!r}, which is not one of fields {fields}")
+        check_role(role, f"roles[{name!r}]")
+        store.specs[name] = dataclasses.replace(store.specs[name], role=role)
 
 
 def _arrays(value: Any) -> Any:

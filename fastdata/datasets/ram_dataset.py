@@ -118,7 +118,7 @@ class RAMDataset(BatchedDataset):
         """Load ``fields`` of a shard set into RAM (raw pixels stay raw, JPEG bytes stay
         encoded). ``path`` may be a URL such as ``s3://bucket/set/``: shards then come
         through the cache ``cache_dir`` of at most ``cache_limit`` bytes, as for
-        :class:`ShardDataset`. ``options`` are ``layout``, ``decode``,
+        :class:`ShardDataset`. ``options`` are ``layout``, ``decode``, ``roles``,
         ``decode_min_side``, ``on_error``, ``num_threads``, ``max_pixels``."""
         store = load_shards(
             path,
@@ -164,7 +164,15 @@ class RAMDataset(BatchedDataset):
     def _wrap(
         cls, store: RAMStore, fields: Sequence[str], transform: Any, options: dict[str, Any]
     ) -> RAMDataset:
-        allowed = {"layout", "decode", "decode_min_side", "on_error", "num_threads", "max_pixels"}
+        allowed = {
+            "layout",
+            "decode",
+            "decode_min_side",
+            "on_error",
+            "num_threads",
+            "max_pixels",
+            "roles",
+        }
         unknown = sorted(set(options) - allowed)
         if unknown:
             raise TypeError(f"unexpected options {unknown}; allowed: {sorted(allowed)}")
@@ -180,6 +188,7 @@ class RAMDataset(BatchedDataset):
             decode_min_side=options.get("decode_min_side"),
             on_error=options.get("on_error", "raise"),
             num_threads=options.get("num_threads"),
+            roles=options.get("roles"),
         )
         dataset.max_pixels = limit
         return dataset

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +77,8 @@ class ShardDataset(BatchedDataset):
         cache_limit: Bytes the cache folder may hold: an int or a string with a unit
             (``"200MB"``, ``"1.5GiB"``); default no limit. It holds at every moment; below
             the largest shard it is refused.
+        roles: Field name → role, overriding the manifest's for this dataset (say
+            ``{"seg": "mask"}`` for a set written with a field of role ``other``).
 
     Raises:
         TypeError: ``transform`` is not callable, or ``layout`` is not a string.
@@ -108,6 +110,7 @@ class ShardDataset(BatchedDataset):
         show_progress: bool = True,
         cache_dir: str | Path | None = None,
         cache_limit: int | str | None = None,
+        roles: Mapping[str, str] | None = None,
     ) -> None:
         if isinstance(fields, str) or not fields:
             raise ValueError(f"fields must be a non-empty sequence of field names, got {fields!r}")
@@ -133,6 +136,7 @@ class ShardDataset(BatchedDataset):
             decode_min_side=decode_min_side,
             on_error=on_error,
             num_threads=num_threads,
+            roles=roles,
         )
 
     def read_ahead(self, indices: Sequence[int] | Any) -> Iterator[int]:

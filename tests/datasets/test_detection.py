@@ -97,3 +97,26 @@ def test_a_decoder_crop_refuses_boxes(tmp_path: Path) -> None:
             transform=RandomHorizontalFlip(),
             decode=CpuDecoder(32),
         )
+
+
+def test_roles_argument_overrides_the_manifest(tmp_path: Path) -> None:
+    write_set(tmp_path)
+    # read as plain rows: no transform follows them
+    dataset = ShardDataset(
+        tmp_path,
+        fields=("image", "boxes", "labels"),
+        transform=RandomHorizontalFlip(p=1.0),
+        roles={"boxes": "other", "labels": "other"},
+    )
+    assert dataset.roles == {"image": "image", "boxes": "other", "labels": "other"}
+    _, boxes, _ = dataset.__getitems__([1, 2])
+    stored = ShardDataset(tmp_path, fields=("boxes",))
+    np.testing.assert_array_equal(boxes[1].numpy(), stored[2].numpy())
+    with pytest.raises(ValueError, match="roles names field 'mask'"):
+        ShardDataset(tmp_path, fields=("image",), roles={"mask": "mask"})
+    with pytest.raises(ValueError, match=r"roles\['boxes'\] must be one of"):
+        ShardDataset(tmp_path, fields=("image", "boxes"), roles={"boxes": "bbox"})
+    ram = RAMDataset.from_shards(
+        tmp_path, fields=("image", "boxes"), roles={"boxes": "other"}, show_progress=False
+    )
+    assert ram.roles["boxes"] == "other"

@@ -20,17 +20,23 @@ SIZE = 96
 COUNT = 24
 
 
-@pytest.fixture
-def painted_set(tmp_path: Path) -> tuple[Path, np.ndarray, list[np.ndarray]]:
+@pytest.fixture(params=["png", "jpeg"])
+def painted_set(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> tuple[Path, np.ndarray, list[np.ndarray]]:
+    encoding = request.param
     images, boxes = painted_scenes(COUNT, 120, 160, 17)
     fields = [
-        FieldSpec("image", "encoded", "uint8", encoding="png", role="image"),
+        FieldSpec("image", "encoded", "uint8", encoding=encoding, role="image"),
         FieldSpec("boxes", "ragged", "float32", (4,), role="boxes"),
         FieldSpec("labels", "ragged", "int64", (), role="box_labels"),
     ]
     samples = []
     for image, rows in zip(images, boxes, strict=True):
-        ok, data = cv2.imencode(".png", image[..., ::-1])
+        extension, params = (
+            (".png", []) if encoding == "png" else (".jpg", [cv2.IMWRITE_JPEG_QUALITY, 97])
+        )
+        ok, data = cv2.imencode(extension, image[..., ::-1], params)
         assert ok
         samples.append({"image": data.tobytes(), "boxes": rows, "labels": np.arange(len(rows))})
     return write_shards(tmp_path / "painted", fields, samples, (COUNT,)), images, boxes

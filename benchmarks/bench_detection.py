@@ -9,9 +9,11 @@ per image (4.5 on average). Rows end with the uint8 images and each sample's box
 labels in the training process.
 
 - fastdata, JPEG files: the IoU crop is drawn from the JPEG header's size and the boxes,
-  then decoded and resized in one step (``fastdata.decode._detection.decode_iou_crops``),
+  then decoded and resized in one step (``fastdata.decode.detection.decode_iou_crops``),
   flipped in place; boxes and labels through the CPU movers of the same geometry (clip,
   drop below 1 px or 10 % visible).
+- fastdata, JPEG shards: the same JPEGs, boxes and labels in a shard set read by the
+  ``ShardDataset`` below: its leading ``RandomIoUCrop(size=512)`` runs in the decode.
 - fastdata, uint8 shards: the photos letterboxed to 512x512 once, boxes and labels stored
   beside them as ragged fields; ``ShardDataset(root, fields=("image", "boxes", "labels"),
   transform=Compose([RandomIoUCrop(size=512), RandomHorizontalFlip()]))`` (the IoU crop
@@ -64,7 +66,7 @@ from fastdata._codec import decode_image
 from fastdata._draws import keyed_uniform
 from fastdata.datasets import ShardDataset, passthrough_collate
 from fastdata.datasets._buffers import BatchBuffers
-from fastdata.decode._detection import decode_iou_crops
+from fastdata.decode.detection import decode_iou_crops
 from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
 from fastdata.transforms import (
     Compose,
@@ -201,9 +203,11 @@ class FastdataJpeg(Dataset):
 
 
 def shard_dataset(root: Path) -> ShardDataset:
-    """What a user writes: the stored fields with their roles and one batch transform."""
+    """What a user writes: the stored fields with their roles and one batch transform;
+    one thread per worker, as every other row has (two workers on two cores)."""
     transform = Compose([RandomIoUCrop(seed=SEED, size=SIZE), RandomHorizontalFlip(seed=SEED)])
-    return ShardDataset(root, fields=("image", "boxes", "labels"), transform=transform)
+    fields = ("image", "boxes", "labels")
+    return ShardDataset(root, fields=fields, transform=transform, num_threads=1)
 
 
 def _loader(dataset: Dataset, **kwargs: Any) -> DataLoader:
@@ -233,18 +237,40 @@ class Epochs:
         return self.convert(self.loader)
 
 
-def fastdata_rows(sample: Sample, shards: tuple[Path, list[np.ndarray]] | None) -> Rows:
-    rows: Rows = {
-        "fastdata, JPEG files": lambda: Epochs(
-            _loader(FastdataJpeg(sample), collate_fn=passthrough_collate), _as_batches
-        )
+def fastdata_rows(sample: Sample, jpeg_shards: Path, uint8_shards: Path) -> Rows:
+    def epochs(dataset: Dataset) -> Epochs:
+        return Epochs(_loader(dataset, collate_fn=passthrough_collate), _as_batches)
+
+    return {
+        "fastdata, JPEG files": lambda: epochs(FastdataJpeg(sample)),
+        "fastdata, JPEG shards (crop in the decode)": lambda: epochs(shard_dataset(jpeg_shards)),
+        "fastdata, uint8 shards": lambda: epochs(shard_dataset(uint8_shards)),
     }
-    if shards is not None:
-        root, _ = shards
-        rows["fastdata, uint8 shards"] = lambda: Epochs(
-            _loader(shard_dataset(root), collate_fn=passthrough_collate), _as_batches
-        )
-    return rows
+
+
+def build_jpeg_shards(sample: Sample, out: Path) -> Path:
+    """The same JPEG bytes, boxes and labels in a shard set (once): what ``fastdata
+    preprocess`` writes when it keeps JPEGs as they are."""
+    if (out / "index.json").is_file():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    fields = [
+        FieldSpec("image", "encoded", "uint8", encoding="jpeg", role="image"),
+        FieldSpec("boxes", "ragged", "float32", (4,), role="boxes"),
+        FieldSpec("labels", "ragged", "int64", (), role="box_labels"),
+    ]
+    with ShardWriter(out / "shard-00000.h5", fields) as writer:
+        for index in range(len(sample)):
+            writer.append(
+                {
+                    "image": sample.encoded(index).tobytes(),
+                    "boxes": sample.boxes(index),
+                    "labels": sample.labels(index),
+                }
+            )
+        infos = [writer.close()]
+    save_manifest(out, Manifest(fields=fields, shards=infos, class_names=[]))
+    return out
 
 
 # -- peers -----------------------------------------------------------------------------------
@@ -477,7 +503,9 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     def all_rows(sample: Sample, shard_set: tuple[Path, list[np.ndarray]]) -> Rows:
-        rows = fastdata_rows(sample, shard_set)
+        name = "painted-" if sample is painted else ""
+        jpeg_root = args.data / f"detection-{name}jpeg-shards-{args.num_images}"
+        rows = fastdata_rows(sample, build_jpeg_shards(sample, jpeg_root), shard_set[0])
         for name, make_rows in (
             ("torchvision.transforms.v2", torchvision_rows),
             ("albumentations", albumentations_rows),

@@ -36,10 +36,15 @@ from fastdata.datasets._plan import TransformPlan, plan_transform
 from fastdata.datasets._store import RAMStore, Store
 from fastdata.errors import DecodeError, OnError
 from fastdata.shards import FieldSpec
-from fastdata.transforms import BatchTransform, FieldBatch
+from fastdata.transforms import BatchTransform, FieldBatch, Geometry, apply_geometry
 
 if TYPE_CHECKING:
     from fastdata.decode import Decoder
+
+
+# Where a batch's values hold the crops a leading IoU crop cut in the decode, until the
+# boxes follow them (never returned).
+_DECODED_CROPS = "\x00decoded_crops"
 
 
 class BatchedDataset(Dataset):
@@ -235,11 +240,20 @@ class BatchedDataset(Dataset):
             self.store.begin_batch(indices)
         values: dict[str, Any] = {}
         keep = np.ones(len(indices), bool)
-        for name in self.fields:
+        iou_boxes = self._iou_boxes_field()
+        order = self.fields if iou_boxes is None else (iou_boxes, *self.fields)
+        for name in dict.fromkeys(order):  # the IoU crop's boxes first: it draws from them
             spec = self.store.specs[name]
             if not spec.field_kind.fixed_size:
                 values[name] = self._read_encoded(
-                    name, indices, keep, single=single, pool=(executor, tasks), epoch=epoch
+                    name,
+                    indices,
+                    keep,
+                    single=single,
+                    pool=(executor, tasks),
+                    epoch=epoch,
+                    boxes=None if iou_boxes is None else values.get(iou_boxes),
+                    batch_values=values,
                 )
             elif self.plan.rows_in_place(name) and not single:
                 # The transform writes a new batch: let it read the stored rows in place.
@@ -265,6 +279,13 @@ class BatchedDataset(Dataset):
             else self._to_torch(name, values[name])
             for name in self.fields
         )
+
+    def _iou_boxes_field(self) -> str | None:
+        """The boxes field a leading IoU crop run in the decode draws from, or ``None``."""
+        if self.plan.decode_iou_crop is None or self.crop_decode is not None:
+            return None
+        specs = self.store.specs
+        return next(name for name in self.plan.target_fields if specs[name].role == "boxes")
 
     def _gather(
         self, name: str, spec: FieldSpec, indices: np.ndarray, executor: Executor | None, tasks: int
@@ -292,6 +313,8 @@ class BatchedDataset(Dataset):
         single: bool,
         pool: tuple[Executor | None, int],
         epoch: int | None = None,
+        boxes: Any = None,
+        batch_values: dict[str, Any] | None = None,
     ) -> list[Any] | torch.Tensor:
         spec = self.store.specs[name]
         raw = self.store.gather(name, indices)
@@ -303,14 +326,32 @@ class BatchedDataset(Dataset):
         failures: list[tuple[int, DecodeError]] = []
         policy = OnError.RAISE if single else self.on_error
         crop_decode, leading_crop = self.crop_decode, self.plan.decode_crop
+        iou_crop = self.plan.decode_iou_crop if crop_decode is None else None
+        iou_boxes: list[np.ndarray] = []
         draws = None
-        if crop_decode is not None or leading_crop is not None:
+        if crop_decode is not None or leading_crop is not None or iou_crop is not None:
             # keyed per sample (with an epoch) or from the stream, as the transform draws
             with batch_draws(epoch, indices) if epoch is not None else nullcontext():
                 if crop_decode is not None:
                     draws = crop_decode.crop_draws(len(raw))
                 elif leading_crop is not None:
                     draws = leading_crop.uniform(len(raw), leading_crop.op.draws_per_sample)
+                elif iou_crop is not None:
+                    draws = iou_crop.uniform(len(raw), iou_crop.op.draws_per_sample)
+        iou_plans: list[Any] = []
+        iou_rows = np.zeros((len(raw), 4), np.int64)
+        if iou_crop is not None and draws is not None:
+            from fastdata.decode.detection import (  # noqa: PLC0415 - decode imports datasets
+                decode_into_iou_crop,
+                plan_iou_crops,
+            )
+
+            iou_boxes = [np.asarray(rows, np.float32).reshape(-1, 4) for rows in boxes]
+            buffers = [as_buffer(item) for item in raw]
+            out_hw = iou_crop.size or (1, 1)  # set: the plan hands the decode a sized crop
+            iou_plans = plan_iou_crops(buffers, iou_boxes, iou_crop.op, draws, out_hw)
+            if batch_values is not None:  # the crops the boxes follow (_transform_fields)
+                batch_values[_DECODED_CROPS] = torch.from_numpy(iou_rows)
 
         # A leading random resized crop: every box and DCT scale of the batch planned in one
         # vectorised call here, and each crop decoded straight into its row of the batch.
@@ -338,6 +379,18 @@ class BatchedDataset(Dataset):
                     if crop_decode is not None and draws is not None:
                         decoded[k] = crop_decode.decode(
                             raw[k], draws[k], source=name, damaged=damaged
+                        )
+                    elif iou_crop is not None and draws is not None and crop_rows is not None:
+                        iou_rows[k] = decode_into_iou_crop(
+                            as_buffer(raw[k]),
+                            iou_plans[k],
+                            iou_boxes[k],
+                            iou_crop.op,
+                            draws=draws[k],
+                            out=crop_rows[k],
+                            source=name,
+                            max_pixels=self.max_pixels,
+                            damaged=damaged,
                         )
                     elif leading_crop is not None and draws is not None:
                         decode_into_crop(
@@ -400,6 +453,9 @@ class BatchedDataset(Dataset):
             return
         transform: BatchTransform = plan.transform  # type: ignore[assignment]
         if plan.decoded_size is not None:  # its leading crop ran in the decode
+            decoded_crops = values.pop(_DECODED_CROPS, None)
+            if plan.decode_iou_crop is not None and decoded_crops is not None:
+                self._move_targets(values, plan.decode_iou_crop, decoded_crops.numpy())
             if plan.after_decode is None:
                 return
             transform = plan.after_decode
@@ -429,6 +485,22 @@ class BatchedDataset(Dataset):
         values[name] = out if out is not None and _is_array_of(result, out) else result
         for field in (*plan.mask_fields, *plan.target_fields):
             values[field] = moved.values[field]
+
+    def _move_targets(
+        self, values: dict[str, Any], crop: BatchTransform, crops: np.ndarray
+    ) -> None:
+        """Move the target fields (boxes, their labels) by the crops a leading crop cut
+        in the decode, resized to the decoded size, with the crop's box rule."""
+        plan, specs = self.plan, self.store.specs
+        size = plan.decoded_size or (1, 1)
+        targets = FieldBatch(
+            {target: _arrays(values[target]) for target in plan.target_fields},
+            {target: specs[target].role for target in plan.target_fields},
+        )
+        geometry = Geometry.of(crops, np.tile(np.array(size, np.int64), (len(crops), 1)))
+        moved = apply_geometry(crop, targets, geometry)
+        for target in plan.target_fields:
+            values[target] = moved.values[target]
 
     def _transform_out(self, count: int) -> torch.Tensor | None:
         """The shared-memory batch of ``count`` images the transform writes into inside a

@@ -19,6 +19,7 @@ from fastdata.transforms import (
     BatchTransform,
     CenterCrop,
     Compose,
+    RandomIoUCrop,
     RandomResizedCrop,
     Resize,
     moved_roles,
@@ -63,6 +64,10 @@ class TransformPlan:
             ``CenterCrop`` when encoded images are decoded straight into their centre crop
             (the same pixels: the low-pass filter runs only where the crop samples, the crop
             is written into its row of the batch); ``None`` otherwise.
+        decode_iou_crop: The transform's leading ``RandomIoUCrop(size=...)`` when encoded
+            images are decoded straight into it: the crop drawn from the header's size and
+            the batch's boxes, the boxes (and their labels) moved by the same crops after
+            the decode; ``None`` otherwise.
     """
 
     transform: Callable[..., Any] | None
@@ -78,6 +83,7 @@ class TransformPlan:
     after_decode: BatchTransform | None = None
     decode_center: tuple[ops.Resize, ops.CenterCrop] | None = None
     target_fields: tuple[str, ...] = ()
+    decode_iou_crop: RandomIoUCrop | None = None
 
     @property
     def decoded_size(self) -> tuple[int, int] | None:
@@ -85,6 +91,8 @@ class TransformPlan:
         decode), or ``None``."""
         if self.decode_crop is not None:
             return self.decode_crop.op.size
+        if self.decode_iou_crop is not None:
+            return self.decode_iou_crop.size
         return None if self.decode_center is None else self.decode_center[1].size
 
     @property
@@ -170,11 +178,13 @@ def plan_transform(
     # Reduced JPEG decoding would shrink images below their full-size masks and boxes.
     auto_side = None if masks or targets else transform.min_input_side
     output_size = _output_size(transform, image, image_size)
-    leading = center = None
+    leading = center = iou = None
     if not kind.fixed_size and decoded_size is None and not masks and not targets:
         if decode_min_side is None:
             leading = _leading_crop(transform)
         center = _leading_center_crop(transform)
+    if not kind.fixed_size and decoded_size is None and not masks and decode_min_side is None:
+        iou = _leading_iou_crop(transform, specs, targets)
     return TransformPlan(
         transform,
         image,
@@ -186,9 +196,10 @@ def plan_transform(
         masks,
         transform.writes_out and output_size is not None,
         None if leading is None else leading[0],
-        leading[1] if leading is not None else center[1] if center is not None else None,
+        next((found[1] for found in (leading, center, iou) if found is not None), None),
         None if center is None else center[0],
         targets,
+        None if iou is None else iou[0],
     )
 
 
@@ -200,6 +211,22 @@ def _leading_crop(
     steps = transform.transforms if isinstance(transform, Compose) else [transform]
     first = steps[0] if steps else None
     if not isinstance(first, RandomResizedCrop) or first.interpolation is not None:
+        return None
+    rest = steps[1:]
+    return first, (Compose(rest) if len(rest) > 1 else rest[0] if rest else None)
+
+
+def _leading_iou_crop(
+    transform: BatchTransform, specs: Mapping[str, FieldSpec], targets: Sequence[str]
+) -> tuple[RandomIoUCrop, BatchTransform | None] | None:
+    """``transform``'s leading ``RandomIoUCrop`` with an output ``size`` (of the default
+    kernel) and the rest, when a boxes field comes along for it to draw from; else
+    ``None``."""
+    steps = transform.transforms if isinstance(transform, Compose) else [transform]
+    first = steps[0] if steps else None
+    if not isinstance(first, RandomIoUCrop) or first.size is None or first.interpolation:
+        return None
+    if not any(specs[name].role == _roles.BOXES for name in targets):
         return None
     rest = steps[1:]
     return first, (Compose(rest) if len(rest) > 1 else rest[0] if rest else None)

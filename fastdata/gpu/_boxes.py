@@ -23,6 +23,7 @@ import torch
 
 from fastdata._boxes import DEFAULT_MIN_SIZE, DEFAULT_MIN_VISIBILITY
 from fastdata._iou_crop import DRAWS_PER_IOU_CROP, DRAWS_PER_IOU_TRIAL, IOU_TRIALS
+from fastdata._transfer import copy_to_device
 
 
 class PaddedBoxes(NamedTuple):
@@ -53,7 +54,8 @@ class PaddedBoxes(NamedTuple):
         for k, item in enumerate(tensors):
             padded[k, : len(item)] = item.cpu()
             valid[k, : len(item)] = True
-        return cls(padded.to(device), valid.to(device))
+        target = torch.device(device) if device is not None else torch.device("cpu")
+        return cls(copy_to_device(padded, target), copy_to_device(valid, target))
 
     def to_list(self) -> list[torch.Tensor]:
         """The valid boxes of each sample, ``B`` tensors ``(K_i, 4)`` (syncs once)."""
@@ -122,8 +124,10 @@ def sanitize(
     heights = (boxes[..., 3] - boxes[..., 1]).clamp(min=0)
     mapped = widths * heights
     finite = torch.isfinite(boxes).all(dim=-1)
-    limits = boxes.new_tensor([out_w, out_h, out_w, out_h])
-    clipped = torch.minimum(torch.nan_to_num(boxes).clamp(min=0), limits)
+    x1, y1, x2, y2 = torch.nan_to_num(boxes).clamp(min=0).unbind(dim=-1)
+    clipped = torch.stack(
+        [x1.clamp(max=out_w), y1.clamp(max=out_h), x2.clamp(max=out_w), y2.clamp(max=out_h)], -1
+    )
     clipped_w = clipped[..., 2] - clipped[..., 0]
     clipped_h = clipped[..., 3] - clipped[..., 1]
     keep = (
@@ -155,7 +159,8 @@ def iou_crops(
     if draws.shape != (count, DRAWS_PER_IOU_CROP):
         raise ValueError(f"draws must be ({count}, {DRAWS_PER_IOU_CROP}), got {tuple(draws.shape)}")
     picks = torch.clamp((draws[:, 0] * len(options)).to(torch.int64), max=len(options) - 1)
-    thresholds = torch.tensor(options, dtype=torch.float64, device=draws.device)[picks]
+    option_values = copy_to_device(torch.tensor(options, dtype=torch.float64), draws.device)
+    thresholds = option_values[picks]
     heights = heights.to(torch.int64)[:, None]
     widths = widths.to(torch.int64)[:, None]
     trials = draws[:, 1:].reshape(count, IOU_TRIALS, DRAWS_PER_IOU_TRIAL)
@@ -206,7 +211,7 @@ def as_padded(value: object) -> PaddedBoxes | None:
     ):
         padded, counts = value
         rows = torch.arange(padded.shape[1], device=padded.device)
-        return PaddedBoxes(padded, rows[None, :] < counts.to(padded.device)[:, None])
+        return PaddedBoxes(padded, rows[None, :] < counts[:, None])
     return None
 
 
@@ -227,13 +232,13 @@ def move_padded(
     top, left) with sides ``resized`` (``(B, 2)``), drop by the rule, flip the canvas
     where ``flips``; every part on the boxes' device."""
     placed = place(padded, crops, out_size, None)
-    shift = offsets.to(torch.float32)[:, [1, 0, 1, 0]][:, None, :]
+    shift = offsets.to(torch.float32).flip(1).repeat(1, 2)[:, None, :]  # (left, top) twice
     local = PaddedBoxes(placed.boxes - shift, placed.valid)
     boxes = local.boxes
     widths = (boxes[..., 2] - boxes[..., 0]).clamp(min=0)
     heights = (boxes[..., 3] - boxes[..., 1]).clamp(min=0)
     mapped = widths * heights
-    limits = resized.to(torch.float32)[:, [1, 0, 1, 0]][:, None, :]
+    limits = resized.to(torch.float32).flip(1).repeat(1, 2)[:, None, :]  # (w, h) twice
     clipped = torch.minimum(torch.nan_to_num(boxes).clamp(min=0), limits)
     clipped_w = clipped[..., 2] - clipped[..., 0]
     clipped_h = clipped[..., 3] - clipped[..., 1]

@@ -248,7 +248,8 @@ class DeviceRandomIoUCrop(_DeviceGeometry):
 
     def _move_crops(self, boxes: PaddedBoxes, crops: torch.Tensor) -> PaddedBoxes:
         count = crops.shape[0]
-        sizes = torch.tensor(self.size, device=crops.device).expand(count, 2)
+        sides = [torch.full((count,), side, device=crops.device) for side in self.size]
+        sizes = torch.stack(sides, dim=1)  # filled there: no copy from the host
         return move_padded(
             boxes,
             crops=crops.to(torch.float64),
@@ -315,7 +316,7 @@ class DeviceLetterbox(_DeviceGeometry):
         fill = self.op.fill * channels if len(self.op.fill) == 1 else self.op.fill
         if len(fill) != channels:
             raise ValueError(f"fill {self.op.fill} does not match images of {channels} channels")
-        fill_values = torch.tensor(fill, dtype=torch.float32, device=images.device)
+        fill_values = copy_to_device(torch.tensor(fill, dtype=torch.float32), images.device)
         device_regions = copy_to_device(torch.from_numpy(regions), images.device)
         out, moved = self._warp(images, masks, device_regions, fill_values)
         zeros = np.zeros(count, np.int64)

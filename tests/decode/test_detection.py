@@ -7,7 +7,7 @@ import cv2
 import numpy as np
 import pytest
 
-from fastdata.decode._detection import decode_iou_crops
+from fastdata.decode.detection import decode_iou_crops
 from fastdata.transforms import FieldBatch, Geometry, RandomIoUCrop, apply_geometry
 from tests.detection_scenes import check_painted, painted_scenes
 

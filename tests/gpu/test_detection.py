@@ -141,7 +141,16 @@ def test_padded_boxes_never_leave_the_device(device: str, monkeypatch: pytest.Mo
     batch = _fields(images, boxes, device, padded=True)
     # the host movers are the list path's: the padded path must not call them
     monkeypatch.setattr("fastdata.gpu.augment.apply_geometry", _refuse)
-    moved = _device_detection(batch, 0)
+    if device == "cuda":  # and nothing waits for the GPU: a synchronising call raises
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        moved = _device_detection(batch, 0)
+        letterboxed = DeviceLetterbox(SIZE)(batch)
+    finally:
+        if device == "cuda":
+            torch.cuda.set_sync_debug_mode("default")
+    assert letterboxed["boxes"][0].shape == batch["boxes"][0].shape
     assert isinstance(moved["boxes"], tuple) and moved["boxes"][0].device == batch["image"].device
     assert moved["labels"][0].shape[:2] == moved["boxes"][0].shape[:2]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 
@@ -117,3 +118,23 @@ def test_workers_return_the_same_batches(tmp_path: Path) -> None:
     batches = [batch for batch, _ in loader]
     direct = dataset.__getitems__(list(range(len(SIZES))))[0]
     assert np.array_equal(np.concatenate([b.numpy() for b in batches]), direct.numpy())
+
+
+def test_masks_of_their_own_sizes_move_with_their_images(tmp_path: Path) -> None:
+    fields = [
+        FieldSpec("image", "ragged_image", "uint8", (3,), "HWC"),
+        FieldSpec("mask", "ragged_image", "uint8", (), "HW"),
+    ]
+    images = _images(SIZES)
+    with ShardWriter(tmp_path / "shard-00000.h5", fields) as writer:
+        for image in images:
+            writer.append({"image": image, "mask": image[..., 0].copy()})
+        shards = [writer.close()]
+    save_manifest(tmp_path, Manifest(fields=fields, shards=shards))
+    # nearest-neighbour for the image too (the masks' kernel): the mask is its first channel
+    crop = RandomResizedCrop(16, interpolation=cv2.INTER_NEAREST_EXACT, seed=2)
+    transform = Compose([crop, RandomHorizontalFlip(seed=2)])
+    dataset = ShardDataset(tmp_path, fields=("image", "mask"), transform=transform, layout="HWC")
+    batch, masks = dataset.__getitems__(list(range(len(SIZES))))
+    assert tuple(masks.shape) == (len(SIZES), 16, 16)
+    assert np.array_equal(batch[..., 0].numpy(), masks.numpy())

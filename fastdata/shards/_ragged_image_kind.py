@@ -140,18 +140,28 @@ class RaggedImageKind(RaggedKind):
         executor: Executor | None = None,
         tasks: int = 1,
     ) -> list[np.ndarray]:
-        """One copy per segment touched (as the ``ragged`` kind), each sample's pixels then
-        viewed as its ``(H_i, W_i, *shape)`` image: the images never alias the shard."""
-        pieces = super().gather(lambda s: views(s)[:2], segments, local)
-        sizes = np.empty((len(segments), 2), np.int64)
-        for segment in np.unique(segments).tolist():
-            chosen = segments == segment
-            sizes[chosen] = views(segment)[2][local[chosen]]
+        """Each image one slice copy of its pixels from a mapped shard or a RAM copy (one
+        read of the span per segment from an HDF5 dataset), viewed as its
+        ``(H_i, W_i, *shape)`` image: the images never alias the shard."""
         tail = self.spec.shape
-        return [
-            piece.reshape(height, width, *tail)
-            for piece, (height, width) in zip(pieces, sizes.tolist(), strict=True)
-        ]
+        result: list[np.ndarray] = [np.empty((0, 0, *tail), self.spec.dtype)] * len(segments)
+        for segment in np.unique(segments).tolist():
+            chosen = np.flatnonzero(segments == segment)
+            values, offsets, sizes = views(segment)
+            picked = local[chosen]
+            starts, stops = offsets[picked].tolist(), offsets[picked + 1].tolist()
+            if isinstance(values, np.ndarray):
+                span, low = values, 0
+            else:  # an HDF5 dataset: one read of the span
+                low = min(starts)
+                span = np.asarray(values[low : max(stops)])
+            shapes = sizes[picked].tolist()
+            for k, start, stop, (height, width) in zip(
+                chosen.tolist(), starts, stops, shapes, strict=True
+            ):
+                pixels = span[start - low : stop - low]
+                result[k] = pixels.reshape(height, width, *tail).copy()
+        return result
 
     def pack(self, view: Any) -> tuple[Any, np.ndarray | None]:
         values, offsets, sizes = view

@@ -142,7 +142,7 @@ def plan_transform(
         return TransformPlan(transform, None, False, False, None, None, decode_min_side, ())
     image_size = kind.image_size
     targets = _target_fields(specs, fields)
-    if decoded_size is not None and not kind.fixed_size:
+    if decoded_size is not None and kind.decodes_to_image and not kind.fixed_size:
         cropped_away = _mask_fields(specs, fields, image, None) + targets
         if cropped_away:
             raise ValueError(

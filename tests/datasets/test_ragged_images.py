@@ -138,3 +138,25 @@ def test_masks_of_their_own_sizes_move_with_their_images(tmp_path: Path) -> None
     batch, masks = dataset.__getitems__(list(range(len(SIZES))))
     assert tuple(masks.shape) == (len(SIZES), 16, 16)
     assert np.array_equal(batch[..., 0].numpy(), masks.numpy())
+
+
+def test_a_decoder_given_as_decode_leaves_raw_images_to_the_transform(tmp_path: Path) -> None:
+    from fastdata.decode import create_decoder  # noqa: PLC0415
+
+    images = _images(SIZES)
+    fields = [
+        FieldSpec("image", "ragged_image", "uint8", (3,), "HWC"),
+        FieldSpec("mask", "ragged_image", "uint8", (), "HW"),
+    ]
+    with ShardWriter(tmp_path / "shard-00000.h5", fields) as writer:
+        for image in images:
+            writer.append({"image": image, "mask": image[..., 0].copy()})
+        shards = [writer.close()]
+    save_manifest(tmp_path, Manifest(fields=fields, shards=shards))
+    transform = Compose([Resize(36), CenterCrop(32)])
+    decoder = create_decoder("cpu", size=16, num_threads=1)
+    dataset = ShardDataset(
+        tmp_path, fields=("image", "mask"), transform=transform, decode=decoder, layout="HWC"
+    )
+    batch, masks = dataset.__getitems__([0, 1])
+    assert tuple(batch.shape) == (2, 32, 32, 3) and tuple(masks.shape) == (2, 32, 32)

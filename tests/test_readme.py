@@ -107,7 +107,13 @@ def test_tour_command_lines_run(workdir: Path, monkeypatch: pytest.MonkeyPatch) 
     line runs in the next test."""
     monkeypatch.chdir(workdir)
     local = [args for args in tour_commands() if "ray" not in args]
-    assert [args[0] for args in local] == ["preprocess", "preprocess", "inspect", "verify"]
+    assert [args[0] for args in local] == [
+        "preprocess",
+        "preprocess",
+        "preprocess",
+        "inspect",
+        "verify",
+    ]
     for args in local:
         extra = ["--workers", "1", "--overwrite", "-q"] if args[0] == "preprocess" else []
         assert main([*args, *extra]) == 0, args

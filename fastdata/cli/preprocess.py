@@ -112,8 +112,9 @@ def register(subparsers: Any) -> None:
         "--resize",
         choices=RESIZE_MODES,
         help="shorter: resize+centre crop; exact: stretch; pad: fit+pad; longer: cap the "
-        "longer side (--storage jpeg only) (default: shorter; pad with --coco, --yolo, --voc "
-        "or --annotations, so that no box is cut off)",
+        "longer side (--storage jpeg only); keep: shorter side to SIZE, whole image kept "
+        "(aspect up to 3:1) for training-time crops (default: shorter; pad with --coco, "
+        "--yolo, --voc or --annotations, so that no box is cut off)",
     )
     parser.add_argument(
         "--storage",

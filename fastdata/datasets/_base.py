@@ -320,6 +320,8 @@ class BatchedDataset(Dataset):
         raw = self.store.gather(name, indices)
         if spec.encoding == "utf-8":
             return [bytes(item).decode() for item in raw]
+        if spec.field_kind.variable_images:  # raw pixels of each image's own size
+            return list(raw)  # copies out of the map, one (H_i, W_i, C) array each
         if not self.decode or not spec.field_kind.decodes_to_image:
             return [torch.from_numpy(np.array(item)) for item in raw]  # copies out of the map
         decoded: list[Any] = [None] * len(raw)
@@ -513,7 +515,8 @@ class BatchedDataset(Dataset):
             return None
         if get_worker_info() is None:
             return None
-        channels = tuple(self.store.specs[plan.field].shape[2:])
+        spec = self.store.specs[plan.field]  # (H, W, C) rows, or the (C,) of varying images
+        channels = tuple(spec.shape if spec.field_kind.variable_images else spec.shape[2:])
         shape = (count, *plan.output_size, *channels)
         return self._buffers.empty(shape, torch.uint8, returned=True)
 
@@ -567,6 +570,10 @@ class BatchedDataset(Dataset):
         if isinstance(value, list):
             if not value or not isinstance(value[0], np.ndarray):
                 return value  # encoded bytes as 1-D tensors, or strings
+            if spec.field_kind.variable_images:  # images of their own sizes, in layout
+                chw = self.layout == "CHW" and spec.field_kind.sample_axes == "HWC"
+                tensors = [torch.from_numpy(item) for item in value]
+                return [t.permute(2, 0, 1) for t in tensors] if chw else tensors
             if not spec.field_kind.decodes_to_image:  # variable-length rows stay a list
                 return [torch.from_numpy(np.ascontiguousarray(item)) for item in value]
             value = stack_images(value)

@@ -125,11 +125,18 @@ def load_shards(
                 reader.close()
         packs = (packed(s) for s in shards)
         # fields whose samples vary in size keep their offsets
-        indexed = [spec.name for spec in specs if not spec.field_kind.fixed_size]
-        needed = sum(sizes.values()) + 8 * (n + 1) * len(indexed)
+        columns = {
+            spec.name: spec.field_kind.offset_columns
+            for spec in specs
+            if not spec.field_kind.fixed_size
+        }
+        needed = sum(sizes.values()) + 8 * (n + 1) * sum(columns.values())
         check_memory(needed, what=f"shard set {path}", override=override_memory_check)
         buffers = {name: SharedBuffer(nbytes, name) for name, nbytes in sizes.items()}
-        offsets = {name: SharedBuffer(8 * (n + 1), f"{name}-offsets") for name in indexed}
+        offsets = {
+            name: SharedBuffer(8 * (n + 1) * width, f"{name}-offsets")
+            for name, width in columns.items()
+        }
         bar = progress_bar(total=needed, desc="load shards", unit="B", enabled=show_progress)
         sample_start = 0
         byte_start = dict.fromkeys(sizes, 0)
@@ -141,10 +148,12 @@ def load_shards(
                     target = buffers[name].array[start : start + length]
                     target.view(payload.dtype).reshape(payload.shape)[...] = payload[...]
                 byte_start[name] += length
-                if local is not None:
-                    view = offsets[name].array.view(np.int64)
-                    view[sample_start : sample_start + count + 1] = local + row_start[name]
-                    length += 8 * count
+                if local is not None:  # offsets first, per-sample values beside them
+                    view = offsets[name].array.view(np.int64).reshape(n + 1, -1)
+                    rows = view[sample_start : sample_start + count + 1]
+                    rows[...] = local.reshape(count + 1, -1)
+                    rows[:, 0] += row_start[name]
+                    length += 8 * count * columns[name]
                 row_start[name] += len(payload)
                 bar.update(length)
             sample_start += count

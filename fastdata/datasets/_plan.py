@@ -143,12 +143,14 @@ def plan_transform(
     images = [name for name in fields if specs[name].role == _roles.IMAGE]
     image = images[0] if images else None
     kind = None if image is None else specs[image].field_kind
-    is_image = kind is not None and (kind.fixed_size or (decode and kind.decodes_to_image))
+    is_image = kind is not None and (
+        kind.fixed_size or kind.variable_images or (decode and kind.decodes_to_image)
+    )
     if transform is None or image is None or kind is None or not is_image:
         return TransformPlan(transform, None, False, False, None, None, decode_min_side, ())
     image_size = kind.image_size
     targets = _target_fields(specs, fields)
-    if decoded_size is not None and not kind.fixed_size:
+    if decoded_size is not None and kind.decodes_to_image and not kind.fixed_size:
         cropped_away = _mask_fields(specs, fields, image, None) + targets
         if cropped_away:
             raise ValueError(
@@ -178,12 +180,15 @@ def plan_transform(
     # Reduced JPEG decoding would shrink images below their full-size masks and boxes.
     auto_side = None if masks or targets else transform.min_input_side
     output_size = _output_size(transform, image, image_size)
+    if kind.variable_images:
+        output_size = _fixed_output_size(transform, image)
     leading = center = iou = None
-    if not kind.fixed_size and decoded_size is None and not masks and not targets:
+    decoded = kind.decodes_to_image and not kind.fixed_size
+    if decoded and decoded_size is None and not masks and not targets:
         if decode_min_side is None:
             leading = _leading_crop(transform)
         center = _leading_center_crop(transform)
-    if not kind.fixed_size and decoded_size is None and not masks and decode_min_side is None:
+    if decoded and decoded_size is None and not masks and decode_min_side is None:
         iou = _leading_iou_crop(transform, specs, targets)
     return TransformPlan(
         transform,
@@ -262,6 +267,19 @@ def _output_size(
             f"transform {transform!r} cannot take field {name!r} "
             f"({size[0]}x{size[1]} images): {exc}"
         ) from exc
+
+
+def _fixed_output_size(transform: BatchTransform, name: str) -> tuple[int, int]:
+    """The one output size ``transform`` makes of images of any size: field ``name``
+    holds images whose sizes vary, and a batch is one array."""
+    size = transform.output_size(None)
+    if size is None:
+        raise ValueError(
+            f"transform {transform!r} makes outputs whose size follows each input, but "
+            f"field {name!r} holds images of varying sizes: start it with a transform of a "
+            "fixed output size (RandomResizedCrop, or Resize then CenterCrop)"
+        )
+    return size
 
 
 def _target_fields(specs: Mapping[str, FieldSpec], fields: Sequence[str]) -> tuple[str, ...]:

@@ -27,9 +27,13 @@ class PreprocessOptions:
             ``mask``), each further one as ``image_<side>`` (``mask_<side>``): several
             resolutions in one pass, e.g. for progressive resizing.
         resize: ``"shorter"`` (shorter side to S, centre crop S x S; default), ``"exact"``
-            (stretch to S x S), ``"pad"`` (longer side to S, zero-pad to S x S) or
-            ``"longer"`` (cap the longer side at S, keep the aspect ratio; ``jpeg`` only).
-        storage: ``"raw"``: fixed-size uint8 ``(N, S, S, C)`` arrays. ``"jpeg"``: images
+            (stretch to S x S), ``"pad"`` (longer side to S, zero-pad to S x S),
+            ``"longer"`` (cap the longer side at S, keep the aspect ratio; ``jpeg`` only) or
+            ``"keep"`` (the whole image for training-time crops: shorter side to S, aspect
+            ratio kept up to 3:1, beyond which the centred 3:1 part is kept; ``raw``
+            stores each image at its own size, field kind ``ragged_image``).
+        storage: ``"raw"``: fixed-size uint8 ``(N, S, S, C)`` arrays (with ``"keep"``,
+            each image's own ``(H_i, W_i, C)`` pixels, values plus offsets). ``"jpeg"``: images
             re-encoded as JPEG (masks as PNG) in a flat blob plus offsets.
         grayscale: Store one channel (``C = 1``) instead of RGB.
         compression: ``None`` (contiguous, memory-mappable), ``"gzip"`` or ``"lzf"``

@@ -100,6 +100,9 @@ def plan_tasks(
             per_sample += spec.sample_nbytes
         elif spec.encoding in ("jpeg", "png"):  # ~2.7 bits per pixel and channel at q90
             per_sample += max(options.sizes) ** 2 * (1 if options.grayscale else 3) // 3
+        elif spec.field_kind.variable_images:  # shorter side S, a 4:3 photo's pixels
+            channels = math.prod(spec.shape)
+            per_sample += max(options.sizes) ** 2 * channels * 4 // 3
     per_shard = max(1, options.shard_bytes // per_sample)
     items = listing.items
     num_shards = math.ceil(len(items) / per_shard)

@@ -124,7 +124,11 @@ def build_fields(listing: SourceListing, options: PreprocessOptions) -> tuple[Fi
         channels = 1 if options.grayscale else 3
         fields = []
         for name, side in zip(field_names("image", options.sizes), options.sizes, strict=True):
-            if options.storage == "raw":
+            if options.storage == "raw" and options.resize == "keep":
+                fields.append(
+                    FieldSpec(name, "ragged_image", "uint8", (channels,), "HWC", role="image")
+                )
+            elif options.storage == "raw":
                 fields.append(
                     FieldSpec(name, "array", "uint8", (side, side, channels), "HWC", role="image")
                 )
@@ -132,7 +136,9 @@ def build_fields(listing: SourceListing, options: PreprocessOptions) -> tuple[Fi
                 fields.append(FieldSpec(name, "encoded", "uint8", encoding="jpeg", role="image"))
         if listing.kind == "segmentation" or getattr(listing, "has_masks", False):
             for name, side in zip(field_names("mask", options.sizes), options.sizes, strict=True):
-                if options.storage == "raw":
+                if options.storage == "raw" and options.resize == "keep":
+                    fields.append(FieldSpec(name, "ragged_image", "uint8", (), "HW", role="mask"))
+                elif options.storage == "raw":
                     fields.append(
                         FieldSpec(name, "array", "uint8", (side, side), "HW", role="mask")
                     )

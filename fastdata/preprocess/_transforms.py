@@ -13,12 +13,24 @@ import cv2
 import numpy as np
 
 from fastdata._boxes import place_boxes, sanitize_boxes
-from fastdata._crop import largest_centered_box, scaled_size
+from fastdata._crop import largest_centered_box, largest_centered_boxes, scaled_size
 from fastdata._resize import resize_image
 
 # shorter: shorter side to S then centre crop S x S; exact: stretch to S x S;
-# pad: longer side to S then zero-pad to S x S; longer: cap the longer side at S (variable).
-RESIZE_MODES = ("shorter", "exact", "pad", "longer")
+# pad: longer side to S then zero-pad to S x S; longer: cap the longer side at S (variable);
+# keep: shorter side to S, aspect kept up to KEEP_MAX_ASPECT (variable: the whole image).
+RESIZE_MODES = ("shorter", "exact", "pad", "longer", "keep")
+# The ``keep`` mode's longest side, in shorter sides: a more elongated image keeps its
+# centred 3:1 (or 1:3) part, so no stored image exceeds 3 S x S pixels.
+KEEP_MAX_ASPECT = 3.0
+
+
+def keep_box(height: int, width: int) -> tuple[int, int, int, int]:
+    """The ``(top, left, height, width)`` of a ``height x width`` image the ``keep`` mode
+    stores: the whole image, or its centred part of aspect ratio ``KEEP_MAX_ASPECT``."""
+    ratio = (1 / KEEP_MAX_ASPECT, KEEP_MAX_ASPECT)
+    box = largest_centered_boxes(np.array([height]), np.array([width]), ratio)[0].tolist()
+    return box[0], box[1], box[2], box[3]
 
 
 def resize_to(image: np.ndarray, width: int, height: int, *, nearest: bool = False) -> np.ndarray:
@@ -56,7 +68,9 @@ def transform(image: np.ndarray, side: int, mode: str, *, nearest: bool = False)
 
     Returns:
         A C-contiguous uint8 array: ``(side, side[, C])`` for ``shorter``/``exact``/``pad``;
-        for ``longer`` the image scaled down (never up) so its longer side is ``side``.
+        for ``longer`` the image scaled down (never up) so its longer side is ``side``; for
+        ``keep`` the image (its centred 3:1 part when more elongated, :func:`keep_box`)
+        scaled up or down so its shorter side is ``side``.
     """
     h, w = image.shape[:2]
     if mode == "exact":
@@ -77,6 +91,11 @@ def transform(image: np.ndarray, side: int, mode: str, *, nearest: bool = False)
         else:
             new_h, new_w = scaled_size(h, w, side, longer=True)
             out = resize_to(image, new_w, new_h, nearest=nearest)
+    elif mode == "keep":
+        top, left, height, width = keep_box(h, w)
+        new_h, new_w = scaled_size(height, width, side, longer=False)
+        kept = image[top : top + height, left : left + width]
+        out = resize_to(kept, new_w, new_h, nearest=nearest)
     else:
         raise ValueError(f"resize mode must be one of {RESIZE_MODES}, got {mode!r}")
     return np.ascontiguousarray(out)
@@ -84,8 +103,9 @@ def transform(image: np.ndarray, side: int, mode: str, *, nearest: bool = False)
 
 def decode_min_side(side: int, mode: str, height: int, width: int) -> int:
     """Smallest shorter side a reduced-size decode may produce for ``transform`` to lose
-    nothing: the target itself for ``shorter``/``exact``, scaled for the longer-side modes."""
-    if mode in ("shorter", "exact"):
+    nothing: the target itself for ``shorter``/``exact``/``keep``, scaled for the longer-side
+    modes."""
+    if mode in ("shorter", "exact", "keep"):
         return side
     return max(1, -(-side * min(height, width) // max(height, width)))
 
@@ -122,6 +142,11 @@ def transform_boxes(
             else scaled_size(height, width, side, longer=True)
         )
         crop = (0.0, 0.0, float(height), float(width))
+        content = (0, 0, *out)
+    elif mode == "keep":
+        top, left, crop_h, crop_w = keep_box(height, width)
+        crop = (float(top), float(left), float(crop_h), float(crop_w))
+        out = scaled_size(crop_h, crop_w, side, longer=False)
         content = (0, 0, *out)
     else:
         raise ValueError(f"resize mode must be one of {RESIZE_MODES}, got {mode!r}")

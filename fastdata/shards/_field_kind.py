@@ -91,6 +91,10 @@ class FieldKind(ABC):
     #: Every sample has ``sample_nbytes`` bytes, so a batch is one ``(B, *shape)`` array;
     #: ``False``: samples vary in size and a batch is a list.
     fixed_size: ClassVar[bool]
+    #: Columns of the offsets :meth:`pack` returns: 1, a ``(N + 1,)`` array of offsets;
+    #: more, a ``(N + 1, columns)`` array whose first column is the offsets and the others
+    #: per-sample values (row ``N`` unused) that travel with them.
+    offset_columns: ClassVar[int] = 1
 
     def __init__(self, spec: FieldSpecLike) -> None:
         self.spec = spec
@@ -119,6 +123,12 @@ class FieldKind(ABC):
         """``(height, width)`` shared by every stored sample (``None``: sizes vary, or
         the field holds no images)."""
         return None
+
+    @property
+    def variable_images(self) -> bool:
+        """Whether samples are raw ``(H_i, W_i, C)`` images whose sizes vary, which a
+        dataset gives its transform as they are (no decode)."""
+        return False
 
     @property
     def decodes_to_image(self) -> bool:
@@ -220,8 +230,8 @@ class FieldKind(ABC):
     def pack(self, view: Any) -> tuple[Any, np.ndarray | None]:
         """One segment's ``(payload, offsets)``, to be copied into one contiguous buffer:
         its samples as one array-like, and when samples vary in size their ``int64``
-        offsets along the payload's first axis (``N + 1``, from 0; ``None`` for
-        fixed-size kinds).
+        offsets along the payload's first axis (``N + 1``, from 0, or ``(N + 1,
+        offset_columns)`` with the offsets first; ``None`` for fixed-size kinds).
 
         Args:
             view: One segment's view (what :meth:`open` returned).
@@ -233,7 +243,8 @@ class FieldKind(ABC):
 
         Args:
             payload: The samples' bytes, flat ``uint8``.
-            offsets: Their offsets (``None`` for fixed-size kinds).
+            offsets: Their offsets, flat (``None`` for fixed-size kinds; ``(N + 1) *
+                offset_columns`` values when the kind packs more than one column).
             num_samples: Samples held.
         """
 

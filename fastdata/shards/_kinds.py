@@ -9,10 +9,11 @@ from __future__ import annotations
 from fastdata.shards._array_kind import ArrayKind
 from fastdata.shards._encoded_kind import EncodedKind
 from fastdata.shards._field_kind import FieldKind
+from fastdata.shards._ragged_image_kind import RaggedImageKind
 from fastdata.shards._ragged_kind import RaggedKind
 
 FIELD_KINDS: dict[str, type[FieldKind]] = {
-    kind.name: kind for kind in (ArrayKind, EncodedKind, RaggedKind)
+    kind.name: kind for kind in (ArrayKind, EncodedKind, RaggedKind, RaggedImageKind)
 }
 
 

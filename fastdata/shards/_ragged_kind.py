@@ -32,10 +32,9 @@ class RaggedKind(FieldKind):
     sample ``i`` is ``values[offsets[i]:offsets[i + 1]]``.
 
     Boxes are ``shape=(4,)`` float32 (xyxy pixels of the stored image), box labels
-    ``shape=()`` int64. Images of varying sizes could use the same layout with rows of one
-    image line each (``shape=(W, C)``, ``N_i`` = height) once the width is fixed; a varying
-    width as well needs a second offsets array (per sample height and width), which this
-    kind does not store.
+    ``shape=()`` int64. Images of varying sizes are the ``ragged_image`` kind
+    (:class:`~fastdata.shards._ragged_image_kind.RaggedImageKind`): this layout with one
+    pixel per row, plus each sample's height and width.
     """
 
     name = "ragged"

@@ -20,7 +20,7 @@ def test_preprocess_help_shows_defaults_and_describes_storage(
     text = _help(["preprocess"], capsys)
     for default in (
         "in one pass (default: 224)",
-        "(--storage jpeg only) (default: shorter; pad with --coco, --yolo, --voc or",
+        "for training-time crops (default: shorter; pad with --coco, --yolo, --voc or",
         "JPEG quality 1-100 of --storage jpeg (default: 90)",
         "target shard size in MiB (default: 64)",
         "(default: raw)",

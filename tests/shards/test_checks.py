@@ -200,7 +200,8 @@ def test_shard_file_outside_the_folder_is_refused(tmp_path: Path, name: str) -> 
         ),
         (
             lambda d: d["fields"][0].update(kind="blob"),
-            r"fields\[0\].kind must be one of 'array', 'encoded', 'ragged', got 'blob'",
+            r"fields\[0\].kind must be one of 'array', 'encoded', 'ragged', 'ragged_image', "
+            r"got 'blob'",
         ),
         (lambda d: d["fields"][0].update(dtype="object"), r"fields\[0\].dtype must be a plain"),
         (lambda d: d["fields"][0].update(dtype="nope"), r"fields\[0\].dtype 'nope' is not"),

@@ -157,7 +157,7 @@ def test_unknown_kind_in_a_manifest_is_a_format_error(tmp_path: Path, boxes_kind
     with pytest.raises(
         ShardFormatError,
         match=r"malformed manifest \(fields\[1\]\.kind must be one of 'array', 'encoded', "
-        r"'ragged', 'boxes', got 'polygons'\)",
+        r"'ragged', 'ragged_image', 'boxes', got 'polygons'\)",
     ):
         load_manifest(tmp_path)
 
@@ -166,7 +166,8 @@ def test_a_kind_checks_its_specs(boxes_kind: None) -> None:
     with pytest.raises(ValueError, match="boxes field 'b' needs the shape of one row"):
         FieldSpec("b", "boxes", "float32")
     with pytest.raises(
-        ValueError, match="kind must be one of 'array', 'encoded', 'ragged', 'boxes'"
+        ValueError,
+        match="kind must be one of 'array', 'encoded', 'ragged', 'ragged_image', 'boxes'",
     ):
         FieldSpec("b", "polygons", "float32")
     with pytest.raises(ValueError, match="encoded field 'e' must have dtype 'uint8'"):

@@ -334,11 +334,15 @@ class ShardReader:
         self._open[shard_id] = shard  # most recently used last
         return shard
 
-    def close_unused(self, shard_ids: np.ndarray, lookback: int = 2) -> None:
+    def close_unused(self, shard_ids: np.ndarray, lookback: int = 1) -> None:
         """Say which shards a batch is about to read: in a capped cache, this process
-        closes its open shards named in none of the last ``lookback`` calls,
-        so that the cache may evict them instead of reading shards into memory (the
-        processes of a node hold the shards they keep open). Nothing for other sets."""
+        closes its open shards named in none of the last ``lookback`` calls (default: the
+        shards this batch does not read), so that the cache may evict them instead of
+        reading shards into memory. The processes of a node hold the shards they keep
+        open, and the room a capped cache leaves beside the shards the sampler reads
+        ahead counts only the shards batches are reading (see :meth:`read_ahead`): a
+        worker that kept the shards of its earlier batches open filled that room with
+        shards no one reads. Nothing for other sets."""
         if self.max_open_shards is None or getattr(self.files, "limit_bytes", None) is None:
             return
         if self._pid != os.getpid():

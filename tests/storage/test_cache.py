@@ -4,8 +4,12 @@ shard is refused, a full cache evicts (or reads into memory) instead of stalling
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import os
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +19,8 @@ from torch.utils.data import DataLoader
 from fastdata import ShardAwareDistributedSampler, ShardDataset
 from fastdata.datasets import passthrough_collate
 from fastdata.shards import load_manifest
-from fastdata.storage import parse_bytes
+from fastdata.storage import ShardCache, parse_bytes
+from fastdata.storage._cache import RemoteShard
 from tests.storage._proxy import FaultProxy
 from tests.storage.conftest import upload_folder, write_set
 
@@ -178,3 +183,96 @@ def test_a_cache_that_holds_the_window_downloads_each_shard_once_an_epoch(
         assert max(shard_gets.values(), default=0) <= 1, shard_gets
         if epoch == 0:
             assert len(shard_gets) == 8
+
+
+class GatedStore:
+    """An object store in memory (one object) whose downloads wait for ``gate``."""
+
+    attempts = 1
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.gate = threading.Event()
+        self.started = threading.Event()
+        self.downloads = 0
+
+    def stream(self, key: str) -> Iterator[memoryview]:
+        self.downloads += 1
+        self.started.set()
+        if not self.gate.wait(60):
+            raise RuntimeError("the test never opened the gate")
+        yield memoryview(self.data)
+
+
+def _wait_for_a_blocked_lock(path: Path) -> None:
+    """Until some thread waits for a lock on ``path`` (``/proc/locks`` lists waiters)."""
+    suffix = f":{path.stat().st_ino} "
+    deadline = time.monotonic() + 60  # a guard against a hang, not a timing margin
+    while time.monotonic() < deadline:
+        with open("/proc/locks") as locks:
+            if any("->" in line and suffix in line for line in locks):
+                return
+        time.sleep(0.001)
+    raise AssertionError(f"nothing waited for the lock on {path}")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="needs Linux's /proc/locks")
+def test_a_shard_renamed_into_place_while_another_reader_waits_is_not_downloaded_again(
+    tmp_path: Path,
+) -> None:
+    """Reader B finds no shard file, then waits for the folder's lock; meanwhile reader A's
+    download ends and is renamed into place. B holds A's file: no second download (which
+    would also evict another shard for room it does not need)."""
+    data = os.urandom(4096)
+    shard = RemoteShard("s3://b/s.h5", "s.h5", len(data), hashlib.sha256(data).hexdigest())
+    cache = ShardCache(tmp_path / "cache", 8192)
+    store = GatedStore(data)
+    held: dict[str, object] = {}
+    reader_a = threading.Thread(target=lambda: held.setdefault("a", cache.fetch(store, shard)))
+    reader_a.start()
+    assert store.started.wait(60)  # A is downloading
+    folder_lock = os.open(tmp_path / "cache" / ".lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(folder_lock, fcntl.LOCK_EX)  # a third process reserving space
+    reader_b = threading.Thread(target=lambda: held.setdefault("b", cache.fetch(store, shard)))
+    reader_b.start()
+    _wait_for_a_blocked_lock(tmp_path / "cache" / ".lock")  # B looked, found no file
+    store.gate.set()
+    reader_a.join()
+    assert (tmp_path / "cache" / f"{shard.sha256}.h5").exists()
+    fcntl.flock(folder_lock, fcntl.LOCK_UN)
+    os.close(folder_lock)
+    reader_b.join()
+    assert store.downloads == 1
+    assert [p.name for p in (tmp_path / "cache").glob("*.h5")] == [f"{shard.sha256}.h5"]
+    for reader in held.values():
+        reader.release()  # type: ignore[attr-defined]
+
+
+def test_a_reader_holds_only_the_shards_of_the_batch_it_reads(bucket: str, tmp_path: Path) -> None:
+    """A shard the current batch does not read is let go at once (a capped cache can evict
+    it): a reader process holding the shards of earlier batches too filled the cache with
+    shards no one reads, and another shard then went to memory or was evicted early."""
+    local = write_set(tmp_path / "set", (8, 8, 8))
+    url = upload_folder(bucket, local, "held")
+    shards = load_manifest(local).shards
+    largest = max(info.num_bytes for info in shards)
+    cache = tmp_path / "cache"
+    dataset = ShardDataset(url, cache_dir=cache, cache_limit=3 * largest)
+
+    def held_by_readers() -> list[int]:
+        held = []
+        for number, info in enumerate(shards):
+            fd = os.open(cache / f"{info.sha256}.h5", os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held.append(number)
+            finally:
+                os.close(fd)
+        return held
+
+    dataset.__getitems__([8, 9, 20])  # shards 1 and 2
+    dataset.__getitems__([0, 1])  # shard 0 (all three cached now)
+    assert held_by_readers() == [0]
+    dataset.__getitems__([10, 3])
+    assert held_by_readers() == [0, 1]

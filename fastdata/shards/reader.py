@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -247,6 +248,7 @@ class ShardReader:
         self._pid = os.getpid()
         self._reads = 0  # calls of close_unused, and the call that last named each shard
         self._named: dict[int, int] = {}
+        self._warned_small_cache = False
 
     # -- basics ---------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -403,6 +405,17 @@ class ShardReader:
             # (one slot is left free: a reader process may still hold a shard it is done with)
             room = limit // max(largest, 1) - 2 * at_once - 1
             window = min(window, room)
+            if room < 0 and not self._warned_small_cache:
+                self._warned_small_cache = True
+                warnings.warn(
+                    f"cache_limit ({limit} bytes) holds {limit // max(largest, 1)} shards of "
+                    f"{self.root}, fewer than the {2 * at_once + 1} this order reads at once "
+                    f"({at_once} where the sampler hands samples out, {at_once} where the "
+                    "loader reads them, one spare): shards are downloaded more than once an "
+                    f"epoch, in the loader's time; allow at least {(2 * at_once + 2) * largest} "
+                    "bytes, or shuffle fewer shards together (the sampler's window_shards)",
+                    stacklevel=2,
+                )
         by_first_use = np.argsort(first_use, kind="stable")
         order = unique[by_first_use].tolist()
         starts = first_use[by_first_use]

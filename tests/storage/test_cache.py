@@ -9,6 +9,7 @@ import hashlib
 import os
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -106,7 +107,8 @@ def test_the_limit_holds_at_every_moment_and_every_sample_comes_once(
     cache = tmp_path / "cache"
     watcher = UsageWatcher(cache)
     dataset = ShardDataset(url, cache_dir=cache, cache_limit=limit)
-    seen = _epochs(dataset, 2, num_workers, window_shards=2, check=check)
+    with pytest.warns(UserWarning, match="fewer than the 5 this order reads at once"):
+        seen = _epochs(dataset, 2, num_workers, window_shards=2, check=check)
     peak = watcher.stop()
     assert sorted(seen) == sorted(list(range(46)) * 2)
     assert 0 < peak <= limit
@@ -177,7 +179,9 @@ def test_a_cache_that_holds_the_window_downloads_each_shard_once_an_epoch(
     for epoch in range(2):
         proxy.gets.clear()
         sampler.set_epoch(epoch)
-        seen = [label for _, labels in loader for label in labels.tolist()]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # room enough: no warning of a small cache
+            seen = [label for _, labels in loader for label in labels.tolist()]
         assert sorted(seen) == list(range(64))
         shard_gets = {path: n for path, n in proxy.gets.items() if path.endswith(".h5")}
         assert max(shard_gets.values(), default=0) <= 1, shard_gets
@@ -276,3 +280,28 @@ def test_a_reader_holds_only_the_shards_of_the_batch_it_reads(bucket: str, tmp_p
     assert held_by_readers() == [0]
     dataset.__getitems__([10, 3])
     assert held_by_readers() == [0, 1]
+
+
+def test_a_cache_below_what_the_order_reads_at_once_is_warned_about_once(
+    bucket: str, tmp_path: Path
+) -> None:
+    """The sampler reads 4 shards at once: a cache of 5 cannot hold them where the sampler
+    hands them out and where the loader reads them. Every sample still comes once; the
+    user is told (once) why shards are downloaded again, and what to change."""
+    local = write_set(tmp_path / "set", (8,) * 8)
+    url = upload_folder(bucket, local, "small-cache")
+    largest = max(info.num_bytes for info in load_manifest(local).shards)
+    dataset = ShardDataset(url, cache_dir=tmp_path / "cache", cache_limit=5 * largest)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        seen = _epochs(dataset, 2, 0, window_shards=4)
+    assert sorted(seen) == sorted(list(range(64)) * 2)
+    messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert len(messages) == 1, messages
+    assert messages[0] == (
+        f"cache_limit ({5 * largest} bytes) holds 5 shards of {url}, fewer than the 9 this "
+        "order reads at once (4 where the sampler hands samples out, 4 where the loader "
+        "reads them, one spare): shards are downloaded more than once an epoch, in the "
+        f"loader's time; allow at least {10 * largest} bytes, or shuffle fewer shards "
+        "together (the sampler's window_shards)"
+    )

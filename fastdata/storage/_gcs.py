@@ -14,14 +14,13 @@ every request has a timeout and is retried with exponential backoff on transient
 from __future__ import annotations
 
 import logging
-import random
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 from fastdata._optional import import_optional
 from fastdata.errors import StorageError
+from fastdata.storage._backend import retrying
 from fastdata.storage._s3 import ATTEMPTS_ENV, TIMEOUT_ENV, _env_int, scrub
 
 logger = logging.getLogger(__name__)
@@ -65,7 +64,7 @@ class GCSStore:
         except self._exceptions.NotFound:
             raise self._not_found(key) from None
         except Exception as exc:
-            raise self._error("read", key, exc) from None
+            raise self.error("read", f"gs://{self.bucket}/{key}", exc) from None
 
     def size(self, key: str) -> int | None:
         blob = self._retrying("look up", key, lambda: self._lookup(key))
@@ -149,22 +148,7 @@ class GCSStore:
         return not isinstance(exc, self._auth_exceptions.DefaultCredentialsError | ValueError)
 
     def _retrying(self, what: str, key: str, call: Callable[[], _T]) -> _T:
-        """``call()``, retried with exponential backoff and jitter on transient errors."""
-        for attempt in range(1, self.attempts + 1):
-            try:
-                return call()
-            except FileNotFoundError:
-                raise
-            except Exception as exc:
-                if attempt == self.attempts or not self.transient(exc):
-                    raise self._error(what, key, exc) from None
-                delay = min(5.0, 0.1 * 2 ** (attempt - 1)) * (0.5 + random.random())
-                logger.info(
-                    "retrying %s of gs://%s/%s in %.1f s (%s)",
-                    what, self.bucket, key, delay, self.reason(exc),
-                )  # fmt: skip
-                time.sleep(delay)
-        raise AssertionError("unreachable")  # pragma: no cover
+        return retrying(self, what, f"gs://{self.bucket}/{key}", call)
 
     def reason(self, exc: BaseException) -> str:
         """A one-line reason for ``exc``, without credentials or query strings."""
@@ -182,9 +166,10 @@ class GCSStore:
             reason = f"{type(exc).__name__}: {text}"
         return scrub(reason)[:300]
 
-    def _error(self, what: str, key: str, exc: BaseException) -> Exception:
+    def error(self, what: str, url: str, exc: BaseException) -> Exception:
+        """The one-line error of a request that failed for good."""
         if isinstance(exc, FileNotFoundError | StorageError):
             return exc
-        error = StorageError(f"cannot {what} gs://{self.bucket}/{key}: {self.reason(exc)}")
+        error = StorageError(f"cannot {what} {url}: {self.reason(exc)}")
         error.transient = self.transient(exc)
         return error

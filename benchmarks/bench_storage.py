@@ -17,7 +17,7 @@ photos written in its own format (see ``_storage_peers.py``); a missing one is s
 one line. Install the peers in a venv of their own (torch pinned), never as dependencies.
 Figures measured on a shared machine are indicative; compare rows of one run. Rerun with:
 
-    python benchmarks/bench_storage.py [--num-images 2000] [--latency-ms 20] [--publish]
+    python benchmarks/bench_storage.py [--num-images 4000] [--latency-ms 20] [--publish]
 """
 
 from __future__ import annotations
@@ -340,7 +340,7 @@ def peer_rows(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--num-images", type=int, default=2000)
+    parser.add_argument("--num-images", type=int, default=4000)
     parser.add_argument("--shard-mb", type=float, default=10.0)
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--workers", type=int, default=2)

@@ -168,9 +168,18 @@ class ShardCache:
 
     # -- getting a shard -----------------------------------------------------------------
     def fetch(
-        self, store: ObjectStore, shard: RemoteShard, *, memory_fallback: bool = True
+        self,
+        store: Callable[[], ObjectStore],
+        shard: RemoteShard,
+        *,
+        memory_fallback: bool = True,
     ) -> HeldShard | None:
         """The shard, from the cache or downloaded into it (verified), held for reading.
+
+        ``store()`` gives the client, called only when this process downloads the shard:
+        a process that finds its shards in the cache (a DataLoader worker behind the
+        sampler's read-ahead) never creates one (a boto3 client costs about 0.1-0.25 s of
+        CPU to create, in each process).
 
         With no room in the cache (every cached shard open): its bytes in memory, or
         ``None`` when ``memory_fallback`` is off (a prefetch).
@@ -192,12 +201,12 @@ class ShardCache:
             if fd is None:  # no room: nothing can be evicted now
                 if not memory_fallback:
                     return None
-                return HeldShard(final, data=self._download_bytes(store, shard))
+                return HeldShard(final, data=self._download_bytes(store(), shard))
             if fd == _DOWNLOADING:  # another process is downloading it: wait, then look
                 _wait_for(part)
                 continue
             try:
-                self._download_into(fd, store, shard)
+                self._download_into(fd, store(), shard)
                 os.fsync(fd)
                 os.rename(part, final)
                 fcntl.flock(fd, fcntl.LOCK_SH)  # from the writer's lock to a reader's

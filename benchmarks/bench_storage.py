@@ -17,7 +17,7 @@ photos written in its own format (see ``_storage_peers.py``); a missing one is s
 one line. Install the peers in a venv of their own (torch pinned), never as dependencies.
 Figures measured on a shared machine are indicative; compare rows of one run. Rerun with:
 
-    python benchmarks/bench_storage.py [--num-images 2000] [--latency-ms 20] [--publish]
+    python benchmarks/bench_storage.py [--num-images 4000] [--latency-ms 20] [--publish]
 """
 
 from __future__ import annotations
@@ -162,11 +162,15 @@ def tree_cpu_s() -> float:
     return total
 
 
-def fastdata_reader(path: str, limit: int | None, workers: int, cache: Path | None) -> Any:
+def fastdata_reader(
+    path: str, limit: int | None, workers: int, cache: Path | None, window_shards: int = 4
+) -> Any:
     started = time.perf_counter()
     dataset = ShardDataset(path, ("image", "path"), cache_dir=cache, cache_limit=limit)
     build_s = time.perf_counter() - started
-    sampler = ShardAwareDistributedSampler(dataset, num_replicas=1, rank=0, seed=0)
+    sampler = ShardAwareDistributedSampler(
+        dataset, num_replicas=1, rank=0, seed=0, window_shards=window_shards
+    )
     loader = DataLoader(
         dataset,
         batch_size=64,
@@ -192,7 +196,7 @@ def _row_process(spec: dict[str, Any], results: Any, progress: Any) -> None:
     try:
         if spec["kind"] == "fastdata":
             build_s, epochs, expected = fastdata_reader(
-                spec["path"], spec["limit"], spec["workers"], spec["cache"]
+                spec["path"], spec["limit"], spec["workers"], spec["cache"], spec["window_shards"]
             )
         else:
             settings = _storage_peers.PeerSettings(
@@ -340,10 +344,12 @@ def peer_rows(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--num-images", type=int, default=2000)
+    parser.add_argument("--num-images", type=int, default=4000)
     parser.add_argument("--shard-mb", type=float, default=10.0)
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--window-shards", type=int, default=4,
+                        help="shards the sampler of fastdata's rows shuffles together")  # fmt: skip
     parser.add_argument("--row-time-limit", type=float, default=300.0,
                         help="seconds a row may take (build and two epochs) before it is "
                         "stopped and recorded as failed")  # fmt: skip
@@ -377,7 +383,8 @@ def main() -> None:
                   f"{args.workers} workers")  # fmt: skip
             quarter = max(manifest.num_bytes // 4, *(s.num_bytes for s in manifest.shards))
             ceiling = server_ceiling(url, manifest.num_samples)
-            own = {"kind": "fastdata", "workers": args.workers, "limit": None, "cache": None}
+            own = {"kind": "fastdata", "workers": args.workers, "limit": None, "cache": None,
+                   "window_shards": args.window_shards}  # fmt: skip
             rows = (
                 []
                 if args.only and "fastdata" not in args.only

@@ -102,8 +102,8 @@ class ShardStore(Store):
         return self.reader.view(field, segment)
 
     def begin_batch(self, indices: np.ndarray) -> None:
-        # shards read by neither this batch nor the one before are closed: a capped cache
-        # can then evict them rather than read shards into memory
+        # shards this batch does not read are closed: a capped cache can then evict them
+        # rather than read shards into memory
         self.reader.close_unused(self.locate(indices)[0])
 
     def source(self, index: int) -> str:

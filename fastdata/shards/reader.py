@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -249,6 +250,7 @@ class ShardReader:
         self._pid = os.getpid()
         self._reads = 0  # calls of close_unused, and the call that last named each shard
         self._named: dict[int, int] = {}
+        self._warned_small_cache = False
 
     # -- basics ---------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -336,11 +338,15 @@ class ShardReader:
         self._open[shard_id] = shard  # most recently used last
         return shard
 
-    def close_unused(self, shard_ids: np.ndarray, lookback: int = 2) -> None:
+    def close_unused(self, shard_ids: np.ndarray, lookback: int = 1) -> None:
         """Say which shards a batch is about to read: in a capped cache, this process
-        closes its open shards named in none of the last ``lookback`` calls,
-        so that the cache may evict them instead of reading shards into memory (the
-        processes of a node hold the shards they keep open). Nothing for other sets."""
+        closes its open shards named in none of the last ``lookback`` calls (default: the
+        shards this batch does not read), so that the cache may evict them instead of
+        reading shards into memory. The processes of a node hold the shards they keep
+        open, and the room a capped cache leaves beside the shards the sampler reads
+        ahead counts only the shards batches are reading (see :meth:`read_ahead`): a
+        worker that kept the shards of its earlier batches open filled that room with
+        shards no one reads. Nothing for other sets."""
         if self.max_open_shards is None or getattr(self.files, "limit_bytes", None) is None:
             return
         if self._pid != os.getpid():
@@ -401,6 +407,17 @@ class ShardReader:
             # (one slot is left free: a reader process may still hold a shard it is done with)
             room = limit // max(largest, 1) - 2 * at_once - 1
             window = min(window, room)
+            if room < 0 and not self._warned_small_cache:
+                self._warned_small_cache = True
+                warnings.warn(
+                    f"cache_limit ({limit} bytes) holds {limit // max(largest, 1)} shards of "
+                    f"{self.root}, fewer than the {2 * at_once + 1} this order reads at once "
+                    f"({at_once} where the sampler hands samples out, {at_once} where the "
+                    "loader reads them, one spare): shards are downloaded more than once an "
+                    f"epoch, in the loader's time; allow at least {(2 * at_once + 2) * largest} "
+                    "bytes, or shuffle fewer shards together (the sampler's window_shards)",
+                    stacklevel=2,
+                )
         by_first_use = np.argsort(first_use, kind="stable")
         order = unique[by_first_use].tolist()
         starts = first_use[by_first_use]

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import os
+import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from fastdata.storage._location import SCHEMES, RemoteLocation
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 class ObjectStore(Protocol):
@@ -84,3 +91,33 @@ def object_store(location: RemoteLocation) -> ObjectStore:
             client = factory(location.bucket)
             _clients[key] = client
     return client
+
+
+class RetryPolicy(Protocol):
+    """What :func:`retrying` asks of a client."""
+
+    attempts: int
+
+    def transient(self, exc: BaseException) -> bool: ...
+
+    def reason(self, exc: BaseException) -> str: ...
+
+    def error(self, what: str, url: str, exc: BaseException) -> Exception: ...
+
+
+def retrying(client: RetryPolicy, what: str, url: str, call: Callable[[], _T]) -> _T:
+    """``call()``, retried with exponential backoff and jitter while ``client`` calls its
+    failure transient, up to ``client.attempts``; then ``client.error(...)`` is raised (a
+    missing object, ``FileNotFoundError``, at once)."""
+    for attempt in range(1, client.attempts + 1):
+        try:
+            return call()
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            if attempt == client.attempts or not client.transient(exc):
+                raise client.error(what, url, exc) from None
+            delay = min(5.0, 0.1 * 2 ** (attempt - 1)) * (0.5 + random.random())
+            logger.info("retrying %s of %s in %.1f s (%s)", what, url, delay, client.reason(exc))
+            time.sleep(delay)
+    raise AssertionError("unreachable")  # pragma: no cover

@@ -44,6 +44,9 @@ CACHE_DIR_ENV = "FASTDATA_CACHE_DIR"
 _SUFFIX = ".h5"
 _PART = ".part"
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+# what ShardCache._reserve returns instead of a descriptor
+_DOWNLOADING = -1
+_CACHED = -2
 _BYTES = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
 
 
@@ -165,9 +168,18 @@ class ShardCache:
 
     # -- getting a shard -----------------------------------------------------------------
     def fetch(
-        self, store: ObjectStore, shard: RemoteShard, *, memory_fallback: bool = True
+        self,
+        store: Callable[[], ObjectStore],
+        shard: RemoteShard,
+        *,
+        memory_fallback: bool = True,
     ) -> HeldShard | None:
         """The shard, from the cache or downloaded into it (verified), held for reading.
+
+        ``store()`` gives the client, called only when this process downloads the shard:
+        a process that finds its shards in the cache (a DataLoader worker behind the
+        sampler's read-ahead) never creates one (a boto3 client costs about 0.1-0.25 s of
+        CPU to create, in each process).
 
         With no room in the cache (every cached shard open): its bytes in memory, or
         ``None`` when ``memory_fallback`` is off (a prefetch).
@@ -183,16 +195,18 @@ class ShardCache:
             if held is not None:
                 _touch(final)
                 return held
-            fd = self._reserve(part, shard.num_bytes)
+            fd = self._reserve(part, final, shard.num_bytes)
+            if fd == _CACHED:  # renamed into place since we looked: hold it
+                continue
             if fd is None:  # no room: nothing can be evicted now
                 if not memory_fallback:
                     return None
-                return HeldShard(final, data=self._download_bytes(store, shard))
-            if fd < 0:  # another process is downloading it: wait for its lock, then look
+                return HeldShard(final, data=self._download_bytes(store(), shard))
+            if fd == _DOWNLOADING:  # another process is downloading it: wait, then look
                 _wait_for(part)
                 continue
             try:
-                self._download_into(fd, store, shard)
+                self._download_into(fd, store(), shard)
                 os.fsync(fd)
                 os.rename(part, final)
                 fcntl.flock(fd, fcntl.LOCK_SH)  # from the writer's lock to a reader's
@@ -203,16 +217,22 @@ class ShardCache:
                 raise
             return HeldShard(final, fd)
 
-    def _reserve(self, part: Path, num_bytes: int) -> int | None:
+    def _reserve(self, part: Path, final: Path, num_bytes: int) -> int | None:
         """Under the folder's lock: make room for ``num_bytes`` and create ``part`` at that
-        size, locked. Returns its descriptor; ``-1`` when another process is downloading
-        it; ``None`` when no room can be made."""
+        size, locked. Returns its descriptor; ``_DOWNLOADING`` when another process is
+        downloading it, ``_CACHED`` when ``final`` is there; ``None`` when no room can be
+        made."""
         with self._folder_lock():
+            # ``part`` first, then ``final``: a download renamed between the caller's look
+            # at ``final`` and this lock shows in one of the two (a rename is atomic, and
+            # no download starts and no eviction happens while the lock is held)
             if part.exists():
                 if not _is_stale(part):
-                    return -1
+                    return _DOWNLOADING
                 with contextlib.suppress(OSError):
                     part.unlink()
+            if final.exists():
+                return _CACHED
             if self.limit_bytes is not None and not self._make_room(num_bytes):
                 return None
             fd = _open_locking(part, os.O_RDWR | os.O_CREAT | os.O_EXCL)

@@ -10,7 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from fastdata.storage._backend import object_store
+from fastdata.storage._backend import ObjectStore, object_store
 from fastdata.storage._cache import (
     HeldShard,
     RemoteShard,
@@ -119,10 +119,14 @@ class CachedFiles(ShardFiles):
         """The shard, held for reading; with no room in the cache its bytes in memory, or
         ``None`` when ``memory_fallback`` is off (the caller can close shards and retry)."""
         shard = self._shard(file, num_bytes, sha256)
-        return self.cache.fetch(object_store(self.location), shard, memory_fallback=memory_fallback)
+        return self.cache.fetch(self._store, shard, memory_fallback=memory_fallback)
 
     def read_bytes(self, file: str) -> bytes:
-        return object_store(self.location).read_bytes(self.location.key(file))
+        return self._store().read_bytes(self.location.key(file))
+
+    def _store(self) -> ObjectStore:
+        """This process's client (created when first needed: a download)."""
+        return object_store(self.location)
 
     def prefetch(self, file: str, num_bytes: int, sha256: str) -> None:
         """Download the shard into the cache in a background thread of this process (not
@@ -161,7 +165,7 @@ class CachedFiles(ShardFiles):
 
     def _prefetch(self, shard: RemoteShard) -> HeldShard | None:
         try:
-            return self.cache.fetch(object_store(self.location), shard, memory_fallback=False)
+            return self.cache.fetch(self._store, shard, memory_fallback=False)
         except Exception as exc:  # the read that needs the shard reports it
             logger.info("prefetch of %s failed: %s", shard.url, exc)
             return None

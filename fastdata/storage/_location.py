@@ -2,7 +2,8 @@
 
 This module is the one place in the library that tells a URL from a path. A location
 string with ``scheme://`` is a URL; its scheme must be registered (``s3``, whose
-client comes with the ``[s3]`` extra). Anything else is a local path.
+client comes with the ``[s3]`` extra; ``gs``, with the ``[gcs]`` extra). Anything else is
+a local path.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # scheme -> "module:factory" of its client (an ObjectStore of one bucket), imported on first use
-SCHEMES: dict[str, str] = {"s3": "fastdata.storage._s3:S3Store"}
+SCHEMES: dict[str, str] = {
+    "s3": "fastdata.storage._s3:S3Store",
+    "gs": "fastdata.storage._gcs:GCSStore",
+}
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
 

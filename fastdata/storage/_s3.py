@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import re
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 from fastdata._optional import import_optional
 from fastdata.errors import StorageError
+from fastdata.storage._backend import retrying
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +100,7 @@ class S3Store:
             for chunk in body.iter_chunks(_CHUNK_BYTES):
                 yield memoryview(chunk)
         except Exception as exc:
-            raise self._error("read", key, exc) from None
+            raise self.error("read", f"s3://{self.bucket}/{key}", exc) from None
 
     def size(self, key: str) -> int | None:
         def head() -> int | None:
@@ -180,22 +179,7 @@ class S3Store:
         )
 
     def _retrying(self, what: str, key: str, call: Callable[[], _T]) -> _T:
-        """``call()``, retried with exponential backoff and jitter on transient errors."""
-        for attempt in range(1, self.attempts + 1):
-            try:
-                return call()
-            except FileNotFoundError:
-                raise
-            except Exception as exc:
-                if attempt == self.attempts or not self.transient(exc):
-                    raise self._error(what, key, exc) from None
-                delay = min(5.0, 0.1 * 2 ** (attempt - 1)) * (0.5 + random.random())
-                logger.info(
-                    "retrying %s of s3://%s/%s in %.1f s (%s)",
-                    what, self.bucket, key, delay, self.reason(exc),
-                )  # fmt: skip
-                time.sleep(delay)
-        raise AssertionError("unreachable")  # pragma: no cover
+        return retrying(self, what, f"s3://{self.bucket}/{key}", call)
 
     def reason(self, exc: BaseException) -> str:
         """A one-line reason for ``exc``, with any credential of the environment removed."""
@@ -211,10 +195,11 @@ class S3Store:
             reason = f"{type(exc).__name__}: {text}"
         return scrub(reason)[:300]
 
-    def _error(self, what: str, key: str, exc: BaseException) -> Exception:
+    def error(self, what: str, url: str, exc: BaseException) -> Exception:
+        """The one-line error of a request that failed for good."""
         if isinstance(exc, FileNotFoundError | StorageError):
             return exc
-        error = StorageError(f"cannot {what} s3://{self.bucket}/{key}: {self.reason(exc)}")
+        error = StorageError(f"cannot {what} {url}: {self.reason(exc)}")
         error.transient = self.transient(exc)
         # the client's own checksum of the body (CRC, when the store sent one) disagreed
         error.corrupt = isinstance(exc, self._exceptions.FlexibleChecksumError)

@@ -196,7 +196,7 @@ def test_the_console_command_prints_no_traceback(sources: Path, tmp_path: Path) 
     )
 
 
-@pytest.mark.parametrize("url", ["gs://bucket/set/", "ftp://host/set", "HTTPS://host/set/"])
+@pytest.mark.parametrize("url", ["az://bucket/set/", "ftp://host/set", "HTTPS://host/set/"])
 def test_preprocess_refuses_a_url_of_an_unsupported_scheme(
     sources: Path,
     tmp_path: Path,

@@ -4,8 +4,14 @@ shard is refused, a full cache evicts (or reads into memory) instead of stalling
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import os
+import pickle
 import threading
+import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +21,8 @@ from torch.utils.data import DataLoader
 from fastdata import ShardAwareDistributedSampler, ShardDataset
 from fastdata.datasets import passthrough_collate
 from fastdata.shards import load_manifest
-from fastdata.storage import parse_bytes
+from fastdata.storage import ShardCache, _backend, parse_bytes
+from fastdata.storage._cache import RemoteShard
 from tests.storage._proxy import FaultProxy
 from tests.storage.conftest import upload_folder, write_set
 
@@ -101,7 +108,8 @@ def test_the_limit_holds_at_every_moment_and_every_sample_comes_once(
     cache = tmp_path / "cache"
     watcher = UsageWatcher(cache)
     dataset = ShardDataset(url, cache_dir=cache, cache_limit=limit)
-    seen = _epochs(dataset, 2, num_workers, window_shards=2, check=check)
+    with pytest.warns(UserWarning, match="fewer than the 5 this order reads at once"):
+        seen = _epochs(dataset, 2, num_workers, window_shards=2, check=check)
     peak = watcher.stop()
     assert sorted(seen) == sorted(list(range(46)) * 2)
     assert 0 < peak <= limit
@@ -172,9 +180,146 @@ def test_a_cache_that_holds_the_window_downloads_each_shard_once_an_epoch(
     for epoch in range(2):
         proxy.gets.clear()
         sampler.set_epoch(epoch)
-        seen = [label for _, labels in loader for label in labels.tolist()]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # room enough: no warning of a small cache
+            seen = [label for _, labels in loader for label in labels.tolist()]
         assert sorted(seen) == list(range(64))
         shard_gets = {path: n for path, n in proxy.gets.items() if path.endswith(".h5")}
         assert max(shard_gets.values(), default=0) <= 1, shard_gets
         if epoch == 0:
             assert len(shard_gets) == 8
+
+
+class GatedStore:
+    """An object store in memory (one object) whose downloads wait for ``gate``."""
+
+    attempts = 1
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.gate = threading.Event()
+        self.started = threading.Event()
+        self.downloads = 0
+
+    def stream(self, key: str) -> Iterator[memoryview]:
+        self.downloads += 1
+        self.started.set()
+        if not self.gate.wait(60):
+            raise RuntimeError("the test never opened the gate")
+        yield memoryview(self.data)
+
+
+def _wait_for_a_blocked_lock(path: Path) -> None:
+    """Until some thread waits for a lock on ``path`` (``/proc/locks`` lists waiters)."""
+    suffix = f":{path.stat().st_ino} "
+    deadline = time.monotonic() + 60  # a guard against a hang, not a timing margin
+    while time.monotonic() < deadline:
+        with open("/proc/locks") as locks:
+            if any("->" in line and suffix in line for line in locks):
+                return
+        time.sleep(0.001)
+    raise AssertionError(f"nothing waited for the lock on {path}")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="needs Linux's /proc/locks")
+def test_a_shard_renamed_into_place_while_another_reader_waits_is_not_downloaded_again(
+    tmp_path: Path,
+) -> None:
+    """Reader B finds no shard file, then waits for the folder's lock; meanwhile reader A's
+    download ends and is renamed into place. B holds A's file: no second download (which
+    would also evict another shard for room it does not need)."""
+    data = os.urandom(4096)
+    shard = RemoteShard("s3://b/s.h5", "s.h5", len(data), hashlib.sha256(data).hexdigest())
+    cache = ShardCache(tmp_path / "cache", 8192)
+    store = GatedStore(data)
+    held: dict[str, object] = {}
+    client = lambda: store  # noqa: E731
+    reader_a = threading.Thread(target=lambda: held.setdefault("a", cache.fetch(client, shard)))
+    reader_a.start()
+    assert store.started.wait(60)  # A is downloading
+    folder_lock = os.open(tmp_path / "cache" / ".lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(folder_lock, fcntl.LOCK_EX)  # a third process reserving space
+    reader_b = threading.Thread(target=lambda: held.setdefault("b", cache.fetch(client, shard)))
+    reader_b.start()
+    _wait_for_a_blocked_lock(tmp_path / "cache" / ".lock")  # B looked, found no file
+    store.gate.set()
+    reader_a.join()
+    assert (tmp_path / "cache" / f"{shard.sha256}.h5").exists()
+    fcntl.flock(folder_lock, fcntl.LOCK_UN)
+    os.close(folder_lock)
+    reader_b.join()
+    assert store.downloads == 1
+    assert [p.name for p in (tmp_path / "cache").glob("*.h5")] == [f"{shard.sha256}.h5"]
+    for reader in held.values():
+        reader.release()  # type: ignore[attr-defined]
+
+
+def test_a_reader_holds_only_the_shards_of_the_batch_it_reads(bucket: str, tmp_path: Path) -> None:
+    """A shard the current batch does not read is let go at once (a capped cache can evict
+    it): a reader process holding the shards of earlier batches too filled the cache with
+    shards no one reads, and another shard then went to memory or was evicted early."""
+    local = write_set(tmp_path / "set", (8, 8, 8))
+    url = upload_folder(bucket, local, "held")
+    shards = load_manifest(local).shards
+    largest = max(info.num_bytes for info in shards)
+    cache = tmp_path / "cache"
+    dataset = ShardDataset(url, cache_dir=cache, cache_limit=3 * largest)
+
+    def held_by_readers() -> list[int]:
+        held = []
+        for number, info in enumerate(shards):
+            fd = os.open(cache / f"{info.sha256}.h5", os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held.append(number)
+            finally:
+                os.close(fd)
+        return held
+
+    dataset.__getitems__([8, 9, 20])  # shards 1 and 2
+    dataset.__getitems__([0, 1])  # shard 0 (all three cached now)
+    assert held_by_readers() == [0]
+    dataset.__getitems__([10, 3])
+    assert held_by_readers() == [0, 1]
+
+
+def test_a_cache_below_what_the_order_reads_at_once_is_warned_about_once(
+    bucket: str, tmp_path: Path
+) -> None:
+    """The sampler reads 4 shards at once: a cache of 5 cannot hold them where the sampler
+    hands them out and where the loader reads them. Every sample still comes once; the
+    user is told (once) why shards are downloaded again, and what to change."""
+    local = write_set(tmp_path / "set", (8,) * 8)
+    url = upload_folder(bucket, local, "small-cache")
+    largest = max(info.num_bytes for info in load_manifest(local).shards)
+    dataset = ShardDataset(url, cache_dir=tmp_path / "cache", cache_limit=5 * largest)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        seen = _epochs(dataset, 2, 0, window_shards=4)
+    assert sorted(seen) == sorted(list(range(64)) * 2)
+    messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert len(messages) == 1, messages
+    assert messages[0] == (
+        f"cache_limit ({5 * largest} bytes) holds 5 shards of {url}, fewer than the 9 this "
+        "order reads at once (4 where the sampler hands samples out, 4 where the loader "
+        "reads them, one spare): shards are downloaded more than once an epoch, in the "
+        f"loader's time; allow at least {10 * largest} bytes, or shuffle fewer shards "
+        "together (the sampler's window_shards)"
+    )
+
+
+def test_a_process_that_finds_its_shards_in_the_cache_creates_no_client(
+    bucket: str, tmp_path: Path
+) -> None:
+    """A DataLoader worker reading shards the sampler's read-ahead downloaded creates no
+    client of the store (creating one costs about 0.1-0.25 s of CPU in each process)."""
+    local = write_set(tmp_path / "set", (8, 8))
+    url = upload_folder(bucket, local, "warm")
+    dataset = ShardDataset(url, cache_dir=tmp_path / "cache")
+    dataset.__getitems__(list(range(16)))  # both shards in the cache now
+    worker_copy = pickle.loads(pickle.dumps(dataset))  # what a worker starts from
+    _backend._clients.clear()
+    _, labels = worker_copy.__getitems__([15, 0, 9])
+    assert labels.tolist() == [15, 0, 9]
+    assert _backend._clients == {}

@@ -50,6 +50,8 @@ def test_a_fault_on_each_request_once_is_survived(
     assert SECRET not in caplog.text and "AKIAFASTDATATEST0000" not in caplog.text
 
 
+# a small cache on purpose: the warning of a small cache is expected
+@pytest.mark.filterwarnings("ignore:cache_limit .* holds 2 shards:UserWarning")
 def test_latency_and_mixed_faults_under_workers_yield_the_right_samples(
     remote_set: tuple[Path, str], tmp_path: Path, proxy: FaultProxy
 ) -> None:

@@ -17,7 +17,7 @@ def test_a_path_stays_a_path(tmp_path: Path) -> None:
     assert not is_url("relative/dir") and is_url("s3://b/p")
 
 
-@pytest.mark.parametrize("url", ["gs://bucket/set", "ftp://host/x", "file:///tmp/x"])
+@pytest.mark.parametrize("url", ["az://bucket/set", "ftp://host/x", "file:///tmp/x"])
 def test_an_unsupported_scheme_is_refused_in_one_line(url: str) -> None:
     with pytest.raises(ValueError, match=r"^out '.*' has the scheme \w+://, which is not") as info:
         parse_location(url, "out")
@@ -34,8 +34,8 @@ def test_preprocess_refuses_an_unsupported_url_before_any_work(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "src").mkdir()
-    with pytest.raises(ValueError, match="out 'gs://bucket/set/' has the scheme gs://"):
-        preprocess(tmp_path / "src", "gs://bucket/set/", show_progress=False)
+    with pytest.raises(ValueError, match="out 'ftp://host/set/' has the scheme ftp://"):
+        preprocess(tmp_path / "src", "ftp://host/set/", show_progress=False)
     assert [p.name for p in tmp_path.iterdir()] == ["src"]
 
 

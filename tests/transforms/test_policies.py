@@ -6,6 +6,7 @@ CPU and on the device."""
 from __future__ import annotations
 
 import random
+from concurrent.futures import ThreadPoolExecutor
 
 import cv2
 import numpy as np
@@ -120,6 +121,24 @@ def test_bilinear_rgb_warps_equal_the_three_channel_warp(fill: tuple[int, ...]) 
             borderMode=cv2.BORDER_CONSTANT, borderValue=border,
         )  # fmt: skip
         assert np.array_equal(warped, expected)
+
+
+def test_policies_on_threads_equal_one_thread() -> None:
+    """Threads split the batch into slices of samples, each running every step of its
+    samples: the same pixels and masks as one thread."""
+    images = np.stack([_photo(seed=s) for s in range(13)])
+    masks = images[..., 0] // 32
+    pool = ThreadPoolExecutor(3)
+    for make in (
+        lambda: transforms.Compose([transforms.RandAugment(3, 9, 0.5, seed=5),
+                                    transforms.RandomErasing(0.5, seed=6)]),
+        lambda: transforms.TrivialAugmentWide(seed=7),
+    ):  # fmt: skip
+        alone, (alone_mask,) = make().apply_all(images.copy(), [masks.copy()], None, 1)
+        threaded, (threaded_mask,) = make().apply_all(images.copy(), [masks.copy()], pool, 3)
+        assert np.array_equal(threaded, alone)
+        assert np.array_equal(threaded_mask, alone_mask)
+        assert not np.array_equal(alone, images)
 
 
 def test_masks_follow_the_geometry_nearest() -> None:

@@ -58,7 +58,13 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import add_publish_argument, best_of_passes, images_per, save
+from _harness import (
+    add_publish_argument,
+    best_of_passes,
+    images_per,
+    save,
+    tree_cpu_seconds,
+)
 from bench_ram_jpeg import build_photo_set
 
 from fastdata import ops
@@ -427,28 +433,11 @@ def _jpeg_size(encoded: np.ndarray) -> tuple[int, int]:
 
 
 # -- measuring -------------------------------------------------------------------------------
-def _cpu_seconds() -> float:
-    """CPU time (user + system) of this process and its live children: the loader's
-    workers and DALI's threads."""
-    import psutil
-
-    total = 0.0
-    processes = [psutil.Process()]
-    processes += processes[0].children(recursive=True)
-    for process in processes:
-        try:
-            times = process.cpu_times()
-        except psutil.NoSuchProcess:  # a child that ended meanwhile
-            continue
-        total += times.user + times.system
-    return total
-
-
 def rates(epochs: Iterable[Batch], batches: int, warmup: int) -> tuple[float, float]:
     """Images per second of wall time and per CPU second (every process of the loader):
     the second does not count time other tenants of the machine took, so it stays steady
     on a shared one."""
-    wall, cpu = images_per(epochs, batches, warmup, [time.perf_counter, _cpu_seconds])
+    wall, cpu = images_per(epochs, batches, warmup, [time.perf_counter, tree_cpu_seconds])
     return wall, cpu
 
 

@@ -113,16 +113,27 @@ def box_masks(boxes: np.ndarray, height: int, width: int, device: torch.device) 
 def _blend(images: torch.Tensor, lam: np.ndarray) -> torch.Tensor:
     """``lam * x + (1 - lam) * partner`` per sample (the batch reversed); uint8 rounded.
 
-    A contiguous uint8 batch on the CPU is blended by OpenCV, one pass per sample (float
-    arithmetic rounded as torch's, a tie of exactly half a level apart); others by torch.
+    A uint8 batch on the CPU, contiguous or channels-last (a collated ``(B, H, W, C)``
+    batch seen as ``(B, C, H, W)``), is blended by OpenCV, one pass per sample (float
+    arithmetic rounded as torch's, a tie of exactly half a level apart), and keeps its
+    memory layout; others by torch.
     """
     count = len(images)
-    if images.device.type == "cpu" and images.dtype == torch.uint8 and images.is_contiguous():
-        source = images.numpy().reshape(count, -1, images.shape[-1])
-        out = np.empty_like(source)
-        for i, weight in enumerate(lam.tolist()):
-            cv2.addWeighted(source[i], weight, source[count - 1 - i], 1.0 - weight, 0.0, out[i])
-        return torch.from_numpy(out).view(images.shape)
+    if images.device.type == "cpu" and images.dtype == torch.uint8:
+        if images.is_contiguous():
+            memory, restore = images, images.shape
+        elif images.dim() == 4 and images.is_contiguous(memory_format=torch.channels_last):
+            memory, restore = images.permute(0, 2, 3, 1), None  # (B, H, W, C), contiguous
+        else:
+            memory = None
+        if memory is not None:
+            source = memory.numpy().reshape(count, -1, memory.shape[-1])
+            out = np.empty_like(source)
+            for i, weight in enumerate(lam.tolist()):
+                partner = source[count - 1 - i]
+                cv2.addWeighted(source[i], weight, partner, 1.0 - weight, 0.0, out[i])
+            mixed = torch.from_numpy(out).view(memory.shape)
+            return mixed.view(restore) if restore is not None else mixed.permute(0, 3, 1, 2)
     shape = (-1,) + (1,) * (images.dim() - 1)
     work = images.dtype if images.dtype.is_floating_point else torch.float32
     weight = upload(lam, images.device, work).view(shape)

@@ -30,31 +30,35 @@ def _check_channels(channels: int) -> None:
         raise ValueError(f"colour and policy ops take 1- or 3-channel images, got {channels}")
 
 
-def _run_array(
-    step: Step,
-    images: np.ndarray,
-    masks: list[np.ndarray],
-    executor: Executor | None,
-    tasks: int,
-) -> None:
+def _run_array(step: Step, images: np.ndarray, masks: list[np.ndarray]) -> None:
+    """Run one step's kernel on its samples of the batch, in place."""
     kernel = CPU_KERNELS[step.kernel]
     moved = masks if step.kernel in MOVING_KERNELS else []
     index = step.index
-    whole = len(index) == len(images)  # indices are increasing and unique: all of them
+    if not len(index):
+        return
+    # indices are increasing and unique: a run of consecutive ones is a slice (a view)
+    contiguous = int(index[-1]) - int(index[0]) + 1 == len(index)
+    rows: slice | np.ndarray = slice(int(index[0]), int(index[-1]) + 1) if contiguous else index
+    part = images[rows]
+    mask_parts = [mask[rows] for mask in moved]
+    out, mask_outs = kernel(part, step.params, step.options, mask_parts)
+    if not contiguous or out is not part:
+        images[rows] = out
+    for mask, mask_part, mask_out in zip(moved, mask_parts, mask_outs, strict=True):
+        if not contiguous or mask_out is not mask_part:
+            mask[rows] = mask_out
 
-    def body(start: int, stop: int) -> None:
-        rows: slice | np.ndarray = slice(start, stop) if whole else index[start:stop]
-        part = images[rows]
-        mask_parts = [mask[rows] for mask in moved]
-        params = {name: value[start:stop] for name, value in step.params.items()}
-        out, mask_outs = kernel(part, params, step.options, mask_parts)
-        if not whole or out is not part:
-            images[rows] = out
-        for mask, mask_part, mask_out in zip(moved, mask_parts, mask_outs, strict=True):
-            if not whole or mask_out is not mask_part:
-                mask[rows] = mask_out
 
-    parallel_for(executor, len(index), body, tasks=tasks)
+def _steps_of(steps: Sequence[Step], start: int, stop: int) -> list[Step]:
+    """``steps`` restricted to the samples ``start`` to ``stop`` (the same parameters)."""
+    out = []
+    for step in steps:
+        low, high = np.searchsorted(step.index, [start, stop])
+        if high > low:
+            params = {name: value[low:high] for name, value in step.params.items()}
+            out.append(Step(step.kernel, step.index[low:high], params, step.options))
+    return out
 
 
 def run_steps(
@@ -72,15 +76,23 @@ def run_steps(
             ``(H, W, C)`` / ``(H, W)`` arrays (replaced item by item).
         masks: Mask batches matching the images.
         executor: Optional thread pool.
-        tasks: Slices to split each step into on ``executor``.
+        tasks: Slices of samples to split the batch into on ``executor`` (each runs every
+            step on its samples).
     """
     if isinstance(images, np.ndarray):
         batch = images if images.ndim == 4 else _four_d(images)
         _check_channels(batch.shape[-1])
         arrays = [mask for mask in masks if isinstance(mask, np.ndarray)]
         if len(arrays) == len(masks):
-            for step in steps:
-                _run_array(step, batch, cast(list[np.ndarray], masks), executor, tasks)
+            mask_arrays = cast(list[np.ndarray], masks)
+
+            def body(start: int, stop: int) -> None:
+                # every step on this slice of samples: a policy's steps hold a few samples
+                # each, and samples do not depend on each other
+                for step in _steps_of(steps, start, stop):
+                    _run_array(step, batch, mask_arrays)
+
+            parallel_for(executor, len(batch), body, tasks=tasks)
             return
     # A list (sizes differ): each sample is a batch of one.
     count = len(images)
@@ -99,7 +111,7 @@ def run_steps(
                 {name: value[position : position + 1] for name, value in step.params.items()},
                 step.options,
             )
-            _run_array(single, sample, mask_samples, None, 1)
+            _run_array(single, sample, mask_samples)
         images[k] = sample[0] if image.ndim == 3 else sample[0, ..., 0]
         for mask, mask_sample in zip(masks, mask_samples, strict=True):
             mask[k] = mask_sample[0]

@@ -6,7 +6,9 @@ CPU and on the device."""
 from __future__ import annotations
 
 import random
+from concurrent.futures import ThreadPoolExecutor
 
+import cv2
 import numpy as np
 import pytest
 import torch
@@ -20,7 +22,7 @@ from fastdata._ops_policy import (
     TRIVIAL_AUGMENT_OPS,
     rand_augment_values,
 )
-from fastdata.transforms._kernels import CPU_KERNELS
+from fastdata.transforms._kernels import CPU_KERNELS, opencv_matrix
 
 stats = pytest.importorskip("scipy.stats")
 
@@ -101,6 +103,42 @@ def test_quarter_turns_and_shifts_are_exact_moves() -> None:
     shifted = _warp(image, _matrix("translate_x", 5.0, 32, 32), "nearest")
     assert np.array_equal(shifted[:, :-5], image[:, 5:])
     assert np.all(shifted[:, -5:] == FILL)
+
+
+@pytest.mark.parametrize("fill", [(10, 20, 30), (7,)])
+def test_bilinear_rgb_warps_equal_the_three_channel_warp(fill: tuple[int, ...]) -> None:
+    """The RGBA detour of bilinear RGB warps changes no pixel, fill and edges included."""
+    rng = np.random.default_rng(3)
+    images = rng.integers(0, 256, (4, 23, 41, 3), dtype=np.uint8)
+    cases = [("rotate", 33.0), ("shear_x", -0.4), ("translate_y", 5.6), ("rotate", -170.0)]
+    matrices = np.concatenate([_matrix(kind, value, 23, 41) for kind, value in cases])
+    options = {"interpolation": "bilinear", "fill": fill}
+    out, _ = CPU_KERNELS["affine"](images.copy(), {"matrix": matrices}, options, [])
+    border = tuple(float(v) for v in (fill * 3 if len(fill) == 1 else fill))
+    for image, matrix, warped in zip(images, matrices, out, strict=True):
+        expected = cv2.warpAffine(
+            image, opencv_matrix(matrix), (41, 23), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+            borderMode=cv2.BORDER_CONSTANT, borderValue=border,
+        )  # fmt: skip
+        assert np.array_equal(warped, expected)
+
+
+def test_policies_on_threads_equal_one_thread() -> None:
+    """Threads split the batch into slices of samples, each running every step of its
+    samples: the same pixels and masks as one thread."""
+    images = np.stack([_photo(seed=s) for s in range(13)])
+    masks = images[..., 0] // 32
+    pool = ThreadPoolExecutor(3)
+    for make in (
+        lambda: transforms.Compose([transforms.RandAugment(3, 9, 0.5, seed=5),
+                                    transforms.RandomErasing(0.5, seed=6)]),
+        lambda: transforms.TrivialAugmentWide(seed=7),
+    ):  # fmt: skip
+        alone, (alone_mask,) = make().apply_all(images.copy(), [masks.copy()], None, 1)
+        threaded, (threaded_mask,) = make().apply_all(images.copy(), [masks.copy()], pool, 3)
+        assert np.array_equal(threaded, alone)
+        assert np.array_equal(threaded_mask, alone_mask)
+        assert not np.array_equal(alone, images)
 
 
 def test_masks_follow_the_geometry_nearest() -> None:

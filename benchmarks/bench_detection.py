@@ -184,7 +184,7 @@ class FastdataJpeg(Dataset):
     """Batches decoded straight into their IoU crops; draws keyed by (seed, index)."""
 
     def __init__(self, sample: Sample) -> None:
-        self.sample, self.crop, self.flip = sample, ops.RandomIoUCrop(), ops.HorizontalFlip()
+        self.sample, self.crop, self.flip = sample, ops.RandomIoUCrop(), ops.RandomHorizontalFlip()
         self.transform = RandomIoUCrop()  # its box rule (1 px, 10 % visible) for the movers
         self.buffers = BatchBuffers()  # in a worker: the batch is written in shared memory
 

@@ -106,9 +106,9 @@ class _Chance(StepOperation):
 
 
 @dataclass(frozen=True, init=False)
-class Grayscale(_Chance):
+class RandomGrayscale(_Chance):
     """Turn a sample grey with probability ``p`` (PIL's ``L``: ``(299 R + 587 G + 114 B)
-    / 1000``, rounded), kept at its channel count (``RandomGrayscale``).
+    / 1000``, rounded), kept at its channel count (as torchvision's ``RandomGrayscale``).
 
     Raises:
         TypeError, ValueError: ``p`` is not a number in [0, 1].
@@ -121,8 +121,9 @@ class Grayscale(_Chance):
 
 
 @dataclass(frozen=True, init=False)
-class Invert(_Chance):
-    """``255 - x`` with probability ``p`` (``RandomInvert``, ``ImageOps.invert``)."""
+class RandomInvert(_Chance):
+    """``255 - x`` with probability ``p`` (torchvision's ``RandomInvert``,
+    ``ImageOps.invert``)."""
 
     kernel: ClassVar[str] = "invert"
 
@@ -131,9 +132,9 @@ class Invert(_Chance):
 
 
 @dataclass(frozen=True, init=False)
-class Equalize(_Chance):
-    """Equalize each channel's histogram with probability ``p`` (``RandomEqualize``,
-    ``ImageOps.equalize``)."""
+class RandomEqualize(_Chance):
+    """Equalize each channel's histogram with probability ``p`` (torchvision's
+    ``RandomEqualize``, ``ImageOps.equalize``)."""
 
     kernel: ClassVar[str] = "equalize"
 
@@ -142,9 +143,9 @@ class Equalize(_Chance):
 
 
 @dataclass(frozen=True, init=False)
-class AutoContrast(_Chance):
-    """Stretch each channel to [0, 255] with probability ``p`` (``RandomAutocontrast``,
-    ``ImageOps.autocontrast``)."""
+class RandomAutocontrast(_Chance):
+    """Stretch each channel to [0, 255] with probability ``p`` (torchvision's
+    ``RandomAutocontrast``, ``ImageOps.autocontrast``)."""
 
     kernel: ClassVar[str] = "autocontrast"
 
@@ -153,9 +154,9 @@ class AutoContrast(_Chance):
 
 
 @dataclass(frozen=True, init=False)
-class Solarize(_Chance):
-    """Invert the values ``>= threshold`` with probability ``p`` (``RandomSolarize``,
-    ``ImageOps.solarize``).
+class RandomSolarize(_Chance):
+    """Invert the values ``>= threshold`` with probability ``p`` (torchvision's
+    ``RandomSolarize``, ``ImageOps.solarize``).
 
     Args:
         threshold: In [0, 256] (256 changes nothing, 0 inverts everything).
@@ -174,9 +175,9 @@ class Solarize(_Chance):
 
 
 @dataclass(frozen=True, init=False)
-class Posterize(_Chance):
+class RandomPosterize(_Chance):
     """Keep the ``bits`` highest bits of each value with probability ``p``
-    (``RandomPosterize``, ``ImageOps.posterize``).
+    (torchvision's ``RandomPosterize``, ``ImageOps.posterize``).
 
     Args:
         bits: 1 to 8 (0 bits would leave a black image, and Pillow refuses it).
@@ -198,10 +199,10 @@ class Posterize(_Chance):
 
 
 @dataclass(frozen=True, init=False)
-class Sharpness(_Chance):
+class RandomAdjustSharpness(_Chance):
     """Sharpen (factor > 1) or blur (< 1) with probability ``p``
-    (``RandomAdjustSharpness``, ``ImageEnhance.Sharpness``: a blend with the image
-    smoothed by the 3x3 kernel ``[[1, 1, 1], [1, 5, 1], [1, 1, 1]] / 13``, edges kept).
+    (torchvision's ``RandomAdjustSharpness``, ``ImageEnhance.Sharpness``: a blend with the
+    image smoothed by the 3x3 kernel ``[[1, 1, 1], [1, 5, 1], [1, 1, 1]] / 13``, edges kept).
 
     Args:
         sharpness_factor: Non-negative; 1 keeps the image.

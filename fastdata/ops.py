@@ -1,9 +1,18 @@
-"""Augmentations described once: frozen descriptions that every executor runs.
+"""Augmentations described once: the frozen descriptions that every executor runs.
+
+Users write the executors: the CPU batch transforms of :mod:`fastdata.transforms`
+(``RandomResizedCrop(224)``) and the device modules of :mod:`fastdata.gpu`
+(``DeviceRandomResizedCrop(224)``). This module is the layer beneath them, for executor
+authors, and for moving one op between executors: each executor holds its description
+as ``.op``, and every description carries the name of the CPU transform that runs it
+(``fastdata.ops.RandomHorizontalFlip`` is what ``transforms.RandomHorizontalFlip`` and
+``gpu.DeviceRandomHorizontalFlip`` run), so one augmentation has one name, and
+``Device`` + that name on the device.
 
 A description (:class:`RandomResizedCrop`, :class:`CenterCrop`, :class:`Resize`,
-:class:`HorizontalFlip`) holds an operation's validated arguments and states what it makes
-of its input before any pixel is read: :meth:`~Operation.output_size` (raising when an
-input is too small), ``reads_only`` (it writes a new batch and never its input),
+:class:`RandomHorizontalFlip`...) holds an operation's validated arguments and states what
+it makes of its input before any pixel is read: :meth:`~Operation.output_size` (raising
+when an input is too small), ``reads_only`` (it writes a new batch and never its input),
 ``keeps_size``, ``min_input_side`` (how far a JPEG decoder may shrink the input without
 changing the result) and ``draws_per_sample``. Its random parameters come from uniform
 draws the executor makes (``(B, draws_per_sample)`` float64 in [0, 1), one seeded
@@ -13,35 +22,35 @@ so one description and one seed give one result whatever runs it.
 Three executors run the same descriptions, each with its own kernel only:
 
 - the CPU batch transforms, :mod:`fastdata.transforms` (OpenCV on the dataset's
-  threads): ``fastdata.transforms.RandomResizedCrop.from_op(op, seed=0)``;
+  threads): ``transforms.RandomResizedCrop.from_op(crop.op, seed=0)``;
 - the decoders, :mod:`fastdata.decode` (crop boxes cut before or while decoding):
-  ``create_decoder(size=op.size, random_crop=op)``;
+  ``create_decoder(size=crop.op.size, random_crop=crop.op)``;
 - the device modules, :mod:`fastdata.gpu` (``grid_sample`` on the whole batch):
-  ``fastdata.gpu.DeviceRandomResizedCrop.from_op(op, seed=0)``.
+  ``gpu.DeviceRandomResizedCrop.from_op(crop.op, seed=0)``.
 
-Every executor class holds its description as ``.op``; its constructor keeps the
-torchvision-style arguments and builds the description from them.
+Every executor class's constructor keeps the torchvision-style arguments and builds the
+description from them; :meth:`Executor.from_op` makes one from a description instead.
 
-Beyond crops and flips, the colour ops (:class:`ColorJitter`, :class:`Grayscale`,
-:class:`Solarize`, :class:`Posterize`, :class:`Equalize`, :class:`AutoContrast`,
-:class:`Sharpness`, :class:`Invert`, :class:`GaussianBlur`), :class:`RandomAffine`,
-:class:`RandomErasing` and the policies :class:`RandAugment` and
-:class:`TrivialAugmentWide` turn their draws into per-sample steps (one kernel name,
-the samples it applies to, their parameters) that the CPU transforms and the device
-modules run with their own kernel per name; :class:`MixUp` and :class:`CutMix` turn
-theirs into a mixing plan for a collated batch. The detection geometry,
-:class:`RandomIoUCrop` (SSD's crop, which draws from the samples' boxes) and
+Beyond crops and flips, the colour ops (:class:`ColorJitter`, :class:`RandomGrayscale`,
+:class:`RandomSolarize`, :class:`RandomPosterize`, :class:`RandomEqualize`,
+:class:`RandomAutocontrast`, :class:`RandomAdjustSharpness`, :class:`RandomInvert`,
+:class:`GaussianBlur`), :class:`RandomAffine`, :class:`RandomErasing` and the policies
+:class:`RandAugment` and :class:`TrivialAugmentWide` turn their draws into per-sample
+steps (one kernel name, the samples it applies to, their parameters) that the CPU
+transforms and the device modules run with their own kernel per name; :class:`MixUp` and
+:class:`CutMix` turn theirs into a mixing plan for a collated batch. The detection
+geometry, :class:`RandomIoUCrop` (SSD's crop, which draws from the samples' boxes) and
 :class:`Letterbox` (YOLO's resize-and-pad), states each sample's crop in input pixels,
 which images, masks and boxes all follow.
 
-Adding an augmentation is one description and one kernel per
-executor: a frozen :class:`Operation` subclass here that validates its arguments, declares
+Adding an augmentation is one description and one kernel per executor, all under one
+name: a frozen :class:`Operation` subclass here that validates its arguments, declares
 its output and turns draws into its parameters (pixel geometry, if it moves pixels, in
-``fastdata/_crop.py``); an :class:`Executor` subclass of
-:class:`~fastdata.transforms.BatchTransform` in ``fastdata/transforms/`` whose
+``fastdata/_crop.py``); an :class:`Executor` subclass of the same name, of
+:class:`~fastdata.transforms.BatchTransform` in ``fastdata/transforms/``, whose
 ``apply_all`` moves images and masks alike (or whose ``apply`` changes values only); a
-device module in ``fastdata/gpu/augment.py``. Decoders run crops only: an operation that
-is not a crop has no decoder kernel.
+device module named ``Device`` + that name in ``fastdata/gpu/``. Decoders run crops only:
+an operation that is not a crop has no decoder kernel.
 """
 
 from __future__ import annotations
@@ -63,28 +72,28 @@ from fastdata._crop import (
 from fastdata._operation import Operation
 
 __all__ = [
-    "AutoContrast",
     "CenterCrop",
     "ColorJitter",
     "CutMix",
-    "Equalize",
     "Executor",
     "GaussianBlur",
-    "Grayscale",
-    "HorizontalFlip",
-    "Invert",
     "Letterbox",
     "MixUp",
     "Operation",
-    "Posterize",
     "RandAugment",
+    "RandomAdjustSharpness",
     "RandomAffine",
+    "RandomAutocontrast",
+    "RandomEqualize",
     "RandomErasing",
+    "RandomGrayscale",
+    "RandomHorizontalFlip",
+    "RandomInvert",
     "RandomIoUCrop",
+    "RandomPosterize",
     "RandomResizedCrop",
+    "RandomSolarize",
     "Resize",
-    "Sharpness",
-    "Solarize",
     "TrivialAugmentWide",
 ]
 
@@ -235,7 +244,7 @@ class Resize(Operation):
 
 
 @dataclass(frozen=True, init=False)
-class HorizontalFlip(Operation):
+class RandomHorizontalFlip(Operation):
     """Mirror each image left-right with probability ``p``.
 
     Args:
@@ -317,15 +326,15 @@ def described(value: object, op_type: type[OperationT]) -> OperationT | None:
 # family in a module of its own.
 from fastdata._ops_boxes import Letterbox, RandomIoUCrop  # noqa: E402
 from fastdata._ops_colour import (  # noqa: E402
-    AutoContrast,
     ColorJitter,
-    Equalize,
     GaussianBlur,
-    Grayscale,
-    Invert,
-    Posterize,
-    Sharpness,
-    Solarize,
+    RandomAdjustSharpness,
+    RandomAutocontrast,
+    RandomEqualize,
+    RandomGrayscale,
+    RandomInvert,
+    RandomPosterize,
+    RandomSolarize,
 )
 from fastdata._ops_mix import CutMix, MixUp  # noqa: E402
 from fastdata._ops_policy import (  # noqa: E402

@@ -27,9 +27,9 @@ def test_descriptions_validate_their_arguments_once() -> None:
     with pytest.raises(ValueError, match="ratio must satisfy"):
         ops.RandomResizedCrop(8, ratio=(0.0, 1.0))
     with pytest.raises(ValueError, match=r"p must be in \[0, 1\], got 1\.5"):
-        ops.HorizontalFlip(1.5)
+        ops.RandomHorizontalFlip(1.5)
     with pytest.raises(TypeError, match="p must be a number"):
-        ops.HorizontalFlip("half")  # type: ignore[arg-type]
+        ops.RandomHorizontalFlip("half")  # type: ignore[arg-type]
     # the executors validate through their description
     with pytest.raises(ValueError, match=r"p must be in \[0, 1\]"):
         transforms.RandomHorizontalFlip(-0.1)
@@ -50,7 +50,7 @@ def test_descriptions_are_frozen_values() -> None:
 
 def test_descriptions_declare_their_output() -> None:
     crop, centre = ops.RandomResizedCrop((12, 9)), ops.CenterCrop(8)
-    shorter, pair, flip = ops.Resize(16), ops.Resize((20, 10)), ops.HorizontalFlip()
+    shorter, pair, flip = ops.Resize(16), ops.Resize((20, 10)), ops.RandomHorizontalFlip()
     assert crop.output_size((3, 400)) == (12, 9) and crop.output_size(None) == (12, 9)
     assert centre.output_size((8, 30)) == (8, 8)
     with pytest.raises(
@@ -83,7 +83,9 @@ def test_executors_hold_their_description_and_declare_what_it_does() -> None:
     assert DeviceRandomResizedCrop(8, seed=1).op == ops.RandomResizedCrop(8)
     with pytest.raises(TypeError, match=r"RandomResizedCrop runs a fastdata\.ops\.RandomResized"):
         transforms.RandomResizedCrop.from_op(ops.CenterCrop(8))
-    with pytest.raises(TypeError, match=r"DeviceRandomHorizontalFlip runs a fastdata\.ops\.Horiz"):
+    with pytest.raises(
+        TypeError, match=r"DeviceRandomHorizontalFlip runs a fastdata\.ops\.RandomHo"
+    ):
         DeviceRandomHorizontalFlip.from_op(ops.RandomResizedCrop(8))
 
 
@@ -107,7 +109,7 @@ def test_one_description_one_seed_one_box_in_every_executor() -> None:
 
 
 def test_one_description_one_seed_one_flip_on_cpu_and_device() -> None:
-    op = ops.HorizontalFlip(0.5)
+    op = ops.RandomHorizontalFlip(0.5)
     images = torch.arange(16 * 2 * 5 * 3, dtype=torch.uint8).reshape(16, 2, 5, 3)
     images = images.permute(0, 3, 1, 2)  # (B, C, H, W), channels-last memory
     cpu = transforms.RandomHorizontalFlip.from_op(op, seed=8)(images.clone())

@@ -218,10 +218,11 @@ PUBLIC_NAMES = {
         "to_device",
     ],
     "fastdata.ops": [
-        "AutoContrast", "CenterCrop", "ColorJitter", "CutMix", "Equalize", "Executor",
-        "GaussianBlur", "Grayscale", "HorizontalFlip", "Invert", "Letterbox", "MixUp",
-        "Operation", "Posterize", "RandAugment", "RandomAffine", "RandomErasing", "RandomIoUCrop",
-        "RandomResizedCrop", "Resize", "Sharpness", "Solarize", "TrivialAugmentWide",
+        "CenterCrop", "ColorJitter", "CutMix", "Executor", "GaussianBlur", "Letterbox", "MixUp",
+        "Operation", "RandAugment", "RandomAdjustSharpness", "RandomAffine",
+        "RandomAutocontrast", "RandomEqualize", "RandomErasing", "RandomGrayscale",
+        "RandomHorizontalFlip", "RandomInvert", "RandomIoUCrop", "RandomPosterize",
+        "RandomResizedCrop", "RandomSolarize", "Resize", "TrivialAugmentWide",
     ],
     "fastdata.preprocess": [
         "ANNOTATION_FORMATS", "DEFAULT_SHARD_BYTES", "RESIZE_MODES", "SOURCE_KINDS",
@@ -290,3 +291,29 @@ def test_engine_author_names_live_in_the_engine_module_only() -> None:
         assert not hasattr(fastdata.preprocess, name), f"fastdata.preprocess.{name} still resolves"
         with pytest.raises(ImportError):
             exec(f"from fastdata.preprocess import {name}", {})
+
+
+def executor_classes(name: str) -> list[type]:
+    """The classes ``name`` exports that run a description (those with an ``op_type``)."""
+    module = importlib.import_module(name)
+    values = [getattr(module, public) for public in module.__all__]
+    return [value for value in values if inspect.isclass(value) and hasattr(value, "op_type")]
+
+
+def test_descriptions_executors_and_device_modules_are_one_family_of_names() -> None:
+    """Users write the CPU executors' names (``transforms.RandomHorizontalFlip``); the
+    description each holds as ``.op`` carries the same name (``ops.RandomHorizontalFlip``)
+    and the device module runs it as ``Device`` + that name."""
+    import fastdata.ops  # noqa: PLC0415
+
+    cpu = executor_classes("fastdata.transforms")
+    device = executor_classes("fastdata.gpu")
+    assert len(cpu) > 15 and len(device) > 15
+    mismatched = [
+        f"{cls.__module__}.{cls.__name__} runs ops.{cls.op_type.__name__}"
+        for cls, prefix in [*((cls, "") for cls in cpu), *((cls, "Device") for cls in device)]
+        if cls.__name__ != prefix + cls.op_type.__name__
+    ]
+    assert not mismatched, "one name per augmentation:\n" + "\n".join(mismatched)
+    for cls in [*cpu, *device]:
+        assert getattr(fastdata.ops, cls.op_type.__name__) is cls.op_type

@@ -128,45 +128,45 @@ class DeviceColorJitter(DeviceStepModule):
 
 
 class DeviceRandomGrayscale(DeviceStepModule):
-    __doc__ = _module_doc("Grayscale", "Grey with probability ``p``")
-    op_type = ops.Grayscale
-    op: ops.Grayscale
+    __doc__ = _module_doc("RandomGrayscale", "Grey with probability ``p``")
+    op_type = ops.RandomGrayscale
+    op: ops.RandomGrayscale
 
 
 class DeviceRandomSolarize(DeviceStepModule):
-    __doc__ = _module_doc("Solarize", "Solarize with probability ``p``")
-    op_type = ops.Solarize
-    op: ops.Solarize
+    __doc__ = _module_doc("RandomSolarize", "Solarize with probability ``p``")
+    op_type = ops.RandomSolarize
+    op: ops.RandomSolarize
 
 
 class DeviceRandomPosterize(DeviceStepModule):
-    __doc__ = _module_doc("Posterize", "Posterize with probability ``p``")
-    op_type = ops.Posterize
-    op: ops.Posterize
+    __doc__ = _module_doc("RandomPosterize", "Posterize with probability ``p``")
+    op_type = ops.RandomPosterize
+    op: ops.RandomPosterize
 
 
 class DeviceRandomEqualize(DeviceStepModule):
-    __doc__ = _module_doc("Equalize", "Equalize with probability ``p``")
-    op_type = ops.Equalize
-    op: ops.Equalize
+    __doc__ = _module_doc("RandomEqualize", "Equalize with probability ``p``")
+    op_type = ops.RandomEqualize
+    op: ops.RandomEqualize
 
 
 class DeviceRandomAutocontrast(DeviceStepModule):
-    __doc__ = _module_doc("AutoContrast", "Autocontrast with probability ``p``")
-    op_type = ops.AutoContrast
-    op: ops.AutoContrast
+    __doc__ = _module_doc("RandomAutocontrast", "Autocontrast with probability ``p``")
+    op_type = ops.RandomAutocontrast
+    op: ops.RandomAutocontrast
 
 
 class DeviceRandomAdjustSharpness(DeviceStepModule):
-    __doc__ = _module_doc("Sharpness", "Sharpen or blur with probability ``p``")
-    op_type = ops.Sharpness
-    op: ops.Sharpness
+    __doc__ = _module_doc("RandomAdjustSharpness", "Sharpen or blur with probability ``p``")
+    op_type = ops.RandomAdjustSharpness
+    op: ops.RandomAdjustSharpness
 
 
 class DeviceRandomInvert(DeviceStepModule):
-    __doc__ = _module_doc("Invert", "Invert with probability ``p``")
-    op_type = ops.Invert
-    op: ops.Invert
+    __doc__ = _module_doc("RandomInvert", "Invert with probability ``p``")
+    op_type = ops.RandomInvert
+    op: ops.RandomInvert
 
 
 class DeviceGaussianBlur(DeviceStepModule):

@@ -1,5 +1,5 @@
 """Batch augmentation on the device: random horizontal flip and random resized crop, the
-device kernels of :class:`fastdata.ops.HorizontalFlip` and
+device kernels of :class:`fastdata.ops.RandomHorizontalFlip` and
 :class:`fastdata.ops.RandomResizedCrop`.
 
 For pipelines whose CPU side is the bottleneck: the random parameters are drawn on the
@@ -211,7 +211,7 @@ class _SeededModule(nn.Module, ops.Executor):
 
 class DeviceRandomHorizontalFlip(_SeededModule):
     """Flip each sample of a batch left-right with probability ``p``, on its device: the
-    device kernel of :class:`fastdata.ops.HorizontalFlip`.
+    device kernel of :class:`fastdata.ops.RandomHorizontalFlip`.
 
     Args:
         p: Probability that a sample is flipped, in [0, 1].
@@ -225,11 +225,11 @@ class DeviceRandomHorizontalFlip(_SeededModule):
         ValueError: ``p`` outside [0, 1] or an unknown ``layout``.
     """
 
-    op_type = ops.HorizontalFlip
-    op: ops.HorizontalFlip
+    op_type = ops.RandomHorizontalFlip
+    op: ops.RandomHorizontalFlip
 
     def __init__(self, p: float = 0.5, *, layout: str = "CHW", seed: int | None = None) -> None:
-        super().__init__(ops.HorizontalFlip(p), layout, seed)
+        super().__init__(ops.RandomHorizontalFlip(p), layout, seed)
 
     @property
     def p(self) -> float:

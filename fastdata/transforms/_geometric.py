@@ -238,18 +238,18 @@ class Resize(GeometricTransform):
 
 class RandomHorizontalFlip(GeometricTransform):
     """Mirror each image left-right with probability ``p`` (in place for arrays): the CPU
-    kernel of :class:`fastdata.ops.HorizontalFlip`.
+    kernel of :class:`fastdata.ops.RandomHorizontalFlip`.
 
     Args:
         p: Probability that a sample is flipped, in [0, 1].
         seed: See :class:`BatchTransform`.
     """
 
-    op_type = ops.HorizontalFlip
-    op: ops.HorizontalFlip
+    op_type = ops.RandomHorizontalFlip
+    op: ops.RandomHorizontalFlip
 
     def __init__(self, p: float = 0.5, seed: int | None = None) -> None:
-        super().__init__(ops.HorizontalFlip(p), seed)
+        super().__init__(ops.RandomHorizontalFlip(p), seed)
 
     @property
     def p(self) -> float:

@@ -164,84 +164,86 @@ class ColorJitter(StepTransform):
 
 
 class RandomGrayscale(StepTransform):
-    """Turn samples grey with probability ``p``: the CPU kernel of :class:`fastdata.ops.Grayscale`.
+    """Turn samples grey with probability ``p``: the CPU kernel of
+    :class:`fastdata.ops.RandomGrayscale`.
 
-    Takes :class:`fastdata.ops.Grayscale`'s arguments (positional or by name) and ``seed``
+    Takes :class:`fastdata.ops.RandomGrayscale`'s arguments (positional or by name) and ``seed``
     (see :class:`BatchTransform`); raises what the description raises.
     """
 
-    op_type = ops.Grayscale
-    op: ops.Grayscale
+    op_type = ops.RandomGrayscale
+    op: ops.RandomGrayscale
 
 
 class RandomSolarize(StepTransform):
     """Invert the values above a threshold with probability ``p``: the CPU kernel of
-    :class:`fastdata.ops.Solarize`.
+    :class:`fastdata.ops.RandomSolarize`.
 
-    Takes :class:`fastdata.ops.Solarize`'s arguments (positional or by name) and ``seed``
+    Takes :class:`fastdata.ops.RandomSolarize`'s arguments (positional or by name) and ``seed``
     (see :class:`BatchTransform`); raises what the description raises.
     """
 
-    op_type = ops.Solarize
-    op: ops.Solarize
+    op_type = ops.RandomSolarize
+    op: ops.RandomSolarize
 
 
 class RandomPosterize(StepTransform):
     """Keep the highest bits with probability ``p``: the CPU kernel of
-    :class:`fastdata.ops.Posterize`.
+    :class:`fastdata.ops.RandomPosterize`.
 
-    Takes :class:`fastdata.ops.Posterize`'s arguments (positional or by name) and ``seed``
+    Takes :class:`fastdata.ops.RandomPosterize`'s arguments (positional or by name) and ``seed``
     (see :class:`BatchTransform`); raises what the description raises.
     """
 
-    op_type = ops.Posterize
-    op: ops.Posterize
+    op_type = ops.RandomPosterize
+    op: ops.RandomPosterize
 
 
 class RandomEqualize(StepTransform):
     """Equalize histograms with probability ``p``: the CPU kernel of
-    :class:`fastdata.ops.Equalize`.
+    :class:`fastdata.ops.RandomEqualize`.
 
-    Takes :class:`fastdata.ops.Equalize`'s arguments (positional or by name) and ``seed``
+    Takes :class:`fastdata.ops.RandomEqualize`'s arguments (positional or by name) and ``seed``
     (see :class:`BatchTransform`); raises what the description raises.
     """
 
-    op_type = ops.Equalize
-    op: ops.Equalize
+    op_type = ops.RandomEqualize
+    op: ops.RandomEqualize
 
 
 class RandomAutocontrast(StepTransform):
     """Stretch each channel to [0, 255] with probability ``p``: the CPU kernel of
-    :class:`fastdata.ops.AutoContrast`.
+    :class:`fastdata.ops.RandomAutocontrast`.
 
-    Takes :class:`fastdata.ops.AutoContrast`'s arguments (positional or by name) and ``seed``
+    Takes :class:`fastdata.ops.RandomAutocontrast`'s arguments (positional or by name) and ``seed``
     (see :class:`BatchTransform`); raises what the description raises.
     """
 
-    op_type = ops.AutoContrast
-    op: ops.AutoContrast
+    op_type = ops.RandomAutocontrast
+    op: ops.RandomAutocontrast
 
 
 class RandomAdjustSharpness(StepTransform):
-    """Sharpen or blur with probability ``p``: the CPU kernel of :class:`fastdata.ops.Sharpness`.
+    """Sharpen or blur with probability ``p``: the CPU kernel of
+    :class:`fastdata.ops.RandomAdjustSharpness`.
 
-    Takes :class:`fastdata.ops.Sharpness`'s arguments (positional or by name) and ``seed``
-    (see :class:`BatchTransform`); raises what the description raises.
+    Takes :class:`fastdata.ops.RandomAdjustSharpness`'s arguments (positional or by name) and
+    ``seed`` (see :class:`BatchTransform`); raises what the description raises.
     """
 
-    op_type = ops.Sharpness
-    op: ops.Sharpness
+    op_type = ops.RandomAdjustSharpness
+    op: ops.RandomAdjustSharpness
 
 
 class RandomInvert(StepTransform):
-    """Invert with probability ``p``: the CPU kernel of :class:`fastdata.ops.Invert`.
+    """Invert with probability ``p``: the CPU kernel of :class:`fastdata.ops.RandomInvert`.
 
-    Takes :class:`fastdata.ops.Invert`'s arguments (positional or by name) and ``seed``
+    Takes :class:`fastdata.ops.RandomInvert`'s arguments (positional or by name) and ``seed``
     (see :class:`BatchTransform`); raises what the description raises.
     """
 
-    op_type = ops.Invert
-    op: ops.Invert
+    op_type = ops.RandomInvert
+    op: ops.RandomInvert
 
 
 class GaussianBlur(StepTransform):

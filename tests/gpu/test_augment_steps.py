@@ -18,9 +18,13 @@ from fastdata import gpu, ops, transforms
 
 DESCRIPTIONS = [
     (ops.ColorJitter(0.4, 0.4, 0.4, 0.1), transforms.ColorJitter, gpu.DeviceColorJitter),
-    (ops.Equalize(), transforms.RandomEqualize, gpu.DeviceRandomEqualize),
-    (ops.AutoContrast(), transforms.RandomAutocontrast, gpu.DeviceRandomAutocontrast),
-    (ops.Sharpness(3.0), transforms.RandomAdjustSharpness, gpu.DeviceRandomAdjustSharpness),
+    (ops.RandomEqualize(), transforms.RandomEqualize, gpu.DeviceRandomEqualize),
+    (ops.RandomAutocontrast(), transforms.RandomAutocontrast, gpu.DeviceRandomAutocontrast),
+    (
+        ops.RandomAdjustSharpness(3.0),
+        transforms.RandomAdjustSharpness,
+        gpu.DeviceRandomAdjustSharpness,
+    ),
     (ops.GaussianBlur(7), transforms.GaussianBlur, gpu.DeviceGaussianBlur),
     (ops.RandAugment(2, 9, 0.5), transforms.RandAugment, gpu.DeviceRandAugment),
     (ops.TrivialAugmentWide(), transforms.TrivialAugmentWide, gpu.DeviceTrivialAugmentWide),

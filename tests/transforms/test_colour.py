@@ -140,36 +140,36 @@ def _pairs() -> list[tuple[transforms.BatchTransform, torch.nn.Module]]:
     descriptions = [
         ops.ColorJitter(0.4, 0.4, 0.4, 0.1),
         ops.ColorJitter(brightness=(0.0, 3.0), hue=(-0.5, 0.5)),
-        ops.Grayscale(0.5),
-        ops.Solarize(128),
-        ops.Posterize(1, p=0.7),
-        ops.Equalize(),
-        ops.AutoContrast(),
-        ops.Sharpness(0.0),
-        ops.Sharpness(4.0),
-        ops.Invert(),
+        ops.RandomGrayscale(0.5),
+        ops.RandomSolarize(128),
+        ops.RandomPosterize(1, p=0.7),
+        ops.RandomEqualize(),
+        ops.RandomAutocontrast(),
+        ops.RandomAdjustSharpness(0.0),
+        ops.RandomAdjustSharpness(4.0),
+        ops.RandomInvert(),
         ops.GaussianBlur((3, 7), (0.1, 3.0)),
     ]
     cpu_types = {
         ops.ColorJitter: transforms.ColorJitter,
-        ops.Grayscale: transforms.RandomGrayscale,
-        ops.Solarize: transforms.RandomSolarize,
-        ops.Posterize: transforms.RandomPosterize,
-        ops.Equalize: transforms.RandomEqualize,
-        ops.AutoContrast: transforms.RandomAutocontrast,
-        ops.Sharpness: transforms.RandomAdjustSharpness,
-        ops.Invert: transforms.RandomInvert,
+        ops.RandomGrayscale: transforms.RandomGrayscale,
+        ops.RandomSolarize: transforms.RandomSolarize,
+        ops.RandomPosterize: transforms.RandomPosterize,
+        ops.RandomEqualize: transforms.RandomEqualize,
+        ops.RandomAutocontrast: transforms.RandomAutocontrast,
+        ops.RandomAdjustSharpness: transforms.RandomAdjustSharpness,
+        ops.RandomInvert: transforms.RandomInvert,
         ops.GaussianBlur: transforms.GaussianBlur,
     }
     device_types = {
         ops.ColorJitter: gpu.DeviceColorJitter,
-        ops.Grayscale: gpu.DeviceRandomGrayscale,
-        ops.Solarize: gpu.DeviceRandomSolarize,
-        ops.Posterize: gpu.DeviceRandomPosterize,
-        ops.Equalize: gpu.DeviceRandomEqualize,
-        ops.AutoContrast: gpu.DeviceRandomAutocontrast,
-        ops.Sharpness: gpu.DeviceRandomAdjustSharpness,
-        ops.Invert: gpu.DeviceRandomInvert,
+        ops.RandomGrayscale: gpu.DeviceRandomGrayscale,
+        ops.RandomSolarize: gpu.DeviceRandomSolarize,
+        ops.RandomPosterize: gpu.DeviceRandomPosterize,
+        ops.RandomEqualize: gpu.DeviceRandomEqualize,
+        ops.RandomAutocontrast: gpu.DeviceRandomAutocontrast,
+        ops.RandomAdjustSharpness: gpu.DeviceRandomAdjustSharpness,
+        ops.RandomInvert: gpu.DeviceRandomInvert,
         ops.GaussianBlur: gpu.DeviceGaussianBlur,
     }
     return [
@@ -239,11 +239,11 @@ def test_colour_ops_take_gray_images_lists_and_tensors() -> None:
 
 def test_colour_descriptions_validate_their_arguments() -> None:
     with pytest.raises(ValueError, match=r"bits must be in \[1, 8\], got 0"):
-        ops.Posterize(0)
+        ops.RandomPosterize(0)
     with pytest.raises(TypeError, match="bits must be an int"):
         transforms.RandomPosterize(2.5)
     with pytest.raises(ValueError, match=r"threshold must be in \[0, 256\]"):
-        ops.Solarize(300)
+        ops.RandomSolarize(300)
     with pytest.raises(ValueError, match="brightness must be non-negative"):
         ops.ColorJitter(brightness=-0.1)
     with pytest.raises(ValueError, match=r"hue must give -0.5 <= low <= high <= 0.5"):
@@ -269,8 +269,8 @@ def test_colour_descriptions_are_values_and_executors_hold_them() -> None:
     cpu = transforms.ColorJitter.from_op(jitter, seed=0)
     assert cpu.op is jitter and cpu.brightness == (0.6, 1.4) and cpu.keeps_size
     assert pickle.loads(pickle.dumps(cpu)).op == jitter
-    solarize = ops.Solarize(100, p=0.2)
-    assert transforms.RandomSolarize.from_op(solarize).op == ops.Solarize(100, 0.2)
+    solarize = ops.RandomSolarize(100, p=0.2)
+    assert transforms.RandomSolarize.from_op(solarize).op == ops.RandomSolarize(100, 0.2)
     assert gpu.DeviceRandomSolarize.from_op(solarize).op is solarize
-    with pytest.raises(TypeError, match=r"RandomSolarize runs a fastdata\.ops\.Solarize"):
-        transforms.RandomSolarize.from_op(ops.Invert())
+    with pytest.raises(TypeError, match=r"RandomSolarize runs a fastdata\.ops\.RandomSolarize"):
+        transforms.RandomSolarize.from_op(ops.RandomInvert())

@@ -58,8 +58,9 @@ def crop_description(random_crop: object, size: tuple[int, int]) -> RandomResize
     crop = described(random_crop, RandomResizedCrop)
     if crop is None:
         raise TypeError(
-            "random_crop must be a fastdata.ops.RandomResizedCrop (or a transform or device "
-            f"module running one), a bool or None, got {type(random_crop).__name__}"
+            "random_crop must be a RandomResizedCrop (the transform, the device module or the "
+            "description either holds as .op), a bool or None, got "
+            f"{type(random_crop).__name__}"
         )
     if crop.size != size:
         raise ValueError(

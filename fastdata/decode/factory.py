@@ -230,10 +230,10 @@ def create_decoder(
             a backend added with :func:`register_decoder`.
         size: Output ``(height, width)``, or an int for a square.
         random_crop: Random resized crop for training: a
-            :class:`fastdata.ops.RandomResizedCrop` of the decoder's ``size`` (or a CPU
-            transform or device module holding one), or ``True`` for the default scale
-            (0.08, 1) and ratio (3/4, 4/3). ``None``/``False`` (evaluation): the largest
-            centred crop of the output's aspect ratio.
+            :class:`~fastdata.transforms.RandomResizedCrop` of the decoder's ``size`` (or the
+            device module, or the description either holds as ``.op``), or ``True`` for the
+            default scale (0.08, 1) and ratio (3/4, 4/3). ``None``/``False`` (evaluation):
+            the largest centred crop of the output's aspect ratio.
         device: Where the output lives (an int is that CUDA device, e.g. ``local_rank``);
             default the current CUDA device for nvjpeg, and for dali when there is one,
             else ``"cpu"``.

@@ -1,9 +1,11 @@
-"""The object-storage guide's example runs as written against a local S3 server: its
-bucket is a fresh one on that server, its cache folder one under ``tmp_path``, and the
-process group its sampler reads (``torchrun`` and ``init_process_group``) one rank of one."""
+"""The object-storage guide's example and its ``fastdata`` lines run as written against a
+local S3 server: its bucket is a fresh one on that server, its cache folder one under
+``tmp_path``, and the process group its sampler reads (``torchrun`` and
+``init_process_group``) one rank of one."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from fastdata.shards import load_manifest
 from tests.storage.conftest import upload_folder, write_set
+from tests.test_doc_commands import command_lines, run_line
 from tests.test_docs import GUIDES, blocks
 
 PAGE = GUIDES / "storage.md"
@@ -36,3 +40,19 @@ def test_the_guides_example_reads_a_set_from_the_store(bucket: str, tmp_path: Pa
     assert images.shape == (38, 3, 16, 16) and images.dtype == torch.uint8
     assert sorted(labels.tolist()) == list(range(38))  # every sample of the set, once
     assert any((tmp_path / "cache").iterdir())  # shards went through the cache
+
+
+def test_the_guides_command_lines_run_against_the_store(
+    bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sample_tool: Any
+) -> None:
+    """The guide's ``fastdata`` lines on its ``photos/`` (an ImageFolder of 6 JPEGs), their
+    bucket the fresh one on the local server."""
+    lines = [line for line in command_lines(PAGE) if "s3://bucket/set/" in line]
+    assert [shlex.split(line)[1] for line in lines] == ["preprocess", "verify"]
+    sample_tool.make_sample_dataset(
+        tmp_path / "photos", 6, num_classes=2, seed=0, image_size=(32, 24), workers=1
+    )
+    monkeypatch.chdir(tmp_path)
+    for line in lines:
+        run_line(line, {"s3://bucket/": f"s3://{bucket}/"})
+    assert load_manifest(f"s3://{bucket}/set/").num_samples == 6

@@ -8,16 +8,13 @@ test; the longer examples live in the guides (``docs/guides/``), run by ``test_d
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from fastdata.cli import main
-from fastdata.shards import load_manifest
-from tests.conftest import DEMO_IMAGES, make_demo_workdir
+from tests.conftest import make_demo_workdir
 from tests.preprocess.test_ray_engine import _ray_module, ray_instance  # noqa: F401
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -86,46 +83,3 @@ def test_autotune_example(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     scope = run(code)
     assert scope["result"].loader_kwargs["batch_size"] == 64
     assert scope["report"].verdict
-
-
-def tour_commands() -> list[list[str]]:
-    """The ``fastdata ...`` command lines of the README's tour (its first bash block that
-    makes the sample set), split as a shell would, ``&&`` chains included."""
-    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.DOTALL)
-    (tour,) = [block for block in blocks if "make_sample_dataset.py" in block]
-    commands = []
-    for line in tour.splitlines():
-        for command in line.split("#", 1)[0].split("&&"):
-            words = shlex.split(command)
-            if words[:1] == ["fastdata"]:
-                commands.append(words[1:])
-    return commands
-
-
-def test_tour_command_lines_run(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each command of the tour on the test's small sample set (``--workers 1``); the Ray
-    line runs in the next test."""
-    monkeypatch.chdir(workdir)
-    local = [args for args in tour_commands() if "ray" not in args]
-    assert [args[0] for args in local] == [
-        "preprocess",
-        "preprocess",
-        "preprocess",
-        "inspect",
-        "verify",
-    ]
-    for args in local:
-        extra = ["--workers", "1", "--overwrite", "-q"] if args[0] == "preprocess" else []
-        assert main([*args, *extra]) == 0, args
-
-
-@pytest.mark.ray
-def test_tour_ray_command_line_runs(
-    workdir: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    ray_instance: Any,  # noqa: F811
-) -> None:
-    monkeypatch.chdir(workdir)
-    (args,) = [args for args in tour_commands() if "ray" in args]
-    assert main([*args, "-q"]) == 0
-    assert load_manifest(args[2]).num_samples == DEMO_IMAGES

@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastdata.datasets._base import BatchedDataset
-from fastdata.datasets._loading import load_shards
-from fastdata.datasets._store import ShardStore, Store, known_fields
+from fastdata.datasets._store import ShardStore, known_fields
 from fastdata.errors import OnError
 
 if TYPE_CHECKING:
@@ -67,11 +66,8 @@ class ShardDataset(BatchedDataset):
         on_error: Undecodable bytes in a batch: ``"raise"`` a ``DecodeError``, ``"warn"``
             or ``"skip"`` (the batch gets smaller); see :class:`~fastdata.errors.OnError`.
         num_threads: Threads for the per-sample work of a batch; see :attr:`num_threads`.
-        in_memory: Load the fields into RAM first (shared memory, the storage of
-            :meth:`RAMDataset.from_shards`), after a memory check.
-        check_memory: With ``in_memory``, refuse to load more than the available memory
-            (``False`` loads anyway).
-        show_progress: Progress bar while loading into memory.
+        in_memory: Refused: a RAM copy of a shard set is
+            :meth:`RAMDataset.from_shards` (``ValueError`` naming it).
         cache_dir: Cache folder of a remote set, shared by the processes of a node
             (default: ``$FASTDATA_CACHE_DIR``, else the user cache folder).
         cache_limit: Bytes the cache folder may hold: an int or a string with a unit
@@ -85,7 +81,6 @@ class ShardDataset(BatchedDataset):
         ValueError: A field is not stored in the shard set, an argument is invalid, or
             the stored images are too small for ``transform``.
         ShardFormatError: The shard set is missing or unreadable.
-        InsufficientMemoryError: ``in_memory`` would exceed the available memory.
 
     Example:
         >>> ds = ShardDataset("out/", fields=("image", "label"))             # doctest: +SKIP
@@ -106,29 +101,23 @@ class ShardDataset(BatchedDataset):
         on_error: OnError | str = "raise",
         num_threads: int | None = None,
         in_memory: bool = False,
-        check_memory: bool = True,
-        show_progress: bool = True,
         cache_dir: str | Path | None = None,
         cache_limit: int | str | None = None,
         roles: Mapping[str, str] | None = None,
     ) -> None:
         if isinstance(fields, str) or not fields:
             raise ValueError(f"fields must be a non-empty sequence of field names, got {fields!r}")
-        cache = {"cache_dir": cache_dir, "cache_limit": cache_limit}
-        shards = ShardStore(path, known_fields(path, fields), **cache)
-        self.manifest = shards.reader.manifest
-        store: Store = shards
         if in_memory:
-            shards.close()
-            store = load_shards(
-                path,
-                fields,
-                override_memory_check=not check_memory,
-                show_progress=show_progress,
-                **cache,
+            raise ValueError(
+                "in_memory=True is not a ShardDataset option: load a RAM copy of the shards "
+                f"with RAMDataset.from_shards({str(path)!r}, ...)"
             )
+        shards = ShardStore(
+            path, known_fields(path, fields), cache_dir=cache_dir, cache_limit=cache_limit
+        )
+        self.manifest = shards.reader.manifest
         super().__init__(
-            store,
+            shards,
             fields=fields,
             transform=transform,
             layout=layout,

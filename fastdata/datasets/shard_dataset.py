@@ -6,7 +6,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fastdata._codec import DEFAULT_MAX_PIXELS
 from fastdata.datasets._base import BatchedDataset
+from fastdata.datasets._options import ReadOptions
 from fastdata.datasets._store import ShardStore, known_fields
 from fastdata.errors import OnError
 
@@ -75,6 +77,11 @@ class ShardDataset(BatchedDataset):
             the largest shard it is refused.
         roles: Field name → role, overriding the manifest's for this dataset (say
             ``{"seg": "mask"}`` for a set written with a field of role ``other``).
+        max_pixels: Images whose header claims more pixels (width x height) are refused
+            before decoding, like a corrupt file (``on_error`` applies); ``0`` or ``None``:
+            no limit. Default: PIL's limit, 89,478,485.
+        options: The read options (``layout`` to ``max_pixels`` and ``roles``) as one
+            :class:`ReadOptions` value, instead of those keywords (not both: ``TypeError``).
 
     Raises:
         TypeError: ``transform`` is not callable, or ``layout`` is not a string.
@@ -104,6 +111,8 @@ class ShardDataset(BatchedDataset):
         cache_dir: str | Path | None = None,
         cache_limit: int | str | None = None,
         roles: Mapping[str, str] | None = None,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
+        options: ReadOptions | None = None,
     ) -> None:
         if isinstance(fields, str) or not fields:
             raise ValueError(f"fields must be a non-empty sequence of field names, got {fields!r}")
@@ -112,21 +121,21 @@ class ShardDataset(BatchedDataset):
                 "in_memory=True is not a ShardDataset option: load a RAM copy of the shards "
                 f"with RAMDataset.from_shards({str(path)!r}, ...)"
             )
-        shards = ShardStore(
-            path, known_fields(path, fields), cache_dir=cache_dir, cache_limit=cache_limit
-        )
-        self.manifest = shards.reader.manifest
-        super().__init__(
-            shards,
-            fields=fields,
-            transform=transform,
+        read = ReadOptions.from_arguments(
+            options,
             layout=layout,
             decode=decode,
             decode_min_side=decode_min_side,
             on_error=on_error,
             num_threads=num_threads,
+            max_pixels=max_pixels,
             roles=roles,
         )
+        shards = ShardStore(
+            path, known_fields(path, fields), cache_dir=cache_dir, cache_limit=cache_limit
+        )
+        self.manifest = shards.reader.manifest
+        super().__init__(shards, fields=fields, transform=transform, options=read)
 
     def read_ahead(self, indices: Sequence[int] | Any) -> Iterator[int]:
         """Yield ``indices`` (an epoch's order) while the shards they need are downloaded

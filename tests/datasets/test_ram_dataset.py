@@ -67,7 +67,7 @@ def test_bad_inputs(image_files: tuple[list[Path], Reference]) -> None:
         RAMDataset.from_arrays(ref.images.astype(np.float32), ref.labels)
     with pytest.raises(ValueError, match="arrays must all have the same length"):
         RAMDataset.from_arrays(ref.images, ref.labels, masks=ref.masks[:3])
-    with pytest.raises(TypeError, match=r"unexpected options \['colour'\]"):
+    with pytest.raises(TypeError, match=r"unexpected read options \['colour'\]"):
         RAMDataset.from_arrays(ref.images, ref.labels, colour=True)
 
 

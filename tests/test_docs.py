@@ -142,6 +142,8 @@ def test_datasets_guide(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert scope["labels"].shape == (64,) and scope["labels"].dtype == torch.int64
     assert len(scope["cached"]) == len(scope["pixels"]) == DEMO_IMAGES
     assert len(scope["arrays"]) == 8
+    assert scope["on_disk"].options == scope["in_ram"].options == scope["read"]
+    assert scope["in_ram"].__getitems__([0])[0].shape[-1] == 3  # HWC
     jpeg_images, _ = next(iter(scope["loader"]))
     assert jpeg_images.shape == (64, 3, 224, 224)
     assert scope["det_images"].shape == (16, 3, 512, 512)

@@ -200,7 +200,7 @@ PUBLIC_NAMES = {
         "profile", "share_on_node",
     ],
     "fastdata.datasets": [
-        "MemoryReport", "RAMDataset", "RaggedCollate", "ResumableDataLoader",
+        "MemoryReport", "RAMDataset", "RaggedCollate", "ReadOptions", "ResumableDataLoader",
         "ShardAwareDistributedSampler", "ShardDataset", "pad_ragged", "passthrough_collate",
         "share_on_node",
     ],

@@ -2,6 +2,8 @@
 
 - :class:`ShardDataset`: memory-mapped shard sets (``fastdata preprocess`` output).
 - :class:`RAMDataset`: a dataset in shared RAM (encoded files, shards or arrays).
+- :class:`ReadOptions`: how both read samples (layout, decoding, errors, threads), as one
+  value.
 - :func:`passthrough_collate`: the ``collate_fn`` for their ready-made batches (the
   default collate recognises them too); :class:`RaggedCollate` and :func:`pad_ragged` turn
   variable-length fields (boxes) into padded ``(B, max_N, ...)`` tensors and counts.
@@ -18,6 +20,7 @@ process): the ``fastdata.tune`` autotuner tries ``num_workers=0`` with several
 from fastdata.datasets._collate import RaggedCollate, pad_ragged, passthrough_collate
 from fastdata.datasets._loader import ResumableDataLoader
 from fastdata.datasets._memory import MemoryReport
+from fastdata.datasets._options import ReadOptions
 from fastdata.datasets.distributed import ShardAwareDistributedSampler
 from fastdata.datasets.node_shared import share_on_node
 from fastdata.datasets.ram_dataset import RAMDataset
@@ -27,6 +30,7 @@ __all__ = [
     "MemoryReport",
     "RAMDataset",
     "RaggedCollate",
+    "ReadOptions",
     "ResumableDataLoader",
     "ShardAwareDistributedSampler",
     "ShardDataset",

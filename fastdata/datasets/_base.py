@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,7 +16,6 @@ from torch.utils.data import Dataset, get_worker_info
 from fastdata._codec import DEFAULT_MAX_PIXELS, decode_image
 from fastdata._draws import batch_draws
 from fastdata._images import check_masks, stack_images
-from fastdata._layout import check_layout
 from fastdata._roles import check_role
 from fastdata._system import available_memory_bytes, usable_cpus
 from fastdata._threads import parallel_for
@@ -28,19 +27,15 @@ from fastdata.datasets._decoding import (
     decode_into_center,
     decode_into_crop,
     plan_crops,
-    resolve_decode,
 )
 from fastdata.datasets._loader import ResumableDataLoader
 from fastdata.datasets._memory import MemoryReport
+from fastdata.datasets._options import ReadOptions, check_num_threads
 from fastdata.datasets._plan import TransformPlan, plan_transform
 from fastdata.datasets._store import RAMStore, Store
 from fastdata.errors import DecodeError, OnError
 from fastdata.shards import FieldSpec
 from fastdata.transforms import BatchTransform, FieldBatch, Geometry, apply_geometry
-
-if TYPE_CHECKING:
-    from fastdata.decode import Decoder
-
 
 # Where a batch's values hold the crops a leading IoU crop cut in the decode, until the
 # boxes follow them (never returned).
@@ -62,46 +57,31 @@ class BatchedDataset(Dataset):
         *,
         fields: Sequence[str],
         transform: Callable[..., Any] | None,
-        layout: str,
-        decode: bool | Decoder,
-        decode_min_side: int | None,
-        on_error: OnError | str,
-        num_threads: int | None,
-        roles: Mapping[str, str] | None = None,
+        options: ReadOptions,
     ) -> None:
-        on_error = OnError.parse(on_error)
-        _override_roles(store, fields, roles)
-        decodes, crop_decode = resolve_decode(decode)
-        if crop_decode is not None and decode_min_side is not None:
-            raise ValueError(
-                f"decode_min_side={decode_min_side!r} applies to decode=True only: a "
-                "Decoder given as decode= picks the reduced JPEG scale from its output size"
-            )
-        if decode_min_side is not None and (
-            not isinstance(decode_min_side, int) or decode_min_side < 1
-        ):
-            raise ValueError(
-                f"decode_min_side must be a positive int or None, got {decode_min_side!r}"
-            )
+        _override_roles(store, fields, options.roles)
+        decodes, crop_decode = options.decodes, options.crop_decode
+        self.options = options
         self.store = store
         self.fields = tuple(fields)
-        self.layout = check_layout(layout)
+        self.layout = options.layout
         self.decode = decodes
         # A Decoder's geometry: each image decoded into its output size and crop.
         self.crop_decode = crop_decode
-        self.on_error = on_error
+        self.on_error = OnError.parse(options.on_error)
+        self.max_pixels = options.max_pixels
         # Everything later reads the transform's declarations from here.
         self.plan: TransformPlan = plan_transform(
             transform,
             store.specs,
             self.fields,
             decode=decodes,
-            decode_min_side=decode_min_side,
+            decode_min_side=options.decode_min_side,
             decoded_size=None if crop_decode is None else crop_decode.size,
         )
         self._buffers = BatchBuffers()
         self._num_threads: int | None = None
-        self.num_threads = num_threads
+        self.num_threads = options.num_threads
         self._executor: ThreadPoolExecutor | None = None
         self._executor_key: tuple[int, int] = (-1, 0)
 
@@ -143,11 +123,7 @@ class BatchedDataset(Dataset):
 
     @num_threads.setter
     def num_threads(self, value: int | None) -> None:
-        if value is not None and (
-            not isinstance(value, int) or isinstance(value, bool) or value < 1
-        ):
-            raise ValueError(f"num_threads must be a positive int or None, got {value!r}")
-        self._num_threads = value
+        self._num_threads = check_num_threads(value)
 
     def _pool(self) -> tuple[Executor | None, int]:
         threads = self.num_threads

@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from fastdata._codec import DEFAULT_MAX_PIXELS, resolve_max_pixels
+from fastdata._codec import DEFAULT_MAX_PIXELS
 from fastdata._labels import label_array
 from fastdata.datasets._base import BatchedDataset
 from fastdata.datasets._loading import load_arrays, load_files, load_shards
+from fastdata.datasets._options import ReadOptions
 from fastdata.datasets._store import RAMStore, known_fields
 from fastdata.errors import OnError
 
@@ -52,6 +53,8 @@ class RAMDataset(BatchedDataset):
         max_pixels: With ``decode=True``, an image whose header claims more pixels (width x
             height) is refused before decoding, like a corrupt file (``on_error`` applies);
             ``0`` or ``None``: no limit. Default: PIL's limit, 89,478,485.
+        options: As for :class:`ShardDataset`: a :class:`ReadOptions` instead of the
+            keywords ``layout`` to ``max_pixels``.
 
     Raises:
         ValueError: ``image_paths`` is empty, ``targets`` has another length, or
@@ -79,8 +82,17 @@ class RAMDataset(BatchedDataset):
         check_memory: bool = True,
         show_progress: bool = True,
         max_pixels: int | None = DEFAULT_MAX_PIXELS,
+        options: ReadOptions | None = None,
     ) -> None:
-        limit = resolve_max_pixels(max_pixels)
+        read = ReadOptions.from_arguments(
+            options,
+            layout=layout,
+            decode=decode,
+            decode_min_side=decode_min_side,
+            on_error=on_error,
+            num_threads=num_threads,
+            max_pixels=max_pixels,
+        )
         if isinstance(image_paths, (str, os.PathLike)) or len(image_paths) == 0:
             raise ValueError(
                 f"image_paths must be a non-empty sequence of paths, got {image_paths!r}"
@@ -90,17 +102,7 @@ class RAMDataset(BatchedDataset):
             image_paths, labels, override_memory_check=not check_memory, show_progress=show_progress
         )
         fields = ("image",) if labels is None else ("image", "label")
-        super().__init__(
-            store,
-            fields=fields,
-            transform=transform,
-            layout=layout,
-            decode=decode,
-            decode_min_side=decode_min_side,
-            on_error=on_error,
-            num_threads=num_threads,
-        )
-        self.max_pixels = limit
+        super().__init__(store, fields=fields, transform=transform, options=read)
 
     @classmethod
     def from_shards(
@@ -113,13 +115,15 @@ class RAMDataset(BatchedDataset):
         show_progress: bool = True,
         cache_dir: str | Path | None = None,
         cache_limit: int | str | None = None,
-        **options: Any,
+        options: ReadOptions | None = None,
+        **read: Any,
     ) -> RAMDataset:
         """Load ``fields`` of a shard set into RAM (raw pixels stay raw, JPEG bytes stay
         encoded). ``path`` may be a URL such as ``s3://bucket/set/``: shards then come
         through the cache ``cache_dir`` of at most ``cache_limit`` bytes, as for
-        :class:`ShardDataset`. ``options`` are ``layout``, ``decode``, ``roles``,
-        ``decode_min_side``, ``on_error``, ``num_threads``, ``max_pixels``."""
+        :class:`ShardDataset`. ``options`` is a :class:`ReadOptions`, or ``read`` its
+        fields as keywords (``layout``, ``decode``, ``roles``, ...)."""
+        read_options = ReadOptions.from_arguments(options, **read)  # checked before loading
         store = load_shards(
             path,
             known_fields(path, fields),
@@ -128,7 +132,7 @@ class RAMDataset(BatchedDataset):
             cache_dir=cache_dir,
             cache_limit=cache_limit,
         )
-        return cls._wrap(store, fields, transform, options)
+        return cls._wrap(store, fields, transform, read_options)
 
     @classmethod
     def from_arrays(
@@ -139,7 +143,8 @@ class RAMDataset(BatchedDataset):
         *,
         masks: np.ndarray | torch.Tensor | None = None,
         check_memory: bool = True,
-        **options: Any,
+        options: ReadOptions | None = None,
+        **read: Any,
     ) -> RAMDataset:
         """Copy in-memory arrays into shared buffers.
 
@@ -147,7 +152,9 @@ class RAMDataset(BatchedDataset):
             images: ``(N, H, W, C)`` or ``(N, H, W)`` uint8.
             targets: ``N`` integer labels in ``0..2**63 - 1`` (returned as int64), or ``None``.
             masks: Optional ``(N, H, W)`` uint8, returned after the labels.
+            options: A :class:`ReadOptions`, or ``read`` its fields as keywords.
         """
+        read_options = ReadOptions.from_arguments(options, **read)
         image_array = _uint8(images, "images", (3, 4))
         arrays = {"image": image_array}
         axes = {"image": "NHWC"[1 : image_array.ndim] if image_array.ndim == 4 else "HW"}
@@ -158,39 +165,14 @@ class RAMDataset(BatchedDataset):
             arrays["mask"] = _uint8(masks, "masks", (3,))
             axes["mask"] = "HW"
         store = load_arrays(arrays, axes, override_memory_check=not check_memory)
-        return cls._wrap(store, tuple(arrays), transform, options)
+        return cls._wrap(store, tuple(arrays), transform, read_options)
 
     @classmethod
     def _wrap(
-        cls, store: RAMStore, fields: Sequence[str], transform: Any, options: dict[str, Any]
+        cls, store: RAMStore, fields: Sequence[str], transform: Any, options: ReadOptions
     ) -> RAMDataset:
-        allowed = {
-            "layout",
-            "decode",
-            "decode_min_side",
-            "on_error",
-            "num_threads",
-            "max_pixels",
-            "roles",
-        }
-        unknown = sorted(set(options) - allowed)
-        if unknown:
-            raise TypeError(f"unexpected options {unknown}; allowed: {sorted(allowed)}")
-        limit = resolve_max_pixels(options.get("max_pixels", DEFAULT_MAX_PIXELS))
         dataset = cls.__new__(cls)
-        BatchedDataset.__init__(
-            dataset,
-            store,
-            fields=fields,
-            transform=transform,
-            layout=options.get("layout", "CHW"),
-            decode=options.get("decode", True),
-            decode_min_side=options.get("decode_min_side"),
-            on_error=options.get("on_error", "raise"),
-            num_threads=options.get("num_threads"),
-            roles=options.get("roles"),
-        )
-        dataset.max_pixels = limit
+        BatchedDataset.__init__(dataset, store, fields=fields, transform=transform, options=options)
         return dataset
 
 

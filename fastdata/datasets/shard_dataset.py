@@ -6,9 +6,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fastdata._codec import DEFAULT_MAX_PIXELS
 from fastdata.datasets._base import BatchedDataset
-from fastdata.datasets._loading import load_shards
-from fastdata.datasets._store import ShardStore, Store, known_fields
+from fastdata.datasets._options import ReadOptions
+from fastdata.datasets._store import ShardStore, known_fields
 from fastdata.errors import OnError
 
 if TYPE_CHECKING:
@@ -67,11 +68,8 @@ class ShardDataset(BatchedDataset):
         on_error: Undecodable bytes in a batch: ``"raise"`` a ``DecodeError``, ``"warn"``
             or ``"skip"`` (the batch gets smaller); see :class:`~fastdata.errors.OnError`.
         num_threads: Threads for the per-sample work of a batch; see :attr:`num_threads`.
-        in_memory: Load the fields into RAM first (shared memory, the storage of
-            :meth:`RAMDataset.from_shards`), after a memory check.
-        check_memory: With ``in_memory``, refuse to load more than the available memory
-            (``False`` loads anyway).
-        show_progress: Progress bar while loading into memory.
+        in_memory: Refused: a RAM copy of a shard set is
+            :meth:`RAMDataset.from_shards` (``ValueError`` naming it).
         cache_dir: Cache folder of a remote set, shared by the processes of a node
             (default: ``$FASTDATA_CACHE_DIR``, else the user cache folder).
         cache_limit: Bytes the cache folder may hold: an int or a string with a unit
@@ -79,13 +77,17 @@ class ShardDataset(BatchedDataset):
             the largest shard it is refused.
         roles: Field name → role, overriding the manifest's for this dataset (say
             ``{"seg": "mask"}`` for a set written with a field of role ``other``).
+        max_pixels: Images whose header claims more pixels (width x height) are refused
+            before decoding, like a corrupt file (``on_error`` applies); ``0`` or ``None``:
+            no limit. Default: PIL's limit, 89,478,485.
+        options: The read options (``layout`` to ``max_pixels`` and ``roles``) as one
+            :class:`ReadOptions` value, instead of those keywords (not both: ``TypeError``).
 
     Raises:
         TypeError: ``transform`` is not callable, or ``layout`` is not a string.
         ValueError: A field is not stored in the shard set, an argument is invalid, or
             the stored images are too small for ``transform``.
         ShardFormatError: The shard set is missing or unreadable.
-        InsufficientMemoryError: ``in_memory`` would exceed the available memory.
 
     Example:
         >>> ds = ShardDataset("out/", fields=("image", "label"))             # doctest: +SKIP
@@ -106,38 +108,34 @@ class ShardDataset(BatchedDataset):
         on_error: OnError | str = "raise",
         num_threads: int | None = None,
         in_memory: bool = False,
-        check_memory: bool = True,
-        show_progress: bool = True,
         cache_dir: str | Path | None = None,
         cache_limit: int | str | None = None,
         roles: Mapping[str, str] | None = None,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
+        options: ReadOptions | None = None,
     ) -> None:
         if isinstance(fields, str) or not fields:
             raise ValueError(f"fields must be a non-empty sequence of field names, got {fields!r}")
-        cache = {"cache_dir": cache_dir, "cache_limit": cache_limit}
-        shards = ShardStore(path, known_fields(path, fields), **cache)
-        self.manifest = shards.reader.manifest
-        store: Store = shards
         if in_memory:
-            shards.close()
-            store = load_shards(
-                path,
-                fields,
-                override_memory_check=not check_memory,
-                show_progress=show_progress,
-                **cache,
+            raise ValueError(
+                "in_memory=True is not a ShardDataset option: load a RAM copy of the shards "
+                f"with RAMDataset.from_shards({str(path)!r}, ...)"
             )
-        super().__init__(
-            store,
-            fields=fields,
-            transform=transform,
+        read = ReadOptions.from_arguments(
+            options,
             layout=layout,
             decode=decode,
             decode_min_side=decode_min_side,
             on_error=on_error,
             num_threads=num_threads,
+            max_pixels=max_pixels,
             roles=roles,
         )
+        shards = ShardStore(
+            path, known_fields(path, fields), cache_dir=cache_dir, cache_limit=cache_limit
+        )
+        self.manifest = shards.reader.manifest
+        super().__init__(shards, fields=fields, transform=transform, options=read)
 
     def read_ahead(self, indices: Sequence[int] | Any) -> Iterator[int]:
         """Yield ``indices`` (an epoch's order) while the shards they need are downloaded

@@ -17,11 +17,13 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from fastdata._roles import check_role
 from fastdata._transfer import copy_to_device
 from fastdata.datasets import ResumableDataLoader
 from fastdata.decode._base import Decoder, batch_item
 from fastdata.decode.cpu import CpuDecoder
 from fastdata.errors import DecodeError
+from fastdata.transforms import moved_roles
 
 LAST_BATCH = ("partial", "drop", "pad")
 
@@ -67,6 +69,31 @@ def _split(batch: Any, position: int) -> tuple[Sequence[Any], list[Any]]:
         )
     encoded, *fields = batch
     return encoded, fields
+
+
+def _field_roles(batches: Iterable[Any], roles: Sequence[str] | None) -> dict[str, str]:
+    """Name → role of the fields after the encoded images: ``roles`` (named by position,
+    ``"field 1"``...), else those of the fastdata dataset a DataLoader reads."""
+    if roles is not None:
+        if isinstance(roles, str):
+            raise TypeError(f"roles must be a sequence of role names, got {roles!r}")
+        return {f"field {i + 1}": check_role(role) for i, role in enumerate(roles)}
+    dataset = getattr(batches, "dataset", None)  # a ShardDataset or RAMDataset has roles
+    dataset_roles, fields = getattr(dataset, "roles", None), getattr(dataset, "fields", None)
+    if not isinstance(dataset_roles, dict) or not isinstance(fields, tuple):
+        return {}
+    return {name: dataset_roles[name] for name in fields[1:]}
+
+
+def _refuse_moved_fields(roles: Mapping[str, str], decoder: Decoder) -> None:
+    geometric = set(moved_roles())
+    for name, role in roles.items():
+        if role in geometric:
+            raise ValueError(
+                f"field {name!r} (role {role!r}) would not follow the decoder's resize and "
+                f"crop to {decoder.size}: read it with the dataset's own decode (decode=True "
+                "and a transform, which moves masks and boxes) or leave it out of fields"
+            )
 
 
 class _WorkerBatch(NamedTuple):
@@ -186,8 +213,12 @@ class DecodingLoader:
     with one entry per sample (``(B,)`` int64 labels, ``(B, H, W)`` masks, lists), which
     follow the images: samples dropped by ``on_error`` are dropped from them too (when
     none is dropped, the fields are passed on as they are, pinned memory included), and
-    tensors are moved to the decoder's device. Fields are not cropped or resized: masks
-    must already match the decoded images' geometry.
+    tensors are moved to the decoder's device. Fields are not cropped or resized, so a
+    field whose role a geometric transform moves (``mask``, ``boxes``: see
+    :func:`~fastdata.transforms.moved_roles`) is refused when the loader is made: its
+    pixels or coordinates would no longer match the decoded images. The roles are read
+    from the fastdata dataset under a ``DataLoader`` (``dataset.roles``), or given as
+    ``roles``; fields of other iterables, given no roles, pass as ``other``.
 
     With the ``cpu`` decoder and a ``torch.utils.data.DataLoader`` with ``num_workers >
     0``, the batches are decoded in the workers: an equivalent DataLoader (same dataset,
@@ -208,6 +239,12 @@ class DecodingLoader:
         decode_in_workers: Decode in the DataLoader's workers when the decoder is the
             ``cpu`` one and there are workers (default); ``False``: always decode in this
             process.
+        roles: The role of each field after the encoded images, in order (default: the
+            roles of the fastdata dataset under ``batches``, if any).
+
+    Raises:
+        ValueError: A field's role is one the decoder's resize and crop would leave
+            misaligned (``mask``, ``boxes``), or ``roles`` names an unknown role.
 
     Yields:
         batch (tuple): ``(images, *fields)``, images ``(K, C, H, W)`` uint8 on the decoder's
@@ -232,9 +269,12 @@ class DecodingLoader:
         last_batch: str = "partial",
         batch_size: int | None = None,
         decode_in_workers: bool = True,
+        roles: Sequence[str] | None = None,
     ) -> None:
         if not isinstance(decoder, Decoder):
             raise TypeError(f"decoder must come from create_decoder, got {type(decoder).__name__}")
+        self.roles = _field_roles(batches, roles)
+        _refuse_moved_fields(self.roles, decoder)
         if last_batch not in LAST_BATCH:
             raise ValueError(f"last_batch must be one of {LAST_BATCH}, got {last_batch!r}")
         if batch_size is not None and (

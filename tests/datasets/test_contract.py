@@ -28,10 +28,6 @@ def _files(ref: Reference) -> RAMDataset:
 
 FACTORIES: dict[str, tuple[str, Factory]] = {
     "shard": ("raw_shards", lambda ref: ShardDataset(ref.path)),
-    "shard-in-memory": (
-        "raw_shards",
-        lambda ref: ShardDataset(ref.path, in_memory=True, show_progress=False),
-    ),
     "shard-encoded": ("encoded_shards", lambda ref: ShardDataset(ref.path)),
     "ram-shards": ("raw_shards", lambda ref: RAMDataset.from_shards(ref.path, show_progress=False)),
     "ram-shards-encoded": (

@@ -45,14 +45,19 @@ def test_ram_dataset_from_shards_refuses_vlen_dataset(raw_shards: Reference) -> 
         RAMDataset.from_shards(raw_shards.path, fields=("image",), show_progress=False)
 
 
-def test_in_memory_shard_dataset_refuses_wrong_count(raw_shards: Reference) -> None:
+def test_shard_dataset_refuses_in_memory_naming_ram_dataset(raw_shards: Reference) -> None:
+    with pytest.raises(ValueError, match=r"in_memory=True .* RAMDataset\.from_shards\("):
+        ShardDataset(raw_shards.path, in_memory=True)
+
+
+def test_ram_copy_of_shards_refuses_wrong_count(raw_shards: Reference) -> None:
     manifest = raw_shards.path / "index.json"
     data = json.loads(manifest.read_text())
     data["shards"][2]["num_samples"] = 6  # the file holds 4
     data["num_samples"] = 24
     manifest.write_text(json.dumps(data))
     with pytest.raises(ShardFormatError, match="holds 4 samples, the manifest records 6"):
-        ShardDataset(raw_shards.path, in_memory=True, show_progress=False)
+        RAMDataset.from_shards(raw_shards.path, show_progress=False)
     dataset = ShardDataset(raw_shards.path)
     assert len(dataset) == 24
     with pytest.raises(ShardFormatError, match="holds 4 samples"):

@@ -399,3 +399,30 @@ def test_decode_errors_name_batch_items_for_other_iterables(
         ": batch item 1"
     )
     assert messages[1].startswith("skipped a sample: ") and messages[1].endswith(": batch item 1")
+
+
+def test_fields_the_decoder_would_misalign_are_refused_by_role(tmp_path: Path) -> None:
+    fields = [*FIELDS, FieldSpec("mask", "array", "uint8", (8, 8), "HW")]
+    with ShardWriter(tmp_path / "shard-00000.h5", fields) as writer:
+        for i in range(4):
+            mask = np.full((8, 8), i, np.uint8)
+            writer.append({"image": rgb_jpeg(64, 80, seed=i), "label": i, "mask": mask})
+        info = writer.close()
+    save_manifest(tmp_path, Manifest(fields=fields, shards=[info]))
+    decoder = create_decoder("cpu", size=16)
+    with_mask = ShardDataset(tmp_path, fields=("image", "label", "mask"), decode=False)
+    assert with_mask.roles["mask"] == "mask"
+    for num_workers in (0, 2):  # decoding here or in the workers
+        loader = with_mask.loader(batch_size=2, num_workers=num_workers)
+        with pytest.raises(ValueError, match=r"field 'mask' \(role 'mask'\) would not follow"):
+            DecodingLoader(loader, decoder)
+    # the labels alone follow the images; roles given for a plain iterable are checked too
+    labels_only = ShardDataset(tmp_path, fields=("image", "label"), decode=False)
+    ((images, labels), _) = list(DecodingLoader(labels_only.loader(batch_size=2), decoder))
+    assert images.shape == (2, 3, 16, 16) and labels.tolist() == [0, 1]
+    batch = ([rgb_jpeg(64, 80)], [torch.zeros(1, 4)])
+    with pytest.raises(ValueError, match=r"field 'field 1' \(role 'boxes'\) would not follow"):
+        DecodingLoader([batch], decoder, roles=("boxes",))
+    with pytest.raises(ValueError, match="role must be one of"):
+        DecodingLoader([batch], decoder, roles=("corners",))
+    assert len(list(DecodingLoader([batch], decoder, roles=("other",)))) == 1

@@ -103,7 +103,7 @@ def test_stored_pixels_against_a_full_pil_decode_and_antialiased_resize(
         (folder / f"{index:03d}.jpg").write_bytes(data)
     options = PreprocessOptions(sizes=(side,))
     preprocess(tmp_path / "images", tmp_path / "out", options, workers=1, show_progress=False)
-    dataset = ShardDataset(tmp_path / "out", layout="HWC", show_progress=False)
+    dataset = ShardDataset(tmp_path / "out", layout="HWC")
     means = []
     for index, data in enumerate(encoded):
         stored = dataset[index][0].numpy().astype(np.int16)

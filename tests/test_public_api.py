@@ -251,7 +251,7 @@ PUBLIC_NAMES = {
         "RandomChoice", "RandomEqualize", "RandomErasing", "RandomGrayscale",
         "RandomHorizontalFlip", "RandomInvert", "RandomIoUCrop", "RandomPosterize",
         "RandomResizedCrop", "RandomSolarize", "Resize", "StepTransform", "TrivialAugmentWide",
-        "apply_geometry", "as_field_batch", "moved_roles", "register_mover",
+        "register_mover",
     ],
     "fastdata.tune": [
         "LoaderConfig", "Measurement", "ProfileReport", "TuneResult", "autotune", "profile",

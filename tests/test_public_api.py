@@ -237,7 +237,7 @@ PUBLIC_NAMES = {
     "fastdata.shards": [
         "COMPRESSIONS", "Column", "FieldKind", "FieldSpec", "MANIFEST_NAME", "Manifest",
         "ShardInfo", "ShardReader", "ShardWriter", "VerifyProblem", "load_manifest",
-        "register_field_kind", "save_manifest", "shard_matches", "verify_shards",
+        "register_field_kind", "save_manifest", "verify_shards",
     ],
     "fastdata.storage": [
         "CachedFiles", "HeldShard", "LocalFiles", "Location", "RemoteLocation", "RemoteOutput",

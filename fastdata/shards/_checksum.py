@@ -9,10 +9,10 @@ from pathlib import Path
 
 from fastdata._file_hash import file_sha256
 from fastdata._progress import progress_bar
+from fastdata._storage import HeldShard, LocalFiles, ShardFiles, shard_files
 from fastdata.errors import ShardFormatError
 from fastdata.shards._schema import Manifest, ShardInfo, load_manifest
 from fastdata.shards.reader import OpenShard, open_shard
-from fastdata.storage import HeldShard, LocalFiles, ShardFiles, shard_files
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from fastdata._file_hash import file_sha256
+from fastdata._storage import HeldShard
 from fastdata.cli import main
 from fastdata.errors import ShardFormatError
 from fastdata.shards import (
@@ -26,7 +27,6 @@ from fastdata.shards import (
     verify_shards,
 )
 from fastdata.shards.reader import OpenShard, open_shard
-from fastdata.storage import HeldShard
 from tests.conftest import write_image_shards
 
 FIELDS = [

@@ -32,7 +32,7 @@ class ShardFormatError(FastDataError):
     """
 
     def __init__(self, message: str, path: str | Path, index: int | None = None) -> None:
-        from fastdata.storage import is_url  # noqa: PLC0415 (errors load first)
+        from fastdata._storage import is_url  # noqa: PLC0415 (errors load first)
 
         # a URL stays a string (a Path would fold its "//")
         self.path: Path | str = path if isinstance(path, str) and is_url(path) else Path(path)

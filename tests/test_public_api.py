@@ -83,8 +83,11 @@ def module_name(path: Path) -> str:
 
 
 def is_top_level_module(name: str) -> bool:
-    """``fastdata._crop`` and the like: the shared internal modules of ``fastdata/``."""
-    return (PACKAGE / f"{name}.py").is_file()
+    """``fastdata._crop`` and the like: the shared internal modules of ``fastdata/``, and
+    its shared internal packages (``fastdata._storage``)."""
+    return (PACKAGE / f"{name}.py").is_file() or (
+        name.startswith("_") and (PACKAGE / name / "__init__.py").is_file()
+    )
 
 
 def imports(path: Path) -> Iterator[tuple[int, str, list[str]]]:
@@ -119,9 +122,11 @@ def private_reaches(path: Path) -> list[str]:
     ``fastdata`` starting with ``_`` (``fastdata.transforms._base``) and no imported name
     starting with ``_`` (``from fastdata.datasets.shard_dataset import _known_fields``).
     The one exception is the top-level shared internal modules (``fastdata/_crop.py``,
-    ``fastdata/_system.py``...), which every package may import (``from fastdata import
-    _system``, ``from fastdata._crop import parse_size``), though not their own
-    underscore names. Top-level modules belong to no package, so they follow the same rule.
+    ``fastdata/_system.py``...) and packages (``fastdata/_storage/``), which every package
+    may import (``from fastdata import _system``, ``from fastdata._crop import
+    parse_size``, ``from fastdata._storage import shard_files``), though not their own
+    underscore names or a shared package's private modules (``fastdata._storage._s3``).
+    Top-level modules belong to no package, so they follow the same rule.
     Tests, benchmarks and tools may import anything.
     """
     own = owning_package(path)
@@ -132,6 +137,9 @@ def private_reaches(path: Path) -> list[str]:
         if parts and parts[0] == own:
             continue
         if parts and is_top_level_module(parts[0]):
+            if any(part.startswith("_") for part in parts[1:]):
+                found.append(f"{where} (a private module of fastdata.{parts[0]})")
+                continue
             private = [name for name in names if is_private(name)]
             found += [f"{where} import {name}" for name in private]
             continue
@@ -169,6 +177,10 @@ def test_no_package_imports_another_packages_private_names() -> None:
         ("from fastdata.shards._schema import x", "_crop.py", True),
         ("from fastdata._version import __version__", "cli/x.py", False),
         ("from fastdata._version import _private", "cli/x.py", True),
+        ("from fastdata._shared import shard_files", "shards/x.py", False),
+        ("from fastdata._shared._s3 import S3Store", "shards/x.py", True),
+        ("from fastdata._shared import _backend", "shards/x.py", True),
+        ("from ._s3 import S3Store", "_shared/x.py", False),
     ],
 )
 def test_the_private_import_rule(
@@ -179,7 +191,8 @@ def test_the_private_import_rule(
     root = tmp_path
     package = root / "fastdata"
     (package / where).parent.mkdir(parents=True, exist_ok=True)
-    for shared in ("_crop.py", "_system.py", "_version.py"):
+    for shared in ("_crop.py", "_system.py", "_version.py", "_shared/__init__.py"):
+        (package / shared).parent.mkdir(parents=True, exist_ok=True)
         (package / shared).write_text("")
     (package / where).write_text(source + "\n")
     monkeypatch.setitem(globals(), "ROOT", root)
@@ -237,12 +250,7 @@ PUBLIC_NAMES = {
     "fastdata.shards": [
         "COMPRESSIONS", "Column", "FieldKind", "FieldSpec", "MANIFEST_NAME", "Manifest",
         "ShardInfo", "ShardReader", "ShardWriter", "VerifyProblem", "load_manifest",
-        "register_field_kind", "save_manifest", "shard_matches", "verify_shards",
-    ],
-    "fastdata.storage": [
-        "CachedFiles", "HeldShard", "LocalFiles", "Location", "RemoteLocation", "RemoteOutput",
-        "ShardCache", "ShardFiles", "default_cache_dir", "is_url", "parse_bytes",
-        "parse_location", "read_file", "shard_files",
+        "register_field_kind", "save_manifest", "verify_shards",
     ],
     "fastdata.transforms": [
         "BatchTransform", "CenterCrop", "ColorJitter", "Compose", "CutMix", "FieldBatch",
@@ -251,7 +259,7 @@ PUBLIC_NAMES = {
         "RandomChoice", "RandomEqualize", "RandomErasing", "RandomGrayscale",
         "RandomHorizontalFlip", "RandomInvert", "RandomIoUCrop", "RandomPosterize",
         "RandomResizedCrop", "RandomSolarize", "Resize", "StepTransform", "TrivialAugmentWide",
-        "apply_geometry", "as_field_batch", "moved_roles", "register_mover",
+        "register_mover",
     ],
     "fastdata.tune": [
         "LoaderConfig", "Measurement", "ProfileReport", "TuneResult", "autotune", "profile",

@@ -15,6 +15,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 from fastdata._codec import DEFAULT_MAX_PIXELS, decode_image
 from fastdata._draws import batch_draws
+from fastdata._fields import FieldBatch, Geometry, apply_geometry
 from fastdata._images import check_masks, stack_images
 from fastdata._roles import check_role
 from fastdata._system import available_memory_bytes, usable_cpus
@@ -35,7 +36,7 @@ from fastdata.datasets._plan import TransformPlan, plan_transform
 from fastdata.datasets._store import RAMStore, Store
 from fastdata.errors import DecodeError, OnError
 from fastdata.shards import FieldSpec
-from fastdata.transforms import BatchTransform, FieldBatch, Geometry, apply_geometry
+from fastdata.transforms import BatchTransform
 
 # Where a batch's values hold the crops a leading IoU crop cut in the decode, until the
 # boxes follow them (never returned).

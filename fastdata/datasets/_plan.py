@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastdata import _roles, ops
+from fastdata._fields import moved_roles
 from fastdata.shards import FieldSpec
 from fastdata.transforms import (
     BatchTransform,
@@ -22,7 +23,6 @@ from fastdata.transforms import (
     RandomIoUCrop,
     RandomResizedCrop,
     Resize,
-    moved_roles,
 )
 
 

@@ -17,13 +17,13 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from fastdata._fields import moved_roles
 from fastdata._roles import check_role
 from fastdata._transfer import copy_to_device
 from fastdata.datasets import ResumableDataLoader
 from fastdata.decode._base import Decoder, batch_item
 from fastdata.decode.cpu import CpuDecoder
 from fastdata.errors import DecodeError
-from fastdata.transforms import moved_roles
 
 LAST_BATCH = ("partial", "drop", "pad")
 

@@ -226,7 +226,7 @@ def move_padded(
     min_size: float = DEFAULT_MIN_SIZE,
     min_visibility: float = DEFAULT_MIN_VISIBILITY,
 ) -> PaddedBoxes:
-    """The device twin of :func:`fastdata.transforms._fields.move_boxes`: map through
+    """The device twin of :func:`fastdata._fields.move_boxes`: map through
     ``crops`` (``(B, 4)`` float input region the whole canvas shows, as
     ``Geometry.box_crops``), clip to the resized image placed at ``offsets`` (``(B, 2)``
     top, left) with sides ``resized`` (``(B, 2)``), drop by the rule, flip the canvas

@@ -21,11 +21,11 @@ import torch.nn.functional as F  # noqa: N812
 from fastdata import _roles, ops
 from fastdata._boxes import DEFAULT_MIN_SIZE, DEFAULT_MIN_VISIBILITY
 from fastdata._crop import parse_size
+from fastdata._fields import FieldBatch, Geometry, as_field_batch
 from fastdata._ops_boxes import IOU_OPTIONS, LETTERBOX_FILL
 from fastdata._transfer import copy_to_device
 from fastdata.gpu._boxes import PaddedBoxes, as_padded, iou_crops, move_padded, repack
 from fastdata.gpu.augment import _channels_last, _check_batch, _SeededModule, _spatial
-from fastdata.transforms import FieldBatch, Geometry, as_field_batch
 
 
 def _affine(

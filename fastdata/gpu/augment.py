@@ -32,16 +32,16 @@ from torch import nn
 from fastdata import _roles, ops
 from fastdata._boxes import DEFAULT_MIN_SIZE, DEFAULT_MIN_VISIBILITY
 from fastdata._draws import UniformDraws
-from fastdata._layout import check_layout
-from fastdata._transfer import copy_to_device
-from fastdata.gpu._boxes import PaddedBoxes, as_padded, move_padded, repack
-from fastdata.transforms import (
+from fastdata._fields import (
     FieldBatch,
     Geometry,
     apply_geometry,
     as_field_batch,
     moved_roles,
 )
+from fastdata._layout import check_layout
+from fastdata._transfer import copy_to_device
+from fastdata.gpu._boxes import PaddedBoxes, as_padded, move_padded, repack
 
 _to = copy_to_device
 

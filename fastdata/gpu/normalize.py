@@ -10,10 +10,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from fastdata._fields import FieldBatch, as_field_batch
 from fastdata._layout import check_layout, resolve_layout
 from fastdata._roles import IMAGE
 from fastdata.shards import load_manifest
-from fastdata.transforms import FieldBatch, as_field_batch
 
 # torch.compiler.is_compiling appeared in torch 2.3; before it, eager code is always taken.
 _is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)

@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from fastdata._file_hash import shard_matches
 from fastdata._files import write_json_atomic
 from fastdata._progress import progress_bar
 from fastdata.errors import PreprocessError
@@ -34,7 +35,6 @@ from fastdata.shards import (
     MANIFEST_NAME,
     Manifest,
     load_manifest,
-    shard_matches,
     verify_shards,
 )
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fastdata._progress import progress_bar
+from fastdata._storage import RemoteOutput, parse_location
 from fastdata._system import usable_cpus
 from fastdata.errors import PreprocessError
 from fastdata.preprocess._detection import add_source_record, source_skipped
@@ -48,7 +49,6 @@ from fastdata.shards import (
     Manifest,
     load_manifest,
 )
-from fastdata.storage import RemoteOutput, parse_location
 
 _PATH_BYTES_ESTIMATE = 64
 # Shards one job writes at most: a million 64 MiB shards is 64 TiB (index.json lists them

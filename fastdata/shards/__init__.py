@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from fastdata import _lazy
 
 if TYPE_CHECKING:
-    from fastdata.shards._checksum import VerifyProblem, shard_matches, verify_shards
+    from fastdata.shards._checksum import VerifyProblem, verify_shards
     from fastdata.shards._field_kind import Column, FieldKind
     from fastdata.shards._kinds import register_field_kind
     from fastdata.shards._schema import (
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 # public name -> the module that defines it
 _LAZY_NAMES = {
     **dict.fromkeys(
-        ("VerifyProblem", "shard_matches", "verify_shards"), "fastdata.shards._checksum"
+        ("VerifyProblem", "verify_shards"), "fastdata.shards._checksum"
     ),
     **dict.fromkeys(("Column", "FieldKind"), "fastdata.shards._field_kind"),
     "register_field_kind": "fastdata.shards._kinds",
@@ -60,6 +60,5 @@ __all__ = [
     "load_manifest",
     "register_field_kind",
     "save_manifest",
-    "shard_matches",
     "verify_shards",
 ]

@@ -7,37 +7,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fastdata._file_hash import file_sha256
 from fastdata._progress import progress_bar
+from fastdata._storage import HeldShard, LocalFiles, ShardFiles, shard_files
 from fastdata.errors import ShardFormatError
 from fastdata.shards._schema import Manifest, ShardInfo, load_manifest
 from fastdata.shards.reader import OpenShard, open_shard
-from fastdata.storage import HeldShard, LocalFiles, ShardFiles, shard_files
-
-_BLOCK_BYTES = 8 << 20
-
-
-def file_sha256(path: str | Path, advance: Callable[[int], object] | None = None) -> str:
-    """Hex SHA-256 of a file, read in 8 MiB blocks; ``advance(n)`` after each block."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(_BLOCK_BYTES):
-            digest.update(block)
-            if advance is not None:
-                advance(len(block))
-    return digest.hexdigest()
-
-
-def shard_matches(
-    path: Path, info: ShardInfo, advance: Callable[[int], object] | None = None
-) -> bool:
-    """True when ``path`` exists with the size and checksum that ``info`` records
-    (``advance(n)`` is called as bytes are hashed, for a progress bar)."""
-    try:
-        if path.stat().st_size != info.num_bytes:
-            return False
-    except OSError:
-        return False
-    return file_sha256(path, advance) == info.sha256
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,10 @@ import numpy as np
 
 from fastdata._files import write_json_atomic
 from fastdata._roles import check_role, default_role
+from fastdata._storage import parse_location, read_file
 from fastdata.errors import ShardFormatError
 from fastdata.shards._field_kind import NUMERIC_KINDS, FieldKind
 from fastdata.shards._kinds import kind_class
-from fastdata.storage import parse_location, read_file
 
 FORMAT_NAME = "fastdata-shards"
 FORMAT_VERSION = 2

@@ -14,6 +14,7 @@ import h5py
 import numpy as np
 
 from fastdata._gather import locate
+from fastdata._storage import HeldShard, LocalFiles, shard_files
 from fastdata.errors import ShardFormatError
 from fastdata.shards._schema import (
     FORMAT_NAME,
@@ -23,7 +24,6 @@ from fastdata.shards._schema import (
     ShardInfo,
     load_manifest,
 )
-from fastdata.storage import HeldShard, LocalFiles, shard_files
 
 
 class OpenShard:
@@ -193,7 +193,7 @@ class ShardReader:
     array fields are memory-mapped (a sample is then one memory copy, not an HDF5 call).
 
     A shard set in object storage (``s3://bucket/prefix``) is read through a local cache
-    (see :func:`fastdata.storage.shard_files`): each shard is downloaded whole, checked
+    (see :func:`fastdata._storage.shard_files`): each shard is downloaded whole, checked
     against the manifest's SHA-256, then memory-mapped like a local one. A reader then
     keeps at most ``max_open_shards`` shards open (held in the cache) per process.
 

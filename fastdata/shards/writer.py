@@ -16,8 +16,8 @@ from typing import BinaryIO
 import h5py
 import numpy as np
 
+from fastdata._file_hash import file_sha256
 from fastdata._files import fsync_dir
-from fastdata.shards._checksum import file_sha256
 from fastdata.shards._field_kind import COPY_BLOCK_BYTES, Column, Region
 from fastdata.shards._schema import COMPRESSIONS, FORMAT_NAME, FORMAT_VERSION, FieldSpec, ShardInfo
 

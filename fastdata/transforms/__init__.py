@@ -11,17 +11,9 @@ which call them once per batch on their thread pool, every field moved by its ro
 applied per sample to the image instead.
 """
 
+from fastdata._fields import FieldBatch, Geometry, Move, register_mover
 from fastdata.transforms._base import BatchTransform, Compose
 from fastdata.transforms._detection import Letterbox, RandomIoUCrop
-from fastdata.transforms._fields import (
-    FieldBatch,
-    Geometry,
-    Move,
-    apply_geometry,
-    as_field_batch,
-    moved_roles,
-    register_mover,
-)
 from fastdata.transforms._geometric import (
     CenterCrop,
     GeometricTransform,
@@ -77,8 +69,5 @@ __all__ = [
     "Resize",
     "StepTransform",
     "TrivialAugmentWide",
-    "apply_geometry",
-    "as_field_batch",
-    "moved_roles",
     "register_mover",
 ]

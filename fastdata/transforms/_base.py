@@ -13,8 +13,8 @@ import torch
 from fastdata import _roles, ops
 from fastdata._boxes import DEFAULT_MIN_SIZE, DEFAULT_MIN_VISIBILITY
 from fastdata._draws import UniformDraws
+from fastdata._fields import MOVERS, FieldBatch, as_field_batch
 from fastdata._images import Images, check_images, check_masks, stack_images
-from fastdata.transforms._fields import MOVERS, FieldBatch, as_field_batch
 
 BatchInput = Union[Images, torch.Tensor]  # noqa: UP007
 

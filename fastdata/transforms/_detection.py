@@ -2,7 +2,7 @@
 :class:`Letterbox` (YOLO's resize-and-pad).
 
 Both are geometric transforms: each draws one
-:class:`~fastdata.transforms._fields.Geometry` per batch and the movers move every field
+:class:`~fastdata.transforms.Geometry` per batch and the movers move every field
 by its role from it (images, masks nearest-neighbour, boxes clipped and dropped with
 their labels), as for the other crops.
 """
@@ -16,8 +16,8 @@ import numpy as np
 
 from fastdata import _roles, ops
 from fastdata._crop import parse_size
+from fastdata._fields import FieldBatch, Geometry
 from fastdata._ops_boxes import IOU_OPTIONS, LETTERBOX_FILL
-from fastdata.transforms._fields import FieldBatch, Geometry
 from fastdata.transforms._geometric import GeometricTransform, _check_interpolation
 
 

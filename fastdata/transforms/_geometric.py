@@ -1,8 +1,8 @@
 """Per-batch uint8 crops, resizes and flips with OpenCV (which releases the GIL): the CPU
 executors of the descriptions in :mod:`fastdata.ops`.
 
-Each draws one :class:`~fastdata.transforms._fields.Geometry` per batch
-(:meth:`GeometricTransform.geometry`); the movers of :mod:`fastdata.transforms._fields`
+Each draws one :class:`~fastdata.transforms.Geometry` per batch
+(:meth:`GeometricTransform.geometry`); the movers of :mod:`fastdata._fields`
 move every field by its role from it (images, masks, boxes).
 """
 
@@ -14,12 +14,12 @@ from concurrent.futures import Executor
 import numpy as np
 
 from fastdata import _roles, ops
-from fastdata.transforms._base import Images, OpTransform
-from fastdata.transforms._fields import (
+from fastdata._fields import (
     FieldBatch,
     Geometry,
     apply_geometry,
 )
+from fastdata.transforms._base import Images, OpTransform
 
 
 def _sizes(images: Images) -> tuple[np.ndarray, np.ndarray]:
@@ -49,7 +49,7 @@ def _check_interpolation(interpolation: int | None) -> int | None:
 
 class GeometricTransform(OpTransform):
     """A batch transform that changes the geometry: it draws one
-    :class:`~fastdata.transforms._fields.Geometry` per batch (:meth:`geometry`) and every
+    :class:`~fastdata.transforms.Geometry` per batch (:meth:`geometry`) and every
     field whose role has a mover follows it (images with :attr:`interpolation`, masks
     nearest-neighbour, boxes clipped and dropped by ``min_box_size`` and
     ``min_box_visibility``, with their labels).

@@ -11,11 +11,11 @@ import numpy as np
 import torch
 
 from fastdata import ops
+from fastdata._fields import FieldBatch
 from fastdata._images import Images
 from fastdata._mixing import MixExecutor
 from fastdata._ops_steps import check_probability
 from fastdata.transforms._base import BatchTransform
-from fastdata.transforms._fields import FieldBatch
 
 
 class _Mix(MixExecutor):

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from fastdata import RAMDataset, ShardDataset
+from fastdata._file_hash import file_sha256
 from fastdata.errors import ShardFormatError
-from fastdata.shards._checksum import file_sha256
 from tests.datasets.conftest import Reference
 
 

@@ -7,8 +7,9 @@ import cv2
 import numpy as np
 import pytest
 
+from fastdata._fields import apply_geometry
 from fastdata.decode.detection import decode_iou_crops
-from fastdata.transforms import FieldBatch, Geometry, RandomIoUCrop, apply_geometry
+from fastdata.transforms import FieldBatch, Geometry, RandomIoUCrop
 from tests.detection_scenes import check_painted, painted_scenes
 
 SIZE = 96

@@ -13,6 +13,8 @@ import h5py
 import numpy as np
 import pytest
 
+from fastdata._file_hash import file_sha256
+from fastdata._storage import HeldShard
 from fastdata.cli import main
 from fastdata.errors import ShardFormatError
 from fastdata.shards import (
@@ -24,9 +26,7 @@ from fastdata.shards import (
     save_manifest,
     verify_shards,
 )
-from fastdata.shards._checksum import file_sha256
 from fastdata.shards.reader import OpenShard, open_shard
-from fastdata.storage import HeldShard
 from tests.conftest import write_image_shards
 
 FIELDS = [

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fastdata.storage import RemoteLocation, _backend, parse_location
-from fastdata.storage._backend import object_store
+from fastdata._storage import RemoteLocation, _backend, parse_location
+from fastdata._storage._backend import object_store
 from tests.conftest import write_image_shards
 from tests.storage._proxy import FaultProxy
 

@@ -19,10 +19,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastdata import ShardAwareDistributedSampler, ShardDataset
+from fastdata._storage import ShardCache, _backend, parse_bytes
+from fastdata._storage._cache import RemoteShard
 from fastdata.datasets import passthrough_collate
 from fastdata.shards import load_manifest
-from fastdata.storage import ShardCache, _backend, parse_bytes
-from fastdata.storage._cache import RemoteShard
 from tests.storage._proxy import FaultProxy
 from tests.storage.conftest import upload_folder, write_set
 

@@ -12,10 +12,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastdata import ShardAwareDistributedSampler, ShardDataset, StorageError
+from fastdata._storage import _backend
 from fastdata.datasets import passthrough_collate
 from fastdata.errors import ShardFormatError
 from fastdata.shards import load_manifest
-from fastdata.storage import _backend
 from tests.storage._proxy import FaultProxy
 from tests.storage.conftest import upload_folder, write_set
 

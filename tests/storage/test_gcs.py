@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from fastdata import PreprocessOptions, RAMDataset, ShardDataset
+from fastdata._storage import RemoteLocation, _backend, parse_location
+from fastdata._storage._backend import object_store
 from fastdata.cli import main
 from fastdata.errors import ShardFormatError, StorageError
 from fastdata.preprocess import preprocess
-from fastdata.storage import RemoteLocation, _backend, parse_location
-from fastdata.storage._backend import object_store
 from tests.storage._proxy import FaultProxy
 from tests.storage.conftest import write_set
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from fastdata._storage import RemoteLocation, is_url, parse_location
 from fastdata.preprocess import preprocess
-from fastdata.storage import RemoteLocation, is_url, parse_location
 
 
 def test_a_path_stays_a_path(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ Configuration is the library's standard chain: Application Default Credentials
 metadata server of a Google Cloud machine), and ``STORAGE_EMULATOR_HOST`` for a local
 emulator (then anonymous). The project is not needed to read and write objects.
 
-As for ``s3://`` (see :mod:`fastdata.storage._s3`): each process creates its own client;
+As for ``s3://`` (see :mod:`fastdata._storage._s3`): each process creates its own client;
 every request has a timeout and is retried with exponential backoff on transient errors
 (5xx, 408, 429, resets, truncated bodies); the rest is one line of
 :class:`~fastdata.errors.StorageError`, and a missing object is ``FileNotFoundError``.
@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fastdata._optional import import_optional
+from fastdata._storage._backend import retrying
+from fastdata._storage._s3 import ATTEMPTS_ENV, TIMEOUT_ENV, _env_int, scrub
 from fastdata.errors import StorageError
-from fastdata.storage._backend import retrying
-from fastdata.storage._s3 import ATTEMPTS_ENV, TIMEOUT_ENV, _env_int, scrub
 
 logger = logging.getLogger(__name__)
 

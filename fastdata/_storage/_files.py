@@ -10,15 +10,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from fastdata.storage._backend import ObjectStore, object_store
-from fastdata.storage._cache import (
+from fastdata._storage._backend import ObjectStore, object_store
+from fastdata._storage._cache import (
     HeldShard,
     RemoteShard,
     ShardCache,
     default_cache_dir,
     parse_bytes,
 )
-from fastdata.storage._location import RemoteLocation, parse_location
+from fastdata._storage._location import RemoteLocation, parse_location
 
 logger = logging.getLogger(__name__)
 

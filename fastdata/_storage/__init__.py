@@ -3,20 +3,23 @@
 The one package of the library that knows URLs: a location resolves to a local path
 (read in place, memory-mapped) or to a remote location whose shards are downloaded
 whole into a bounded, verified local cache shared by the processes of a node.
+
+A shared internal package: the shard format, preprocessing and the error messages use
+it; users name a location as a path or URL (docs/guides/storage.md).
 """
 
 from __future__ import annotations
 
-from fastdata.storage._cache import HeldShard, ShardCache, default_cache_dir, parse_bytes
-from fastdata.storage._files import (
+from fastdata._storage._cache import HeldShard, ShardCache, default_cache_dir, parse_bytes
+from fastdata._storage._files import (
     CachedFiles,
     LocalFiles,
     ShardFiles,
     read_file,
     shard_files,
 )
-from fastdata.storage._location import Location, RemoteLocation, is_url, parse_location
-from fastdata.storage._upload import RemoteOutput
+from fastdata._storage._location import Location, RemoteLocation, is_url, parse_location
+from fastdata._storage._upload import RemoteOutput
 
 __all__ = [
     "CachedFiles",

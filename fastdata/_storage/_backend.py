@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from fastdata.storage._location import SCHEMES, RemoteLocation
+from fastdata._storage._location import SCHEMES, RemoteLocation
 
 logger = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fastdata._optional import import_optional
+from fastdata._storage._backend import retrying
 from fastdata.errors import StorageError
-from fastdata.storage._backend import retrying
 
 logger = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 # scheme -> "module:factory" of its client (an ObjectStore of one bucket), imported on first use
 SCHEMES: dict[str, str] = {
-    "s3": "fastdata.storage._s3:S3Store",
-    "gs": "fastdata.storage._gcs:GCSStore",
+    "s3": "fastdata._storage._s3:S3Store",
+    "gs": "fastdata._storage._gcs:GCSStore",
 }
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")

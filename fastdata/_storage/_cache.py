@@ -35,8 +35,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from fastdata._storage._backend import ObjectStore
 from fastdata.errors import ShardFormatError, StorageError
-from fastdata.storage._backend import ObjectStore
 
 logger = logging.getLogger(__name__)
 

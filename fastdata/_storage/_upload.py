@@ -7,9 +7,9 @@ import hashlib
 import logging
 from pathlib import Path
 
-from fastdata.storage._backend import object_store
-from fastdata.storage._cache import default_cache_dir
-from fastdata.storage._location import RemoteLocation
+from fastdata._storage._backend import object_store
+from fastdata._storage._cache import default_cache_dir
+from fastdata._storage._location import RemoteLocation
 
 logger = logging.getLogger(__name__)
 

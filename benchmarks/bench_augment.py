@@ -5,7 +5,9 @@
 Heavy = RandomResizedCrop 224 + flip + RandAugment (n2, m9, mstd 0.5) + RandomErasing 0.25
 + normalize + MixUp/CutMix (alpha 0.8 / 1.0, one of the two per batch, label smoothing
 0.1); light = RandomResizedCrop 224 + flip + normalize. Every row reads the same sample
-JPEGs (or shards made from them), 2 DataLoader workers (DALI: 2 threads), batch 64, and
+JPEGs (or shards made from them), 2 DataLoader workers (DALI: 2 threads; the shard rows
+"threads": no worker process, the dataset's pool of 2 threads, as recommended for raw
+shards), batch 64, and
 ends with a normalised float32 batch (and soft labels for heavy) in the training
 process. Per row: ``--warmup`` untimed batches (the workers start and the batches they
 queued meanwhile are drained), then ``--batches`` batches timed, in ``--repeats``
@@ -130,17 +132,32 @@ def fastdata_rows(
         loader = _loader(dataset, batch, collate_fn=passthrough_collate)
         return Epochs(loader, heavy_step if heavy_row else light_step)
 
+    def threaded(dataset: Any, heavy_row: bool) -> Epochs:
+        # The configuration recommended for raw shards: no worker processes, the dataset's
+        # own thread pool (WORKERS threads) reads and transforms each batch in __getitems__.
+        loader = DataLoader(
+            dataset, batch_size=batch, shuffle=True, drop_last=True, num_workers=0,
+            collate_fn=passthrough_collate,
+        )  # fmt: skip
+        return Epochs(loader, heavy_step if heavy_row else light_step)
+
     def jpeg(transform: Compose) -> RAMDataset:
         return RAMDataset(paths, labels, transform=transform, show_progress=False)
 
-    def shard(transform: Compose) -> ShardDataset:
-        return ShardDataset(shards, transform=transform)
+    def shard(transform: Compose, num_threads: int | None = None) -> ShardDataset:
+        return ShardDataset(shards, transform=transform, num_threads=num_threads)
 
     return {
         "fastdata light, JPEG files": lambda: epochs(jpeg(light()), heavy_row=False),
         "fastdata heavy, JPEG files": lambda: epochs(jpeg(heavy()), heavy_row=True),
         "fastdata light, uint8 shards": lambda: epochs(shard(light()), heavy_row=False),
         "fastdata heavy, uint8 shards": lambda: epochs(shard(heavy()), heavy_row=True),
+        "fastdata light, uint8 shards, threads": lambda: threaded(
+            shard(light(), WORKERS), heavy_row=False
+        ),
+        "fastdata heavy, uint8 shards, threads": lambda: threaded(
+            shard(heavy(), WORKERS), heavy_row=True
+        ),
     }
 
 
@@ -455,11 +472,14 @@ def _ratios(best: dict[str, float]) -> dict[str, float]:
         out["fastdata heavy (JPEG files) / timm create_loader heavy"] = files / timm
     if shards and timm:
         out["fastdata heavy (uint8 shards) / timm create_loader heavy"] = shards / timm
+    threads = best.get("fastdata heavy, uint8 shards, threads")
+    if threads and timm:
+        out["fastdata heavy (uint8 shards, threads) / timm create_loader heavy"] = threads / timm
     if files and fastest:
         out["fastdata heavy (JPEG files) / fastest of torchvision v2, albumentations, DALI CPU"] = (
             files / fastest
         )
-    for kind in ("JPEG files", "uint8 shards"):
+    for kind in ("JPEG files", "uint8 shards", "uint8 shards, threads"):
         light, heavy = best.get(f"fastdata light, {kind}"), best.get(f"fastdata heavy, {kind}")
         if light and heavy:
             out[f"fastdata heavy cost over light ({kind})"] = light / heavy

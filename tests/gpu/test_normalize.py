@@ -58,6 +58,28 @@ def test_half_outputs_are_close(bchw: torch.Tensor, dtype: torch.dtype) -> None:
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("layout", ["CHW", "HWC"])
+def test_cpu_chunks_match_the_fused_expression_bit_for_bit(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, channels_last: bool, layout: str
+) -> None:
+    # The CPU path works in chunks of images; an odd batch in 2-image chunks must give
+    # exactly the one fused ``bias + images * scale`` in float32, rounded once to ``dtype``.
+    monkeypatch.setattr("fastdata.gpu.normalize._CPU_CHUNK_ELEMENTS", 2 * 3 * 5 * 7)
+    bchw = torch.randint(
+        0, 256, (5, 3, 5, 7), dtype=torch.uint8, generator=torch.Generator().manual_seed(1)
+    )
+    normalize = Normalize(MEAN, STD, dtype=dtype, channels_last=channels_last, layout=layout)
+    out = normalize(bchw.permute(0, 2, 3, 1).contiguous() if layout == "HWC" else bchw)
+    scale = torch.tensor(STD).reciprocal().view(1, 3, 1, 1)
+    bias = -torch.tensor(MEAN).view(1, 3, 1, 1) * scale
+    expected = torch.addcmul(bias, bchw.float(), scale).to(dtype)
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    assert out.dtype == dtype and out.is_contiguous(memory_format=memory_format)
+    assert torch.equal(out, expected)
+
+
 def test_value_range_one_takes_torchvision_constants(bchw: torch.Tensor) -> None:
     unit = Normalize([m / 255 for m in MEAN], [s / 255 for s in STD], value_range=1.0)
     torch.testing.assert_close(unit(bchw), Normalize(MEAN, STD)(bchw))

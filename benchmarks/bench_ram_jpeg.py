@@ -276,7 +276,6 @@ def measure_set(
         "shards_eval_2_workers": ShardDataset(
             write_shards(workdir / f"shards-{name}-{len(paths)}", paths),
             transform=eval_transform(),
-            show_progress=False,
         ).loader(**common),
     }
     notes = []

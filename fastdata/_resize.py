@@ -16,6 +16,7 @@ levels at every tested factor (``tests/test_resize.py``).
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import cv2
@@ -30,6 +31,7 @@ _SMALLEST_OUTER_TAP = 1 / 256
 _scratch = threading.local()  # per thread: the filtered source of resize_center_crop
 
 
+@functools.lru_cache(maxsize=256)  # per image size; the arrays are read, never written
 def _low_pass_taps(scale: float) -> np.ndarray:
     """The 3-tap Gaussian of an axis that shrinks by ``scale`` (1 tap when it does not, or
     by so little that the outer taps weigh under :data:`_SMALLEST_OUTER_TAP`)."""

@@ -15,10 +15,10 @@ machine. Per set:
   as a ratio to the decode + resize bound, and the same with the two transforms run after
   a whole decode, train (``RandomResizedCrop(224)`` + flip) as a ratio to the
   decode-only bound (eval and train also per CPU time of the process: ``*_cpu``, the
-  bound's CPU seconds per image over the dataset's); eval with 2 threads as a ratio to 1 thread, and the process's CPU
-  time per image with 1 thread over that with 2 (its efficiency: 1.0 means the second
-  thread adds no work, so 2 free cores give 2x up to the GIL-held share, which a loaded
-  machine's wall-clock ratio cannot show);
+  bound's CPU seconds per image over the dataset's); eval with 2 threads as a ratio to 1
+  thread, and the process's CPU time per image with 1 thread over that with 2 (its
+  efficiency: 1.0 means the second thread adds no work, so 2 free cores give 2x up to the
+  GIL-held share, which a loaded machine's wall-clock ratio cannot show);
 - DataLoader with 2 workers: ``RAMDataset`` eval and train against a naive per-sample PIL
   loader (open the file, resize, crop, to tensor) doing the same;
 - JPEG shards (the same files in one JPEG-mode shard set), eval with 2 workers, against

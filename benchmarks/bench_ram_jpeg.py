@@ -14,10 +14,11 @@ machine. Per set:
 - ``RAMDataset`` 1 thread: eval (``Resize(256)`` + ``CenterCrop(224)``, run in the decode)
   as a ratio to the decode + resize bound, and the same with the two transforms run after
   a whole decode, train (``RandomResizedCrop(224)`` + flip) as a ratio to the
-  decode-only bound; eval with 2 threads as a ratio to 1 thread, and the process's CPU
-  time per image with 1 thread over that with 2 (its efficiency: 1.0 means the second
-  thread adds no work, so 2 free cores give 2x up to the GIL-held share, which a loaded
-  machine's wall-clock ratio cannot show);
+  decode-only bound (eval and train also per CPU time of the process: ``*_cpu``, the
+  bound's CPU seconds per image over the dataset's); eval with 2 threads as a ratio to 1
+  thread, and the process's CPU time per image with 1 thread over that with 2 (its
+  efficiency: 1.0 means the second thread adds no work, so 2 free cores give 2x up to the
+  GIL-held share, which a loaded machine's wall-clock ratio cannot show);
 - DataLoader with 2 workers: ``RAMDataset`` eval and train against a naive per-sample PIL
   loader (open the file, resize, crop, to tensor) doing the same;
 - JPEG shards (the same files in one JPEG-mode shard set), eval with 2 workers, against
@@ -276,7 +277,6 @@ def measure_set(
         "shards_eval_2_workers": ShardDataset(
             write_shards(workdir / f"shards-{name}-{len(paths)}", paths),
             transform=eval_transform(),
-            show_progress=False,
         ).loader(**common),
     }
     notes = []
@@ -300,7 +300,11 @@ def measure_set(
         "eval_transform_after_decode_of_decode_resize_bound": (
             best["ram_eval_1_thread_transform_after_decode"] / best["bound_decode_resize"]
         ),
+        # the same two per CPU time of this process: what a loaded machine's wall clock blurs
+        "eval_of_decode_resize_bound_cpu": cpu_s["bound_decode_resize"]
+        / cpu_s["ram_eval_1_thread"],
         "train_of_decode_only_bound": best["ram_train_1_thread"] / best["bound_decode_only"],
+        "train_of_decode_only_bound_cpu": cpu_s["bound_decode_only"] / cpu_s["ram_train_1_thread"],
         "eval_2_threads_over_1": best["ram_eval_2_threads"] / best["ram_eval_1_thread"],
         # CPU per image of 1 thread over 2: what 2 free cores would give, up to the GIL
         "eval_2_threads_cpu_efficiency": cpu_s["ram_eval_1_thread"] / cpu_s["ram_eval_2_threads"],

@@ -105,3 +105,37 @@ def test_resize_center_crop_gives_the_pixels_of_resize_then_crop(
     ]
     out = np.empty((*crop, channels), np.uint8)
     np.testing.assert_array_equal(resize_center_crop(image, resized, box, out), expected)
+
+
+def test_resize_256_of_a_photo_is_within_1_3_levels_of_pil(sample_tool: Any) -> None:
+    """The eval path's usual shrink (500x375 to 341x256, 1.46x): the Gaussian's sigma, the
+    shrink less one (times 0.9), keeps it at 1.13 levels of 255 from PIL on these photos."""
+    means = []
+    for index in range(6):
+        photo = _photo(sample_tool, index, (500, 375))
+        reference = _pil(photo, 341, 256).astype(np.int16)
+        means.append(np.abs(resize_image(photo, 341, 256).astype(np.int16) - reference).mean())
+    assert float(np.mean(means)) <= 1.3, means
+
+
+def test_a_shrink_under_about_1_33x_skips_the_low_pass(
+    sample_tool: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its outer taps would weigh under 1/256: no filter pass, plain bilinear sampling, and
+    the crop path agrees."""
+    import fastdata._resize as kernel  # noqa: PLC0415 - its filter pass is replaced
+
+    def no_filter(*args: Any) -> None:
+        raise AssertionError("the low-pass ran")
+
+    monkeypatch.setattr(kernel, "_low_pass", no_filter)
+    photo = _photo(sample_tool, 0, (500, 333))  # 333 to 256: 1.30x
+    bilinear = cv2.resize(photo, (384, 256), interpolation=cv2.INTER_LINEAR)
+    np.testing.assert_array_equal(resize_image(photo, 384, 256), bilinear)
+    out = np.empty((224, 224, 3), np.uint8)
+    resize_center_crop(photo, (256, 384), (16, 80, 224, 224), out)
+    np.testing.assert_array_equal(out, bilinear[16:240, 80:304])
+    monkeypatch.undo()
+    filtered = _photo(sample_tool, 0, (500, 375))  # 375 to 256: 1.46x, filtered
+    plain = cv2.resize(filtered, (341, 256), interpolation=cv2.INTER_LINEAR)
+    assert not np.array_equal(resize_image(filtered, 341, 256), plain)

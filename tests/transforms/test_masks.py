@@ -90,8 +90,10 @@ def test_call_with_a_mask_returns_the_pair() -> None:
     out, masks = crop(tensor, masks=torch.from_numpy(cols))
     assert isinstance(out, torch.Tensor) and out.shape == (8, 3, 24, 24)
     assert isinstance(masks, torch.Tensor) and masks.shape == (8, 24, 24)
-    col_error = (out[:, 1].int() - masks.int()).abs().max()
-    assert col_error <= 2 and _flipped(masks.numpy()).any() and not _flipped(masks.numpy()).all()
+    col_error = (out[:, 1].int() - masks.int()).abs()
+    # the image's low-pass reflects the ramp at the image border: one level more there
+    assert col_error[:, 1:-1, 1:-1].max() <= 2 and col_error.max() <= 3
+    assert _flipped(masks.numpy()).any() and not _flipped(masks.numpy()).all()
     with pytest.raises(ValueError, match=r"mask masks\[0\] of sample 0 is 48x60 but its image"):
         crop(images, masks=cols[:, :, :60].copy())
     with pytest.raises(ValueError, match=r"masks must be a \(B, H, W\) uint8 tensor"):

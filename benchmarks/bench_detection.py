@@ -18,6 +18,10 @@ labels in the training process.
   beside them as ragged fields; ``ShardDataset(root, fields=("image", "boxes", "labels"),
   transform=Compose([RandomIoUCrop(size=512), RandomHorizontalFlip()]))`` (the IoU crop
   crops and resizes in one pass).
+- "main process, 2 threads": the JPEG-file and uint8-shard rows again with ``num_workers=0``
+  and the batch's samples on 2 threads in the training process (``num_threads=2``): the
+  same two cores of parallelism, fastdata's recommended set-up for batched datasets (no
+  batch crosses a process boundary).
 - torchvision.transforms.v2: ``RandomIoUCrop``, ``RandomHorizontalFlip``, ``Resize``,
   ``SanitizeBoundingBoxes`` on ``tv_tensors`` per sample, JPEGs decoded by
   ``torchvision.io.decode_jpeg``.

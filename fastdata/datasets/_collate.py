@@ -159,6 +159,10 @@ def passthrough_collate(batch: Any) -> Any:
     one (a dataset without ``__getitems__``); it is collated with ``default_collate`` so
     this function is safe with any dataset.
 
+    In a DataLoader worker, each list of tensors after the first field of a tuple batch
+    (boxes, box labels) leaves the worker as one buffer and arrives as the same list of
+    tensors (views of that buffer), instead of one shared-memory segment per tensor.
+
     Example:
         >>> loader = DataLoader(ds, batch_size=64, collate_fn=passthrough_collate)  # doctest: +SKIP
     """
@@ -166,7 +170,7 @@ def passthrough_collate(batch: Any) -> Any:
         return unmark_collated(batch)
     if isinstance(batch, list):
         return default_collate(batch)
-    return batch
+    return pack_ragged(batch)
 
 
 RAGGED_MODES = ("list", "padded")

@@ -14,7 +14,7 @@ import torch.multiprocessing  # registers the tensor reductions a worker uses
 
 import fastdata.datasets._collate as collate_module
 from fastdata import ShardDataset
-from fastdata.datasets import RaggedCollate, pad_ragged
+from fastdata.datasets import RaggedCollate, pad_ragged, passthrough_collate
 from fastdata.gpu import DevicePrefetcher
 from tests.shards.test_ragged import COUNTS, write_detection_set
 
@@ -111,3 +111,21 @@ def test_a_worker_sends_each_ragged_field_as_one_buffer(
             assert got.dtype == want.dtype
             torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert 0 in COUNTS  # an empty sample travels too
+
+
+def test_passthrough_collate_packs_a_plain_datasets_ragged_fields(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dataset of one's own whose ``__getitems__`` returns (images, boxes list, labels
+    list) gets the same one-buffer trip out of a worker through ``passthrough_collate``."""
+    images = torch.zeros(3, 3, 4, 4, dtype=torch.uint8)
+    boxes = [torch.rand(count, 4) for count in (2, 0, 3)]
+    labels = [torch.arange(count) for count in (2, 0, 3)]
+    monkeypatch.setattr(collate_module, "get_worker_info", object)  # as in a worker
+    batch = passthrough_collate((images, boxes, labels))
+    received = pickle.loads(ForkingPickler.dumps(batch))
+    assert not any(item.is_shared() for item in [*boxes, *labels])
+    assert type(received[1]) is list and type(received[2]) is list
+    for got, want in zip([*received[1], *received[2]], [*boxes, *labels], strict=True):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -18,6 +18,10 @@ labels in the training process.
   beside them as ragged fields; ``ShardDataset(root, fields=("image", "boxes", "labels"),
   transform=Compose([RandomIoUCrop(size=512), RandomHorizontalFlip()]))`` (the IoU crop
   crops and resizes in one pass).
+- "main process, 2 threads": the JPEG-file and uint8-shard rows again with ``num_workers=0``
+  and the batch's samples on 2 threads in the training process (``num_threads=2``): the
+  same two cores of parallelism, fastdata's recommended set-up for batched datasets (no
+  batch crosses a process boundary).
 - torchvision.transforms.v2: ``RandomIoUCrop``, ``RandomHorizontalFlip``, ``Resize``,
   ``SanitizeBoundingBoxes`` on ``tv_tensors`` per sample, JPEGs decoded by
   ``torchvision.io.decode_jpeg``.
@@ -48,6 +52,7 @@ import io
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -183,10 +188,12 @@ def build_shards(sample: Sample, out: Path) -> tuple[Path, list[np.ndarray]]:
 class FastdataJpeg(Dataset):
     """Batches decoded straight into their IoU crops; draws keyed by (seed, index)."""
 
-    def __init__(self, sample: Sample) -> None:
+    def __init__(self, sample: Sample, threads: int = 1) -> None:
         self.sample, self.crop, self.flip = sample, ops.RandomIoUCrop(), ops.RandomHorizontalFlip()
         self.transform = RandomIoUCrop()  # its box rule (1 px, 10 % visible) for the movers
         self.buffers = BatchBuffers()  # in a worker: the batch is written in shared memory
+        self.threads = threads  # > 1: the decodes on a thread pool (main-process loading)
+        self.executor = ThreadPoolExecutor(threads) if threads > 1 else None
 
     def __len__(self) -> int:
         return len(self.sample)
@@ -197,7 +204,15 @@ class FastdataJpeg(Dataset):
         boxes = [self.sample.boxes(k) for k in indices]
         out = self.buffers.empty((len(indices), SIZE, SIZE, 3), torch.uint8, returned=True).numpy()
         buffers = [self.sample.encoded(k) for k in indices]
-        crops = decode_iou_crops(buffers, boxes, self.crop, draws[:, :-1], out)
+        crops = decode_iou_crops(
+            buffers,
+            boxes,
+            self.crop,
+            draws[:, :-1],
+            out,
+            executor=self.executor,
+            tasks=self.threads,
+        )
         flips = self.flip.flips(draws[:, -1:])
         for k in np.flatnonzero(flips).tolist():
             cv2.flip(out[k], 1, dst=out[k])
@@ -208,22 +223,23 @@ class FastdataJpeg(Dataset):
         return torch.from_numpy(out).permute(0, 3, 1, 2), moved["boxes"], moved["labels"]
 
 
-def shard_dataset(root: Path) -> ShardDataset:
+def shard_dataset(root: Path, threads: int = 1) -> ShardDataset:
     """What a user writes: the stored fields with their roles and one batch transform;
-    one thread per worker, as every other row has (two workers on two cores)."""
+    one thread per worker, as every other row has (two workers on two cores), or
+    ``threads`` in the main process."""
     transform = Compose([RandomIoUCrop(seed=SEED, size=SIZE), RandomHorizontalFlip(seed=SEED)])
     fields = ("image", "boxes", "labels")
-    return ShardDataset(root, fields=fields, transform=transform, num_threads=1)
+    return ShardDataset(root, fields=fields, transform=transform, num_threads=threads)
 
 
-def _loader(dataset: Dataset, **kwargs: Any) -> DataLoader:
+def _loader(dataset: Dataset, workers: int = WORKERS, **kwargs: Any) -> DataLoader:
     return DataLoader(
         dataset,
         batch_size=BATCH,
         shuffle=True,
         drop_last=True,
-        num_workers=WORKERS,
-        persistent_workers=WORKERS > 0,
+        num_workers=workers,
+        persistent_workers=workers > 0,
         **kwargs,
     )
 
@@ -244,13 +260,21 @@ class Epochs:
 
 
 def fastdata_rows(sample: Sample, jpeg_shards: Path, uint8_shards: Path) -> Rows:
-    def epochs(dataset: Dataset) -> Epochs:
-        return Epochs(_loader(dataset, collate_fn=passthrough_collate), _as_batches)
+    def epochs(dataset: Dataset, workers: int = WORKERS) -> Epochs:
+        return Epochs(_loader(dataset, workers, collate_fn=passthrough_collate), _as_batches)
 
+    # "main process": num_workers=0, the batch's samples on WORKERS threads (the same two
+    # cores of parallelism; fastdata's recommended set-up for raw pixels)
     return {
         "fastdata, JPEG files": lambda: epochs(FastdataJpeg(sample)),
+        "fastdata, JPEG files (main process, 2 threads)": lambda: epochs(
+            FastdataJpeg(sample, WORKERS), 0
+        ),
         "fastdata, JPEG shards (crop in the decode)": lambda: epochs(shard_dataset(jpeg_shards)),
         "fastdata, uint8 shards": lambda: epochs(shard_dataset(uint8_shards)),
+        "fastdata, uint8 shards (main process, 2 threads)": lambda: epochs(
+            shard_dataset(uint8_shards, WORKERS), 0
+        ),
     }
 
 

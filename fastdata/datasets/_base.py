@@ -21,7 +21,7 @@ from fastdata._roles import check_role
 from fastdata._system import available_memory_bytes, usable_cpus
 from fastdata._threads import parallel_for
 from fastdata.datasets._buffers import BatchBuffers
-from fastdata.datasets._collate import RAGGED_MODES, RaggedCollate, mark_collated
+from fastdata.datasets._collate import RAGGED_MODES, RaggedCollate, mark_collated, pack_ragged
 from fastdata.datasets._decoding import (
     PlannedCrop,
     as_buffer,
@@ -174,7 +174,7 @@ class BatchedDataset(Dataset):
         epoch = getattr(indices, "epoch", None)
         array = np.asarray(indices, dtype=np.int64).reshape(-1)
         batch = self._read(array, single=False, epoch=epoch if isinstance(epoch, int) else None)
-        return mark_collated(batch if len(batch) > 1 else batch[0])
+        return mark_collated(pack_ragged(batch) if len(batch) > 1 else batch[0])
 
     def loader(
         self, batch_size: int = 1, *, ragged: str = "list", **kwargs: Any

@@ -14,12 +14,15 @@ shared memory (sent to another process) is never reused.
 Inside a worker process nothing is reused: a batch leaves the worker as shared memory
 that the training process maps, and the worker cannot see when that mapping is dropped.
 Batches sent from a worker are allocated in shared memory directly, so sending them does
-not copy them once more; scratch batches that never leave the worker are plain memory.
+not copy them once more, and faulted in with one system call (Linux); scratch batches that
+never leave the worker are plain memory.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
+import mmap
 import sys
 import threading
 from typing import Any
@@ -60,6 +63,7 @@ class BatchBuffers:
             if not returned or nbytes < _SHARED_MIN_BYTES:
                 return torch.empty(shape, dtype=dtype)
             storage = torch.UntypedStorage._new_shared(nbytes)
+            _populate(storage.data_ptr(), nbytes)
             return torch.empty(0, dtype=dtype).set_(storage).view(shape)
         if _storage_use_count is None:  # torch without the count: no reuse
             return torch.empty(shape, dtype=dtype)
@@ -89,6 +93,26 @@ class BatchBuffers:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._local = threading.local()
+
+
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+
+_libc: ctypes.CDLL | None = None
+_populate_works = sys.platform == "linux"
+
+
+def _populate(address: int, nbytes: int) -> None:
+    """Fault in a fresh shared-memory batch with one system call rather than page by page
+    as it is written (a 12 MB batch is about 3,000 faults); nothing where the kernel cannot.
+    """
+    global _libc, _populate_works  # noqa: PLW0603 - set once, on first use
+    if not _populate_works:
+        return
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    start = address - address % mmap.PAGESIZE
+    if _libc.madvise(start, nbytes + address - start, _MADV_POPULATE_WRITE) != 0:
+        _populate_works = False  # an older kernel: pages fault in as they are written
 
 
 def _references(tensor: torch.Tensor) -> tuple[int, int]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import mmap
+import resource
+import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -12,6 +15,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+import fastdata.datasets._buffers as buffers_module
 from fastdata.datasets import ShardDataset, passthrough_collate
 from fastdata.transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop
 from tests.datasets.conftest import Reference
@@ -181,3 +185,19 @@ def test_threads_never_share_a_buffer_still_held(raw_shards: Reference) -> None:
     for thread in threads:
         thread.join()
     assert not errors
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread page-fault counts: Linux")
+def test_a_workers_shared_batch_is_faulted_in_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch a worker sends is resident when handed over: writing it does not fault its
+    pages in one by one (the kernel's work per batch)."""
+    monkeypatch.setattr(buffers_module, "get_worker_info", object)  # as in a worker
+    if not getattr(buffers_module, "_populate_works", True):
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE")
+    batch = buffers_module.BatchBuffers().empty((4, 3, 256, 256), torch.uint8, returned=True)
+    assert batch.is_shared()
+    pages = batch.numel() // mmap.PAGESIZE
+    before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    batch.fill_(7)
+    faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+    assert faults < pages // 10, (faults, pages)

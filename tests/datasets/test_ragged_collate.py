@@ -3,14 +3,18 @@ and both moved by the device prefetcher."""
 
 from __future__ import annotations
 
+import pickle
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch.multiprocessing  # registers the tensor reductions a worker uses
 
+import fastdata.datasets._collate as collate_module
 from fastdata import ShardDataset
-from fastdata.datasets import RaggedCollate, pad_ragged
+from fastdata.datasets import RaggedCollate, pad_ragged, passthrough_collate
 from fastdata.gpu import DevicePrefetcher
 from tests.shards.test_ragged import COUNTS, write_detection_set
 
@@ -83,3 +87,45 @@ def test_the_prefetcher_moves_both_forms(tmp_path: Path, ragged: str) -> None:
         assert tuple(boxes.shape)[::2] == (4, 4) and counts.tolist() == COUNTS[:4]
         assert len(seen) == 2 * (1 + 2 + 2)  # image, (boxes, counts), (labels, counts)
     assert all(t.device.type == "cpu" for t in seen)
+
+
+def test_a_worker_sends_each_ragged_field_as_one_buffer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of a DataLoader worker, a batch's boxes and box labels are pickled as one buffer
+    per field (not one shared-memory segment per sample) and arrive as plain lists of
+    tensors with the same values, empty ones included."""
+    write_detection_set(tmp_path)
+    dataset = ShardDataset(tmp_path, fields=("label", "boxes", "labels"))
+    expected = dataset.__getitems__(list(range(7)))
+    monkeypatch.setattr(collate_module, "get_worker_info", object)  # as in a worker
+    batch = dataset.__getitems__(list(range(7)))
+    received = pickle.loads(ForkingPickler.dumps(batch))
+    for position in (1, 2):
+        assert not any(item.is_shared() for item in batch[position])  # nothing per sample
+        assert type(received[position]) is list
+        assert [tuple(t.shape) for t in received[position]] == [
+            tuple(t.shape) for t in expected[position]
+        ]
+        for got, want in zip(received[position], expected[position], strict=True):
+            assert got.dtype == want.dtype
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert 0 in COUNTS  # an empty sample travels too
+
+
+def test_passthrough_collate_packs_a_plain_datasets_ragged_fields(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dataset of one's own whose ``__getitems__`` returns (images, boxes list, labels
+    list) gets the same one-buffer trip out of a worker through ``passthrough_collate``."""
+    images = torch.zeros(3, 3, 4, 4, dtype=torch.uint8)
+    boxes = [torch.rand(count, 4) for count in (2, 0, 3)]
+    labels = [torch.arange(count) for count in (2, 0, 3)]
+    monkeypatch.setattr(collate_module, "get_worker_info", object)  # as in a worker
+    batch = passthrough_collate((images, boxes, labels))
+    received = pickle.loads(ForkingPickler.dumps(batch))
+    assert not any(item.is_shared() for item in [*boxes, *labels])
+    assert type(received[1]) is list and type(received[2]) is list
+    for got, want in zip([*received[1], *received[2]], [*boxes, *labels], strict=True):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

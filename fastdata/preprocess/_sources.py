@@ -32,7 +32,7 @@ import hashlib
 import logging
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +40,7 @@ import numpy as np
 
 from fastdata._labels import check_label
 from fastdata.errors import OnError, PreprocessError
+from fastdata.storage import is_url
 
 logger = logging.getLogger(__name__)
 
@@ -70,12 +71,16 @@ class SourceItem:
         name: Path relative to the source root (valid UTF-8), stored with the sample.
         label: Integer label, ``-1`` when the source has none.
         mask: Absolute path of the mask (segmentation sources only).
+        version: For an object in a store (``path`` is its URL): its size and version
+            stamp as listed (what a rerun compares to find a replaced input); ``""`` for
+            local files, whose size and modification time are read instead.
     """
 
     path: str
     name: str
     label: int = -1
     mask: str | None = None
+    version: str = ""
 
 
 @dataclass
@@ -244,6 +249,15 @@ def list_source(
     on_error = OnError.parse(on_error)
     if mask_suffix is not None and (not mask_suffix or "/" in mask_suffix):
         raise ValueError(f"mask_suffix must be a non-empty file-name part, got {mask_suffix!r}")
+    if is_url(src):
+        from fastdata.preprocess._remote_sources import list_remote_source  # noqa: PLC0415
+
+        if masks is not None or mask_suffix is not None:
+            raise ValueError(
+                f"src {src!r}: a segmentation source must be a local folder (object storage "
+                "holds ImageFolder trees and CSV/TSV lists)"
+            )
+        return list_remote_source(str(src), kind, path_column, label_column)
     root = Path(src).absolute()
     if not root.exists():
         raise PreprocessError(f"source does not exist: {root}")
@@ -312,12 +326,21 @@ def _column_index(wanted: str, header: list[str] | None, option: str, path: Path
     )
 
 
-def _list_file(path: Path, path_column: str | None, label_column: str | None) -> SourceListing:
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as fh:
-            text = fh.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PreprocessError(f"cannot read list file {path}: {exc}") from exc
+def _list_file(
+    path: Path,
+    path_column: str | None,
+    label_column: str | None,
+    text: str | None = None,
+    resolve: Callable[[str], str] | None = None,
+) -> SourceListing:
+    """The rows of list file ``path`` (``text``: its content when already read, e.g. from
+    object storage, where ``resolve`` maps a listed path to its URL)."""
+    if text is None:
+        try:
+            with open(path, newline="", encoding="utf-8-sig") as fh:
+                text = fh.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PreprocessError(f"cannot read list file {path}: {exc}") from exc
     delimiter = _sniff_delimiter(path, text.split("\n", 1)[0])
     numbered = [
         (number, row)
@@ -386,7 +409,9 @@ def _list_file(path: Path, path_column: str | None, label_column: str | None) ->
     base = path.parent
     _check_repeated_paths(path, paths, raw_labels, labels)
     items = [
-        SourceItem(str((base / name).absolute()), display_name(name), label)
+        SourceItem(
+            resolve(name) if resolve else str((base / name).absolute()), display_name(name), label
+        )
         for name, label in zip(paths, labels, strict=True)
     ]
     return SourceListing("list", str(path), items, class_names)

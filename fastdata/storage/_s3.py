@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from fastdata._optional import import_optional
 from fastdata.errors import StorageError
-from fastdata.storage._backend import retrying
+from fastdata.storage._backend import ListedObject, retrying
 
 logger = logging.getLogger(__name__)
 
@@ -139,13 +139,14 @@ class S3Store:
             "write", key, lambda: self._client.put_object(Bucket=self.bucket, Key=key, Body=data)
         )
 
-    def list(self, prefix: str) -> dict[str, int]:
-        def listing() -> dict[str, int]:
-            found: dict[str, int] = {}
+    def list(self, prefix: str) -> dict[str, ListedObject]:
+        def listing() -> dict[str, ListedObject]:
+            found: dict[str, ListedObject] = {}
             pages = self._client.get_paginator("list_objects_v2")
             for page in pages.paginate(Bucket=self.bucket, Prefix=prefix):
                 for item in page.get("Contents", ()):
-                    found[str(item["Key"])] = int(item["Size"])
+                    stamp = f"{item.get('ETag', '')}@{item.get('LastModified', '')}"
+                    found[str(item["Key"])] = ListedObject(int(item["Size"]), stamp)
             return found
 
         return self._retrying("list", prefix, listing)

@@ -181,3 +181,24 @@ def test_the_cli_accepts_a_source_url(
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("fastdata")]
     assert err == [f"fastdata preprocess: error: source does not exist or is empty: "
                    f"s3://{bucket}/nothing/"]  # fmt: skip
+
+
+def test_a_rerun_keeps_shards_whose_objects_are_unchanged_and_finds_a_replaced_one(
+    photos: Path, bucket: str, tmp_path: Path
+) -> None:
+    url = _upload_tree(bucket, photos, "rerun")
+    out = tmp_path / "out"
+    preprocess(url, out, _options(), workers=1, show_progress=False)
+
+    def stamps() -> dict[str, tuple[int, int]]:
+        return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.glob("shard-*.h5")}
+
+    before = stamps()
+    preprocess(url, out, _options(), workers=1, show_progress=False)
+    assert stamps() == before  # nothing changed: every shard kept
+    # the last image replaced by another: its shard is stale, as a local edited file's is
+    store = object_store(parse_location(url))  # type: ignore[arg-type]
+    store.write_bytes("rerun/class1/deep/05.jpg", (photos / "class1" / "13.jpg").read_bytes())
+    with pytest.raises(PreprocessError, match=f"inputs of {sorted(before)[-1]}"):
+        preprocess(url, out, _options(), workers=1, show_progress=False)
+    assert stamps() == before

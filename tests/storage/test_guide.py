@@ -7,11 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import cv2
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 
-from tests.storage.conftest import upload_folder, write_set
+from fastdata import ShardDataset
+from tests.storage.conftest import upload_folder, upload_tree, write_set
 from tests.test_docs import GUIDES, blocks
 
 PAGE = GUIDES / "storage.md"
@@ -21,7 +24,7 @@ PAGE = GUIDES / "storage.md"
 @pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 def test_the_guides_example_reads_a_set_from_the_store(bucket: str, tmp_path: Path) -> None:
     url = upload_folder(bucket, write_set(tmp_path / "local"), "set")
-    (code,) = blocks(PAGE, "python")
+    code = blocks(PAGE, "python")[0]
     assert '"s3://bucket/set/"' in code and '"/scratch/fd-cache"' in code
     code = code.replace('"s3://bucket/set/"', repr(url))
     code = code.replace('"/scratch/fd-cache"', repr(str(tmp_path / "cache")))
@@ -36,3 +39,19 @@ def test_the_guides_example_reads_a_set_from_the_store(bucket: str, tmp_path: Pa
     assert images.shape == (38, 3, 16, 16) and images.dtype == torch.uint8
     assert sorted(labels.tolist()) == list(range(38))  # every sample of the set, once
     assert any((tmp_path / "cache").iterdir())  # shards went through the cache
+
+
+def test_the_guides_source_example_preprocesses_from_the_store(bucket: str, tmp_path: Path) -> None:
+    photos = tmp_path / "photos"
+    for index, name in enumerate(("cat", "dog")):
+        (photos / name).mkdir(parents=True)
+        image = np.full((20, 24, 3), 60 * index, np.uint8)
+        cv2.imwrite(str(photos / name / "a.png"), image)
+    (photos / "train.csv").write_text("file,label\ndog/a.png,1\ncat/a.png,0\n")
+    url = upload_tree(bucket, photos, "photos")
+    code = blocks(PAGE, "python")[1].replace('"s3://bucket/photos/', f'"{url}')
+    code = code.replace('"out/"', repr(str(tmp_path / "out")))
+    code = code.replace('"listed/"', repr(str(tmp_path / "listed")))
+    exec(compile(code, str(PAGE), "exec"), {})
+    assert len(ShardDataset(tmp_path / "out")) == 2  # train.csv lies beside the classes
+    assert len(ShardDataset(tmp_path / "listed")) == 2

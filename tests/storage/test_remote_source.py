@@ -18,9 +18,10 @@ from fastdata.cli import main
 from fastdata.errors import PreprocessError
 from fastdata.preprocess import FileListSource, ImageFolderSource, preprocess
 from fastdata.shards import ShardReader
-from fastdata.storage import RemoteLocation, _backend, parse_location
+from fastdata.storage import _backend, parse_location
 from fastdata.storage._backend import object_store
 from tests.storage._proxy import FaultProxy
+from tests.storage.conftest import upload_tree
 
 pytest.importorskip("boto3")
 
@@ -39,16 +40,6 @@ def photos(tmp_path: Path) -> Path:
     (root / "class0" / ".hidden.jpg").write_bytes(b"not listed")
     (root / "stray.jpg").write_bytes((root / "class0" / "00.jpg").read_bytes())
     return root
-
-
-def _upload_tree(bucket: str, folder: Path, prefix: str) -> str:
-    location = parse_location(f"s3://{bucket}/{prefix}")
-    assert isinstance(location, RemoteLocation)
-    store = object_store(location)
-    for path in sorted(folder.rglob("*")):
-        if path.is_file():
-            store.upload(path, location.key(path.relative_to(folder).as_posix()))
-    return location.url
 
 
 def _options(**kwargs: Any) -> PreprocessOptions:
@@ -101,7 +92,7 @@ def _same_sets(remote: Path, local: Path) -> None:
 def test_an_image_folder_in_object_storage_gives_the_shards_of_the_local_folder(
     photos: Path, bucket: str, tmp_path: Path, proxy: FaultProxy
 ) -> None:
-    url = _upload_tree(bucket, photos, "trees/photos")
+    url = upload_tree(bucket, photos, "trees/photos")
     proxy.log.clear()
     remote = preprocess(url, tmp_path / "remote", _options(), workers=1, show_progress=False)
     local = preprocess(photos, tmp_path / "local", _options(), workers=1, show_progress=False)
@@ -119,7 +110,7 @@ def test_a_list_in_object_storage_names_objects_relative_to_its_folder(
 ) -> None:
     rows = ["path,label", "class1/01.jpg,cat", "./class0/00.jpg,dog", "class1/03.jpg,cat"]
     (photos / "list.csv").write_text("\n".join(rows) + "\n")
-    url = _upload_tree(bucket, photos, "lists")
+    url = upload_tree(bucket, photos, "lists")
     options = _options()
     preprocess(FileListSource(f"{url}list.csv"), tmp_path / "remote", options,
                workers=1, show_progress=False)  # fmt: skip
@@ -127,7 +118,7 @@ def test_a_list_in_object_storage_names_objects_relative_to_its_folder(
     _same_sets(tmp_path / "remote", tmp_path / "local")
 
     (photos / "outside.csv").write_text("path,label\n../other/a.jpg,1\n")
-    _upload_tree(bucket, photos, "lists")
+    upload_tree(bucket, photos, "lists")
     with pytest.raises(PreprocessError, match="outside the list's folder"):
         preprocess(f"{url}outside.csv", tmp_path / "out", options, show_progress=False)
 
@@ -138,7 +129,7 @@ def test_a_missing_or_refused_object_follows_on_error(
 ) -> None:  # fmt: skip
     rows = ["path,label", "class0/00.jpg,0", "class0/gone.jpg,0", "class1/01.jpg,1"]
     (photos / "list.csv").write_text("\n".join(rows) + "\n")
-    url = _upload_tree(bucket, photos, "faults")
+    url = upload_tree(bucket, photos, "faults")
     with pytest.raises(PreprocessError, match=r"gone\.jpg"):
         preprocess(f"{url}list.csv", tmp_path / "raise", _options(on_error="raise"), workers=1,
                    show_progress=False)  # fmt: skip
@@ -164,13 +155,13 @@ def test_a_missing_or_refused_object_follows_on_error(
 def test_the_cli_accepts_a_source_url(
     photos: Path, bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    url = _upload_tree(bucket, photos, "cli/photos")
+    url = upload_tree(bucket, photos, "cli/photos")
     out = tmp_path / "out"
     argv = ["preprocess", url, str(out), "--size", "16", "--workers", "2", "-q"]
     assert main(argv) == 0
     assert len(ShardDataset(out)) == 14
     (photos / "list.tsv").write_text("label\tfile\n1\tclass1/01.jpg\n0\tclass0/00.jpg\n")
-    list_url = _upload_tree(bucket, photos, "cli/photos") + "list.tsv"
+    list_url = upload_tree(bucket, photos, "cli/photos") + "list.tsv"
     columns = ["--path-column", "file", "--label-column", "0"]
     assert main(["preprocess", list_url, str(tmp_path / "list"), *columns, "-q"]) == 0
     reader = ShardReader(tmp_path / "list")
@@ -186,7 +177,7 @@ def test_the_cli_accepts_a_source_url(
 def test_a_rerun_keeps_shards_whose_objects_are_unchanged_and_finds_a_replaced_one(
     photos: Path, bucket: str, tmp_path: Path
 ) -> None:
-    url = _upload_tree(bucket, photos, "rerun")
+    url = upload_tree(bucket, photos, "rerun")
     out = tmp_path / "out"
     preprocess(url, out, _options(), workers=1, show_progress=False)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,7 +34,7 @@ _T = TypeVar("_T")
 ATTEMPTS_ENV = "FASTDATA_STORAGE_ATTEMPTS"  # attempts of a request, default 5
 TIMEOUT_ENV = "FASTDATA_STORAGE_TIMEOUT_S"  # connect and read timeout, default 60 s
 _SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
-_CHUNK_BYTES = 1 << 20
+_CHUNK_BYTES = 8 << 20  # a read of the body (one buffer per download)
 
 # S3 error codes that retrying cannot fix -> what the user reads
 _WRONG_REGION = "wrong region: the bucket is in another region (set AWS_REGION)"
@@ -94,13 +95,17 @@ class S3Store:
 
     def stream(self, key: str) -> Iterator[memoryview]:
         """The object's body in chunks, not checked by the client: its reader checks it
-        (the cache, against the manifest's SHA-256)."""
+        (the cache, against the manifest's SHA-256). Each chunk is a view of one reused
+        buffer, valid until the next chunk is asked for."""
+        body = None
         try:
             body = self._get(key, verify=False)
-            for chunk in body.iter_chunks(_CHUNK_BYTES):
-                yield memoryview(chunk)
+            yield from _chunks(body)
         except Exception as exc:
             raise self.error("read", f"s3://{self.bucket}/{key}", exc) from None
+        finally:
+            if body is not None:
+                body.close()
 
     def size(self, key: str) -> int | None:
         def head() -> int | None:
@@ -205,6 +210,32 @@ class S3Store:
         # the client's own checksum of the body (CRC, when the store sent one) disagreed
         error.corrupt = isinstance(exc, self._exceptions.FlexibleChecksumError)
         return error
+
+
+_buffers = threading.local()
+
+
+def _chunks(body: Any) -> Iterator[memoryview]:
+    """The bytes of a response body, read straight from the socket into one reused buffer
+    (no copy per chunk): a body the server sent compressed (``Content-Encoding``), or a
+    client library of another make, is read through the library's own chunks instead."""
+    raw = getattr(body, "_raw_stream", None)
+    socket_file: Any = getattr(raw, "_fp", None)
+    encoding = str(getattr(raw, "headers", {}).get("content-encoding", "identity")).lower()
+    if not hasattr(socket_file, "readinto") or encoding not in ("", "identity"):
+        for chunk in body.iter_chunks(_CHUNK_BYTES):
+            yield memoryview(chunk)
+        return
+    buffer = getattr(_buffers, "buffer", None)
+    if buffer is None:  # one per thread: a download's chunks are used before the next read
+        buffer = _buffers.buffer = memoryview(bytearray(_CHUNK_BYTES))
+    while True:
+        # http.client's reader: it raises IncompleteRead for a body cut short of its
+        # Content-Length (a truncated download, retried), returns 0 at its end
+        count = socket_file.readinto(buffer)
+        if not count:
+            return
+        yield buffer[:count]
 
 
 def _code(exc: Any) -> str:

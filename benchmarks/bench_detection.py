@@ -75,6 +75,7 @@ from bench_ram_jpeg import build_photo_set
 from fastdata import ops
 from fastdata._codec import decode_image
 from fastdata._draws import keyed_uniform
+from fastdata._fields import apply_geometry  # the JPEG row's own pipeline moves its boxes
 from fastdata.datasets import ShardDataset, passthrough_collate
 from fastdata.datasets._buffers import BatchBuffers
 from fastdata.decode.detection import decode_iou_crops
@@ -86,7 +87,6 @@ from fastdata.transforms import (
     Letterbox,
     RandomHorizontalFlip,
     RandomIoUCrop,
-    apply_geometry,
 )
 
 SIZE, BATCH, WORKERS, SEED = 512, 16, 2, 0

@@ -10,6 +10,7 @@ it; users name a location as a path or URL (docs/guides/storage.md).
 
 from __future__ import annotations
 
+from fastdata._storage._backend import ListedObject, object_store
 from fastdata._storage._cache import HeldShard, ShardCache, default_cache_dir, parse_bytes
 from fastdata._storage._files import (
     CachedFiles,
@@ -18,12 +19,14 @@ from fastdata._storage._files import (
     read_file,
     shard_files,
 )
+from fastdata._storage._inputs import list_tree, read_input
 from fastdata._storage._location import Location, RemoteLocation, is_url, parse_location
 from fastdata._storage._upload import RemoteOutput
 
 __all__ = [
     "CachedFiles",
     "HeldShard",
+    "ListedObject",
     "LocalFiles",
     "Location",
     "RemoteLocation",
@@ -32,8 +35,11 @@ __all__ = [
     "ShardFiles",
     "default_cache_dir",
     "is_url",
+    "list_tree",
+    "object_store",
     "parse_bytes",
     "parse_location",
     "read_file",
+    "read_input",
     "shard_files",
 ]

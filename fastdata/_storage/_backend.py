@@ -10,13 +10,20 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 from fastdata._storage._location import SCHEMES, RemoteLocation
 
 logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+
+
+class ListedObject(NamedTuple):
+    """An object as a listing shows it."""
+
+    size: int
+    version: str  # changes when the object is replaced (ETag and time, or generation)
 
 
 class ObjectStore(Protocol):
@@ -52,8 +59,8 @@ class ObjectStore(Protocol):
         """Store ``data`` as ``key``."""
         ...
 
-    def list(self, prefix: str) -> dict[str, int]:
-        """``{key: size}`` of every object under ``prefix``."""
+    def list(self, prefix: str) -> dict[str, ListedObject]:
+        """Every object under ``prefix``: ``{key: (size, version stamp)}``."""
         ...
 
     def delete(self, key: str) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fastdata._optional import import_optional
-from fastdata._storage._backend import retrying
+from fastdata._storage._backend import ListedObject, retrying
 from fastdata._storage._s3 import ATTEMPTS_ENV, TIMEOUT_ENV, _env_int, scrub
 from fastdata.errors import StorageError
 
@@ -89,12 +89,15 @@ class GCSStore:
             lambda: self._blob(key).upload_from_string(data, timeout=self.timeout_s, retry=None),
         )
 
-    def list(self, prefix: str) -> dict[str, int]:
-        def listing() -> dict[str, int]:
+    def list(self, prefix: str) -> dict[str, ListedObject]:
+        def listing() -> dict[str, ListedObject]:
             blobs = self._client.list_blobs(
                 self.bucket, prefix=prefix, timeout=self.timeout_s, retry=None
             )
-            return {str(blob.name): int(blob.size) for blob in blobs}
+            return {
+                str(blob.name): ListedObject(int(blob.size), f"{blob.generation}:{blob.etag}")
+                for blob in blobs
+            }
 
         return self._retrying("list", prefix, listing)
 

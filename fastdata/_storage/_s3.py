@@ -17,12 +17,13 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 from fastdata._optional import import_optional
-from fastdata._storage._backend import retrying
+from fastdata._storage._backend import ListedObject, retrying
 from fastdata.errors import StorageError
 
 logger = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ _T = TypeVar("_T")
 ATTEMPTS_ENV = "FASTDATA_STORAGE_ATTEMPTS"  # attempts of a request, default 5
 TIMEOUT_ENV = "FASTDATA_STORAGE_TIMEOUT_S"  # connect and read timeout, default 60 s
 _SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
-_CHUNK_BYTES = 1 << 20
+_CHUNK_BYTES = 8 << 20  # a read of the body (one buffer per download)
 
 # S3 error codes that retrying cannot fix -> what the user reads
 _WRONG_REGION = "wrong region: the bucket is in another region (set AWS_REGION)"
@@ -94,13 +95,17 @@ class S3Store:
 
     def stream(self, key: str) -> Iterator[memoryview]:
         """The object's body in chunks, not checked by the client: its reader checks it
-        (the cache, against the manifest's SHA-256)."""
+        (the cache, against the manifest's SHA-256). Each chunk is a view of one reused
+        buffer, valid until the next chunk is asked for."""
+        body = None
         try:
             body = self._get(key, verify=False)
-            for chunk in body.iter_chunks(_CHUNK_BYTES):
-                yield memoryview(chunk)
+            yield from _chunks(body)
         except Exception as exc:
             raise self.error("read", f"s3://{self.bucket}/{key}", exc) from None
+        finally:
+            if body is not None:
+                body.close()
 
     def size(self, key: str) -> int | None:
         def head() -> int | None:
@@ -139,13 +144,14 @@ class S3Store:
             "write", key, lambda: self._client.put_object(Bucket=self.bucket, Key=key, Body=data)
         )
 
-    def list(self, prefix: str) -> dict[str, int]:
-        def listing() -> dict[str, int]:
-            found: dict[str, int] = {}
+    def list(self, prefix: str) -> dict[str, ListedObject]:
+        def listing() -> dict[str, ListedObject]:
+            found: dict[str, ListedObject] = {}
             pages = self._client.get_paginator("list_objects_v2")
             for page in pages.paginate(Bucket=self.bucket, Prefix=prefix):
                 for item in page.get("Contents", ()):
-                    found[str(item["Key"])] = int(item["Size"])
+                    stamp = f"{item.get('ETag', '')}@{item.get('LastModified', '')}"
+                    found[str(item["Key"])] = ListedObject(int(item["Size"]), stamp)
             return found
 
         return self._retrying("list", prefix, listing)
@@ -204,6 +210,32 @@ class S3Store:
         # the client's own checksum of the body (CRC, when the store sent one) disagreed
         error.corrupt = isinstance(exc, self._exceptions.FlexibleChecksumError)
         return error
+
+
+_buffers = threading.local()
+
+
+def _chunks(body: Any) -> Iterator[memoryview]:
+    """The bytes of a response body, read straight from the socket into one reused buffer
+    (no copy per chunk): a body the server sent compressed (``Content-Encoding``), or a
+    client library of another make, is read through the library's own chunks instead."""
+    raw = getattr(body, "_raw_stream", None)
+    socket_file: Any = getattr(raw, "_fp", None)
+    encoding = str(getattr(raw, "headers", {}).get("content-encoding", "identity")).lower()
+    if not hasattr(socket_file, "readinto") or encoding not in ("", "identity"):
+        for chunk in body.iter_chunks(_CHUNK_BYTES):
+            yield memoryview(chunk)
+        return
+    buffer = getattr(_buffers, "buffer", None)
+    if buffer is None:  # one per thread: a download's chunks are used before the next read
+        buffer = _buffers.buffer = memoryview(bytearray(_CHUNK_BYTES))
+    while True:
+        # http.client's reader: it raises IncompleteRead for a body cut short of its
+        # Content-Length (a truncated download, retried), returns 0 at its end
+        count = socket_file.readinto(buffer)
+        if not count:
+            return
+        yield buffer[:count]
 
 
 def _code(exc: Any) -> str:

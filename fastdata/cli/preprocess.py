@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fastdata._codec import DEFAULT_MAX_PIXELS, output_size_problem
+from fastdata._storage import is_url
 from fastdata._system import format_bytes
 from fastdata.cli import EXIT_OK
 from fastdata.cli._args import (
@@ -225,7 +226,8 @@ def validate(args: argparse.Namespace) -> str | None:
             )
         return None
     columns = args.path_column is not None or args.label_column is not None
-    if columns and not (Path(args.src).is_file() and args.kind in ("auto", "list")):
+    is_file = is_url(args.src) or Path(args.src).is_file()  # a URL: checked when listed
+    if columns and not (is_file and args.kind in ("auto", "list")):
         return f"--path-column/--label-column are for a CSV/TSV list source, got {args.src!r}"
     if args.mask_suffix is not None and args.kind not in ("auto", "segmentation"):
         return f"--mask-suffix is for image + mask pairs, got --kind {args.kind}"

@@ -45,11 +45,15 @@ _READ_ONLY = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
 
 def inputs_digest(items: Sequence[SourceItem]) -> str:
     """SHA-256 over each input's size and modification time (and its mask's), in order: it
-    changes when an input of the shard is replaced, repaired or edited. Names are covered by
-    the job's fingerprint; paths are left out so that a moved source tree stays the same job.
+        changes when an input of the shard is replaced, repaired or edited (an object of a store:
+    its listed size and version stamp). Names are covered by
+        the job's fingerprint; paths are left out so that a moved source tree stays the same job.
     """
     digest = hashlib.sha256()
     for item in items:
+        if item.version:  # an object of a store: its size and version stamp as listed
+            digest.update(f"{item.version}\n".encode())
+            continue
         for path in (item.path, item.mask):
             if path is None:
                 continue

@@ -593,6 +593,13 @@ _idle_pool: list[tuple[tuple[Any, ...], WorkerPool]] = []
 _idle_lock = threading.Lock()
 
 
+def _storage_environment() -> tuple[tuple[str, str], ...]:
+    """The environment object-store clients read when a worker creates one (endpoint,
+    credentials, retries): a kept worker started under another would read another store."""
+    prefixes = ("AWS_", "GOOGLE_", "FASTDATA_STORAGE_")
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(prefixes)))
+
+
 @contextmanager
 def lend_pool(workers: int, job: ShardJob, start_method: str) -> Iterator[WorkerPool]:
     """A pool of ``workers`` processes started by ``start_method`` and set up for ``job``:
@@ -601,13 +608,15 @@ def lend_pool(workers: int, job: ShardJob, start_method: str) -> Iterator[Worker
 
     A pool fits when this thread of this process started it the same way (its workers end
     with that thread: Linux's parent-death signal follows the thread that started them),
-    with the same worker count, working directory (relative input paths) and ``sys.path``.
+    with the same worker count, working directory (relative input paths), ``sys.path`` and
+    object-store environment (``AWS_*``...: inputs read from a store by URL).
     A job that runs user code (a dataset object: ``job.loader``) gets a pool of its own,
     closed after it: a kept worker would run the version of that code it loaded first, not
     an edited one, and a spawned worker cannot load ``__main__``'s (see
     :func:`_main_for_workers`).
     """
-    key = (os.getpid(), threading.get_ident(), start_method, workers, os.getcwd(), tuple(sys.path))
+    key = (os.getpid(), threading.get_ident(), start_method, workers, os.getcwd(), tuple(sys.path),
+           _storage_environment())  # fmt: skip
     if job.loader is not None:
         own_pool = WorkerPool(workers, job, start_method)
         try:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fastdata._progress import progress_bar
-from fastdata._storage import RemoteOutput, parse_location
+from fastdata._storage import RemoteOutput, is_url, parse_location
 from fastdata._system import usable_cpus
 from fastdata.errors import PreprocessError
 from fastdata.preprocess._detection import add_source_record, source_skipped
@@ -167,12 +167,9 @@ def preprocess(
     if engine is None:
         engine = LocalEngine(usable_cpus() if workers is None else workers)
     path = src.path if isinstance(src, Source) else src
-    # a URL of an unsupported scheme is refused by parse_location, an s3:// one here
-    if isinstance(path, (str, os.PathLike)) and not isinstance(parse_location(path, "src"), Path):
-        raise ValueError(
-            f"src {str(path)!r}: reading the source from object storage is not supported; "
-            "copy it to a local folder first (the output can be s3://)"
-        )
+    # a URL of an unsupported scheme is refused here, in one line
+    if isinstance(path, (str, os.PathLike)):
+        parse_location(path, "src")
     out_location = parse_location(out, "out")
     # object storage: the job runs in a local staging folder and uploads as shards land
     remote = None
@@ -186,7 +183,9 @@ def preprocess(
     if isinstance(src, Source):
         listing = src.listing(on_error=options.on_error, exclude=(root,))
     elif isinstance(src, (str, os.PathLike)):
-        listing = list_path(Path(src), on_error=options.on_error, exclude=(root,))
+        listing = list_path(
+            str(src) if is_url(src) else Path(src), on_error=options.on_error, exclude=(root,)
+        )
     else:
         skipped = source_skipped(src, options.on_error)  # bad annotations of a source
         listing = list_dataset(src, max_pixels=options.max_pixels)

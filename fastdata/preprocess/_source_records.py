@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from fastdata._storage import is_url
 from fastdata.errors import OnError
+from fastdata.preprocess._remote_sources import list_remote_source
 from fastdata.preprocess._sources import SourceListing, list_source
 
 SourcePath = str | Path
@@ -74,9 +76,7 @@ class _ListedSource(Source):
         return {}
 
     def listing(self, *, on_error: OnError | str, exclude: Iterable[Path]) -> SourceListing:
-        return list_source(
-            self.path, kind=self.kind, on_error=on_error, exclude=exclude, **self.list_options()
-        )
+        return _list(self.path, self.kind, on_error, exclude, self.list_options())
 
 
 @dataclass(frozen=True)
@@ -186,4 +186,25 @@ def list_path(
 ) -> SourceListing:
     """A path given as ``src``, listed as the kind it looks like: a file is a list, a folder
     holding ``.npy`` files an array folder, any other folder an ImageFolder."""
-    return list_source(path, on_error=on_error, exclude=exclude)
+    return _list(path, "auto", on_error, exclude, {})
+
+
+def _list(
+    src: SourcePath,
+    kind: str,
+    on_error: OnError | str,
+    exclude: Iterable[Path],
+    options: dict[str, Any],
+) -> SourceListing:
+    """A local source listed by :func:`list_source`; one in object storage (a URL) by
+    :func:`list_remote_source`, which holds ImageFolder trees and CSV/TSV lists only."""
+    if not is_url(src):
+        return list_source(src, kind=kind, on_error=on_error, exclude=exclude, **options)
+    if options.get("masks") is not None or options.get("mask_suffix") is not None:
+        raise ValueError(
+            f"src {src!r}: a segmentation source must be a local folder (object storage "
+            "holds ImageFolder trees and CSV/TSV lists)"
+        )
+    return list_remote_source(
+        str(src), kind, options.get("path_column"), options.get("label_column")
+    )

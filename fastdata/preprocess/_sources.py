@@ -32,7 +32,7 @@ import hashlib
 import logging
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,12 +70,16 @@ class SourceItem:
         name: Path relative to the source root (valid UTF-8), stored with the sample.
         label: Integer label, ``-1`` when the source has none.
         mask: Absolute path of the mask (segmentation sources only).
+        version: For an object in a store (``path`` is its URL): its size and version
+            stamp as listed (what a rerun compares to find a replaced input); ``""`` for
+            local files, whose size and modification time are read instead.
     """
 
     path: str
     name: str
     label: int = -1
     mask: str | None = None
+    version: str = ""
 
 
 @dataclass
@@ -312,12 +316,21 @@ def _column_index(wanted: str, header: list[str] | None, option: str, path: Path
     )
 
 
-def _list_file(path: Path, path_column: str | None, label_column: str | None) -> SourceListing:
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as fh:
-            text = fh.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PreprocessError(f"cannot read list file {path}: {exc}") from exc
+def _list_file(
+    path: Path,
+    path_column: str | None,
+    label_column: str | None,
+    text: str | None = None,
+    resolve: Callable[[str], str] | None = None,
+) -> SourceListing:
+    """The rows of list file ``path`` (``text``: its content when already read, e.g. from
+    object storage, where ``resolve`` maps a listed path to its URL)."""
+    if text is None:
+        try:
+            with open(path, newline="", encoding="utf-8-sig") as fh:
+                text = fh.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PreprocessError(f"cannot read list file {path}: {exc}") from exc
     delimiter = _sniff_delimiter(path, text.split("\n", 1)[0])
     numbered = [
         (number, row)
@@ -386,7 +399,9 @@ def _list_file(path: Path, path_column: str | None, label_column: str | None) ->
     base = path.parent
     _check_repeated_paths(path, paths, raw_labels, labels)
     items = [
-        SourceItem(str((base / name).absolute()), display_name(name), label)
+        SourceItem(
+            resolve(name) if resolve else str((base / name).absolute()), display_name(name), label
+        )
         for name, label in zip(paths, labels, strict=True)
     ]
     return SourceListing("list", str(path), items, class_names)

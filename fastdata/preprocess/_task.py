@@ -21,7 +21,8 @@ import numpy as np
 from PIL import Image
 
 from fastdata._codec import JpegHeader, check_pixels, decode_image, jpeg_header, orient
-from fastdata.errors import DecodeError, OnError, PreprocessError
+from fastdata._storage import read_input
+from fastdata.errors import DecodeError, OnError, PreprocessError, StorageError
 from fastdata.preprocess._options import PreprocessOptions
 from fastdata.preprocess._sources import SourceItem, SourceListing, display_name
 from fastdata.preprocess._stats import PixelStats, merge_fields
@@ -203,7 +204,7 @@ def _encode(pixels: np.ndarray, ext: str, quality: int, source: str) -> bytes:
 
 def _process_image(item: SourceItem, job: ShardJob) -> SampleResult:
     options = job.options
-    data = Path(item.path).read_bytes()
+    data = read_input(item.path)  # a local file, or an object of the store by URL
     header = jpeg_header(data)
     min_side = None
     if header is not None:
@@ -328,6 +329,8 @@ def process_sample(item: SourceItem, job: ShardJob) -> SampleResult:
         reason = f"cannot decode (OpenCV: {str(exc).strip()[-200:]})"
         return SampleFailure(display_name(item.path), reason)
     except (OSError, ValueError) as exc:
+        return SampleFailure(display_name(item.path), display_name(f"cannot read ({exc})"))
+    except StorageError as exc:  # an object of the store refused (access denied...)
         return SampleFailure(display_name(item.path), display_name(f"cannot read ({exc})"))
     sample["path"] = item.name
     if item.label >= 0:

@@ -120,6 +120,12 @@ def test_bad_records_are_refused_in_one_line(
         make()
 
 
-def test_a_record_of_an_object_storage_path_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="reading the source from object storage is not"):
-        preprocess(ImageFolderSource("s3://bucket/photos"), tmp_path / "o", TINY)
+def test_a_record_of_an_unsupported_url_or_remote_kind_is_refused(tmp_path: Path) -> None:
+    # object storage holds ImageFolder trees and lists (tests/storage); other URLs and kinds
+    # are refused in one line before any request
+    with pytest.raises(ValueError, match="scheme ftp://, which is not supported"):
+        preprocess(ImageFolderSource("ftp://host/photos"), tmp_path / "o", TINY)
+    with pytest.raises(ValueError, match="kind 'npy' must be a local folder"):
+        preprocess(NpyFolderSource("s3://bucket/arrays"), tmp_path / "o", TINY)
+    with pytest.raises(ValueError, match="segmentation source must be a local folder"):
+        preprocess(SegmentationSource("s3://bucket/images", masks="m"), tmp_path / "o", TINY)

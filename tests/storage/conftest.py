@@ -82,3 +82,15 @@ def upload_folder(bucket: str, folder: Path, prefix: str) -> str:
         if path.is_file():
             store.upload(path, location.key(path.name))
     return location.url
+
+
+def upload_tree(bucket: str, folder: Path, prefix: str) -> str:
+    """Upload every file under ``folder`` (at any depth) as ``s3://bucket/prefix/<relative
+    path>``; returns that URL."""
+    location = parse_location(f"s3://{bucket}/{prefix}")
+    assert isinstance(location, RemoteLocation)
+    store = object_store(location)
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            store.upload(path, location.key(path.relative_to(folder).as_posix()))
+    return location.url

@@ -9,12 +9,15 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+import cv2
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 
+from fastdata import ShardDataset
 from fastdata.shards import load_manifest
-from tests.storage.conftest import upload_folder, write_set
+from tests.storage.conftest import upload_folder, upload_tree, write_set
 from tests.test_doc_commands import command_lines, run_line
 from tests.test_docs import GUIDES, blocks
 
@@ -25,7 +28,7 @@ PAGE = GUIDES / "storage.md"
 @pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 def test_the_guides_example_reads_a_set_from_the_store(bucket: str, tmp_path: Path) -> None:
     url = upload_folder(bucket, write_set(tmp_path / "local"), "set")
-    (code,) = blocks(PAGE, "python")
+    code = blocks(PAGE, "python")[0]
     assert '"s3://bucket/set/"' in code and '"/scratch/fd-cache"' in code
     code = code.replace('"s3://bucket/set/"', repr(url))
     code = code.replace('"/scratch/fd-cache"', repr(str(tmp_path / "cache")))
@@ -45,14 +48,41 @@ def test_the_guides_example_reads_a_set_from_the_store(bucket: str, tmp_path: Pa
 def test_the_guides_command_lines_run_against_the_store(
     bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sample_tool: Any
 ) -> None:
-    """The guide's ``fastdata`` lines on its ``photos/`` (an ImageFolder of 6 JPEGs), their
-    bucket the fresh one on the local server."""
-    lines = [line for line in command_lines(PAGE) if "s3://bucket/set/" in line]
-    assert [shlex.split(line)[1] for line in lines] == ["preprocess", "verify"]
+    """The guide's ``fastdata`` lines, in order, on its ``photos/`` (an ImageFolder of 6 JPEGs
+    with a ``train.csv`` beside the classes, local and uploaded), their bucket the fresh one on
+    the local server."""
+    lines = [line for line in command_lines(PAGE) if "s3://bucket/" in line]
+    assert [shlex.split(line)[1] for line in lines] == [
+        "preprocess", "verify", "preprocess", "preprocess",
+    ]  # fmt: skip
+    photos = tmp_path / "photos"
     sample_tool.make_sample_dataset(
-        tmp_path / "photos", 6, num_classes=2, seed=0, image_size=(32, 24), workers=1
+        photos, 6, num_classes=2, seed=0, image_size=(32, 24), workers=1
     )
+    rows = [p.relative_to(photos).as_posix() for p in sorted(photos.rglob("*.jpg"))]
+    (photos / "train.csv").write_text(
+        "file,label\n" + "".join(f"{r},{r.split('/')[0][-1]}\n" for r in rows)
+    )
+    upload_tree(bucket, photos, "photos")
     monkeypatch.chdir(tmp_path)
     for line in lines:
         run_line(line, {"s3://bucket/": f"s3://{bucket}/"})
     assert load_manifest(f"s3://{bucket}/set/").num_samples == 6
+    assert len(ShardDataset(tmp_path / "out")) == 6  # train.csv lies beside the classes
+    assert load_manifest(f"s3://{bucket}/listed/").num_samples == 6
+
+
+def test_the_guides_source_example_preprocesses_from_the_store(bucket: str, tmp_path: Path) -> None:
+    photos = tmp_path / "photos"
+    for index, name in enumerate(("cat", "dog")):
+        (photos / name).mkdir(parents=True)
+        image = np.full((20, 24, 3), 60 * index, np.uint8)
+        cv2.imwrite(str(photos / name / "a.png"), image)
+    (photos / "train.csv").write_text("file,label\ndog/a.png,1\ncat/a.png,0\n")
+    url = upload_tree(bucket, photos, "photos")
+    code = blocks(PAGE, "python")[1].replace('"s3://bucket/photos/', f'"{url}')
+    code = code.replace('"out/"', repr(str(tmp_path / "out")))
+    code = code.replace('"listed/"', repr(str(tmp_path / "listed")))
+    exec(compile(code, str(PAGE), "exec"), {})
+    assert len(ShardDataset(tmp_path / "out")) == 2  # train.csv lies beside the classes
+    assert len(ShardDataset(tmp_path / "listed")) == 2

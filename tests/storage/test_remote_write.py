@@ -80,11 +80,3 @@ def test_verify_names_a_damaged_object(
     assert main(["verify", url, "-q"]) == 1
     err = capsys.readouterr().err
     assert "CORRUPT shard-00001.h5: sha256" in err and "CORRUPT shard-00002.h5: missing" in err
-
-
-def test_a_source_in_object_storage_is_refused_in_one_line(
-    bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert main(["preprocess", f"s3://{bucket}/photos/", str(tmp_path / "out"), "-q"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "reading the source from object storage is not supported" in err[0]

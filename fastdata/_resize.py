@@ -3,7 +3,7 @@ transforms (``Resize``, ``RandomResizedCrop``) use it.
 
 An axis that shrinks by less than 2x (what is left after a JPEG's reduced-size decode, and
 the usual ``Resize(256)`` of a photo) gets a 3-tap Gaussian low-pass whose sigma is 0.9
-times the shrink less one (OpenCV's separable float filter: 1.3x faster than its bit-exact
+times the shrink less one (OpenCV's separable float filter, faster than its bit-exact
 ``GaussianBlur``; skipped under ~1.33x, where it would move pixels by about a level), then
 bilinear sampling; a shrink of 2x or more is area-averaged; an image that grows is sampled
 bilinearly. Chosen by measurement (``benchmarks/bench_resize.py``; the figures are in

@@ -72,8 +72,8 @@ class Normalize(nn.Module):
     ``x * scale + bias`` straight from the uint8 input, in float32, written in the output
     dtype and memory format by the same kernel (on CUDA the casts happen inside it: there is
     no float copy of the batch, neither on the host nor on the device; on the CPU the batch
-    goes through in cache-sized chunks of images with the same float32 arithmetic, 2-6x
-    faster than the one mixed-dtype kernel there). ``mean`` and ``std``
+    goes through in cache-sized chunks of images with the same float32 arithmetic, faster
+    than the one mixed-dtype kernel there: docs/benchmarks.md). ``mean`` and ``std``
     are buffers, so the module moves with ``.to(device)`` and is saved in ``state_dict``.
     Under ``torch.compile`` inductor fuses the same expression into one kernel.
 

@@ -15,7 +15,7 @@ from fastdata.shards._field_kind import (
     FieldSpecLike,
     Mapper,
     Region,
-    checked_dataset,
+    checked_values_and_offsets,
     create_contiguous,
 )
 
@@ -83,18 +83,15 @@ class EncodedKind(FieldKind):
         return [(column.path, column.offset, offset, total)]
 
     def open(self, h5: h5py.File, num_samples: int, mapper: Mapper) -> Any:
-        import h5py  # noqa: PLC0415 - workers load kinds without h5py (see _field_kind.py)
-
-        name = self.spec.name
-        group = h5.get(name)
-        if not isinstance(group, h5py.Group):
-            raise ValueError(f"field {name!r} is not a group of an encoded field")
-        offsets = np.asarray(checked_dataset(group, "offsets", "int64", (num_samples + 1,))[()])
-        data = group.get("data")
-        size = data.shape[0] if isinstance(data, h5py.Dataset) and data.ndim else 0
-        data = checked_dataset(group, "data", "uint8", (size,))
-        if offsets[0] != 0 or offsets[-1] != size or np.any(np.diff(offsets) < 0):
-            raise ValueError(f"offsets of field {name!r} do not run from 0 up to {size}")
+        data, offsets = checked_values_and_offsets(
+            h5,
+            self.spec.name,
+            values_key="data",
+            dtype="uint8",
+            row_shape=(),
+            num_samples=num_samples,
+            kind="an encoded",
+        )
         return mapper(data), offsets
 
     def read(self, view: Any, index: int) -> np.ndarray:

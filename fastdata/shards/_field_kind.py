@@ -278,3 +278,31 @@ def checked_dataset(
     if ds.external or ds.is_virtual:
         raise ValueError(f"{where} keeps its data outside the shard file")
     return ds
+
+
+def checked_values_and_offsets(
+    h5: h5py.File,
+    name: str,
+    *,
+    values_key: str,
+    dtype: str,
+    row_shape: tuple[int, ...],
+    num_samples: int,
+    kind: str,
+) -> tuple[h5py.Dataset, np.ndarray]:
+    """The group ``name`` of a field stored as values + offsets (sample ``i`` is
+    ``values[offsets[i] : offsets[i + 1]]``), checked: a group holding ``values_key`` of
+    ``dtype`` with rows of ``row_shape``, and ``num_samples + 1`` offsets running up from 0
+    to its row count. ``kind`` names the field kind in the errors."""
+    import h5py  # noqa: PLC0415 - see the note at the top of this module
+
+    group = h5.get(name)
+    if not isinstance(group, h5py.Group):
+        raise ValueError(f"field {name!r} is not a group of {kind} field")
+    offsets = np.asarray(checked_dataset(group, "offsets", "int64", (num_samples + 1,))[()])
+    values = group.get(values_key)
+    rows = values.shape[0] if isinstance(values, h5py.Dataset) and values.ndim else 0
+    values = checked_dataset(group, values_key, dtype, (rows, *row_shape))
+    if offsets[0] != 0 or offsets[-1] != rows or np.any(np.diff(offsets) < 0):
+        raise ValueError(f"offsets of field {name!r} do not run from 0 up to {rows}")
+    return values, offsets

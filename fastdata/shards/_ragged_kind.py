@@ -16,7 +16,7 @@ from fastdata.shards._field_kind import (
     FieldSpecLike,
     Mapper,
     Region,
-    checked_dataset,
+    checked_values_and_offsets,
     create_contiguous,
 )
 
@@ -98,18 +98,16 @@ class RaggedKind(FieldKind):
         return [(column.path, column.offset, offset, total)]
 
     def open(self, h5: h5py.File, num_samples: int, mapper: Mapper) -> Any:
-        import h5py  # noqa: PLC0415 - workers load kinds without h5py (see _field_kind.py)
-
         spec = self.spec
-        group = h5.get(spec.name)
-        if not isinstance(group, h5py.Group):
-            raise ValueError(f"field {spec.name!r} is not a group of a ragged field")
-        offsets = np.asarray(checked_dataset(group, "offsets", "int64", (num_samples + 1,))[()])
-        values = group.get("values")
-        rows = values.shape[0] if isinstance(values, h5py.Dataset) and values.ndim else 0
-        values = checked_dataset(group, "values", spec.dtype, (rows, *spec.shape))
-        if offsets[0] != 0 or offsets[-1] != rows or np.any(np.diff(offsets) < 0):
-            raise ValueError(f"offsets of field {spec.name!r} do not run from 0 up to {rows}")
+        values, offsets = checked_values_and_offsets(
+            h5,
+            spec.name,
+            values_key="values",
+            dtype=spec.dtype,
+            row_shape=spec.shape,
+            num_samples=num_samples,
+            kind="a ragged",
+        )
         return mapper(values), offsets
 
     def read(self, view: Any, index: int) -> np.ndarray:

@@ -25,7 +25,7 @@ from fastdata._fields import FieldBatch, Geometry, as_field_batch
 from fastdata._ops_boxes import IOU_OPTIONS, LETTERBOX_FILL
 from fastdata._transfer import copy_to_device
 from fastdata.gpu._boxes import PaddedBoxes, as_padded, iou_crops, move_padded, repack
-from fastdata.gpu.augment import _channels_last, _check_batch, _SeededModule, _spatial
+from fastdata.gpu.augment import _channels_last, _check_batches, _SeededModule, _spatial
 
 
 def _affine(
@@ -81,9 +81,7 @@ class _DeviceGeometry(_SeededModule):
         regions: torch.Tensor,
         fill: torch.Tensor | None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        _check_batch(images, None, self.layout)
-        for mask in masks:
-            _check_batch(images, mask, self.layout)
+        _check_batches(images, masks, self.layout)
         bchw = images.permute(0, 3, 1, 2) if self.layout == "HWC" else images
         height, width = bchw.shape[2:]
         grid = _affine(regions, height, width, self.size)

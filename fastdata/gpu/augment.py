@@ -53,6 +53,13 @@ def _channels_last(images: torch.Tensor) -> bool:
     )
 
 
+def _check_batches(images: torch.Tensor, masks: list[torch.Tensor], layout: str) -> None:
+    """:func:`_check_batch` of the images, then of each mask batch against them."""
+    _check_batch(images, None, layout)
+    for mask in masks:
+        _check_batch(images, mask, layout)
+
+
 def _check_batch(images: torch.Tensor, masks: torch.Tensor | None, layout: str) -> None:
     if not isinstance(images, torch.Tensor) or images.dim() != 4:
         got = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
@@ -143,6 +150,19 @@ class _SeededModule(nn.Module, ops.Executor):
                     for array, old in zip(moved.values[name], batch.values[name], strict=True)
                 ]
         return FieldBatch(values, dict(batch.roles))
+
+    def _forward_images(
+        self,
+        images: torch.Tensor | FieldBatch | Mapping[str, Any],
+        masks: torch.Tensor | None,
+        roles: Mapping[str, str] | None,
+    ) -> Any:
+        """``forward`` of a module that moves images and masks: a batch of fields with
+        roles, or the images (and the masks, when given) moved by one draw."""
+        if isinstance(images, FieldBatch | Mapping):
+            return self._forward_fields(images, roles)
+        out, moved, _ = self._move(images, [] if masks is None else [masks])
+        return out if masks is None else (out, moved[0])
 
     def _prepare(self, batch: FieldBatch) -> None:
         """Read what the next :meth:`_move` draws from (an IoU crop: the boxes); nothing
@@ -257,17 +277,12 @@ class DeviceRandomHorizontalFlip(_SeededModule):
         Raises:
             ValueError: ``images`` is not 4-D or ``masks`` does not match it.
         """
-        if isinstance(images, FieldBatch | Mapping):
-            return self._forward_fields(images, roles)
-        out_images, moved, _ = self._move(images, [] if masks is None else [masks])
-        return out_images if masks is None else (out_images, moved[0])
+        return self._forward_images(images, masks, roles)
 
     def _move(
         self, images: torch.Tensor, masks: list[torch.Tensor]
     ) -> tuple[torch.Tensor, list[torch.Tensor], Geometry]:
-        _check_batch(images, None, self.layout)
-        for mask in masks:
-            _check_batch(images, mask, self.layout)
+        _check_batches(images, masks, self.layout)
         flips_host = self.op.flips(self._uniform(images.shape[0]))
         flip = _to(torch.from_numpy(flips_host), images.device)
         out_images = self._flip(images, flip, -2 if self.layout == "HWC" else -1)
@@ -374,17 +389,12 @@ class DeviceRandomResizedCrop(_SeededModule):
         Raises:
             ValueError: ``images`` is not 4-D or ``masks`` does not match it.
         """
-        if isinstance(images, FieldBatch | Mapping):
-            return self._forward_fields(images, roles)
-        out, moved, _ = self._move(images, [] if masks is None else [masks])
-        return out if masks is None else (out, moved[0])
+        return self._forward_images(images, masks, roles)
 
     def _move(
         self, images: torch.Tensor, masks: list[torch.Tensor]
     ) -> tuple[torch.Tensor, list[torch.Tensor], Geometry]:
-        _check_batch(images, None, self.layout)
-        for mask in masks:
-            _check_batch(images, mask, self.layout)
+        _check_batches(images, masks, self.layout)
         bchw = images.permute(0, 3, 1, 2) if self.layout == "HWC" else images
         batch, _, height, width = bchw.shape
         boxes = self.sample_boxes(batch, height, width).double()

@@ -194,33 +194,18 @@ def validate(args: argparse.Namespace) -> str | None:
             "--classes names the classes of --yolo, --voc or --annotations (a COCO file "
             "names its own)"
         )
+    path_options = _path_options_given(args)
     if annotations is not None:
-        refused = {
-            "--from-python": args.from_python,
-            "--kind": args.kind != "auto",
-            "--masks": args.masks is not None,
-            "--mask-suffix": args.mask_suffix is not None,
-            "--path-column": args.path_column is not None,
-            "--label-column": args.label_column is not None,
-        }
-        given = [name for name, is_given in refused.items() if is_given]
+        given = ["--from-python"] * bool(args.from_python) + path_options
         if given:
             return (
                 f"{', '.join(given)}: not with {annotations[0]} (SRC is the image folder of "
                 "the annotations)"
             )
     if args.from_python:
-        path_options = {
-            "--kind": args.kind != "auto",
-            "--masks": args.masks is not None,
-            "--mask-suffix": args.mask_suffix is not None,
-            "--path-column": args.path_column is not None,
-            "--label-column": args.label_column is not None,
-        }
-        given = [name for name, is_given in path_options.items() if is_given]
-        if given:
+        if path_options:
             return (
-                f"{', '.join(given)}: --kind and --masks (and the column and mask-suffix "
+                f"{', '.join(path_options)}: --kind and --masks (and the column and mask-suffix "
                 "options) describe a path source, not --from-python (a dataset's items carry "
                 "their own labels and masks)"
             )
@@ -261,6 +246,18 @@ def _resize_mode(args: argparse.Namespace) -> str:
     if args.resize is not None:
         return str(args.resize)
     return "pad" if _annotation_option(args) is not None else "shorter"
+
+
+def _path_options_given(args: argparse.Namespace) -> list[str]:
+    """The options given that describe a path source's files (kind, masks, columns)."""
+    given = {
+        "--kind": args.kind != "auto",
+        "--masks": args.masks is not None,
+        "--mask-suffix": args.mask_suffix is not None,
+        "--path-column": args.path_column is not None,
+        "--label-column": args.label_column is not None,
+    }
+    return [name for name, is_given in given.items() if is_given]
 
 
 def _annotation_option(args: argparse.Namespace) -> tuple[str, str, str] | None:

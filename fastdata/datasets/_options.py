@@ -15,6 +15,22 @@ if TYPE_CHECKING:
     from fastdata.decode import Decoder
 
 
+class _NotGiven:
+    """The default of a dataset's read keywords: "not passed", told apart from a value
+    equal to :class:`ReadOptions`' own default."""
+
+    def __repr__(self) -> str:
+        return "NOT_GIVEN"
+
+    def __reduce__(self) -> str:  # copies and unpickles to the one module-level instance
+        return "NOT_GIVEN"
+
+
+NOT_GIVEN: Any = _NotGiven()
+"""Default of the read keywords of the datasets (``layout=NOT_GIVEN``): a keyword left
+out takes its value from ``options=`` or from :class:`ReadOptions`' default."""
+
+
 def check_num_threads(value: int | None) -> int | None:
     """``num_threads`` validated: a positive int, or ``None`` for the default.
 
@@ -98,21 +114,28 @@ class ReadOptions:
     @classmethod
     def from_arguments(cls, options: ReadOptions | None, **given: Any) -> ReadOptions:
         """The options a dataset was given: ``options``, or the keyword arguments that
-        differ from their defaults (never both).
+        were passed (those not :data:`NOT_GIVEN`), never both. A keyword counts as
+        passed whatever its value, its default included, so it is never silently
+        dropped in favour of ``options``.
 
         Raises:
             TypeError: ``options`` is not a ``ReadOptions``, both it and keywords were
                 given, or a keyword is not one of its fields.
         """
-        defaults = {field.name: field.default for field in dataclasses.fields(cls)}
-        unknown = sorted(set(given) - set(defaults))
+        names = [field.name for field in dataclasses.fields(cls)]
+        unknown = sorted(set(given) - set(names))
         if unknown:
-            raise TypeError(f"unexpected read options {unknown}; allowed: {sorted(defaults)}")
+            raise TypeError(f"unexpected read options {unknown}; allowed: {sorted(names)}")
+        passed = {name: value for name, value in given.items() if value is not NOT_GIVEN}
         if options is None:
-            return cls(**given)
+            return cls(**passed)
         if not isinstance(options, cls):
             raise TypeError(f"options must be a ReadOptions, got {type(options).__name__}")
-        also = sorted(name for name, value in given.items() if value != defaults[name])
-        if also:
-            raise TypeError(f"{', '.join(also)} given both in options= and as keywords")
+        if passed:
+            shown = ", ".join(f"{name}={value!r}" for name, value in sorted(passed.items()))
+            raise TypeError(
+                f"{', '.join(sorted(passed))} given both in options= and as keywords "
+                f"({shown}); pass each read option once: in options= "
+                "(dataclasses.replace(options, ...)) or as keywords"
+            )
         return options

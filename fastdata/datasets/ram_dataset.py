@@ -10,11 +10,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from fastdata._codec import DEFAULT_MAX_PIXELS
 from fastdata._labels import label_array
 from fastdata.datasets._base import BatchedDataset
 from fastdata.datasets._loading import load_arrays, load_files, load_shards
-from fastdata.datasets._options import ReadOptions
+from fastdata.datasets._options import NOT_GIVEN, ReadOptions
 from fastdata.datasets._store import RAMStore, known_fields
 from fastdata.errors import OnError
 
@@ -54,7 +53,8 @@ class RAMDataset(BatchedDataset):
             height) is refused before decoding, like a corrupt file (``on_error`` applies);
             ``0`` or ``None``: no limit. Default: PIL's limit, 89,478,485.
         options: As for :class:`ShardDataset`: a :class:`ReadOptions` instead of the
-            keywords ``layout`` to ``max_pixels``.
+            keywords ``layout`` to ``max_pixels`` (a keyword passed with it, even at its
+            default value, is a ``TypeError``).
 
     Raises:
         ValueError: ``image_paths`` is empty, ``targets`` has another length, or
@@ -74,14 +74,14 @@ class RAMDataset(BatchedDataset):
         targets: Sequence[int] | np.ndarray | torch.Tensor | None,
         transform: Callable[..., Any] | None = None,
         *,
-        layout: str = "CHW",
-        decode: bool | Decoder = True,
-        decode_min_side: int | None = None,
-        on_error: OnError | str = "raise",
-        num_threads: int | None = None,
+        layout: str = NOT_GIVEN,
+        decode: bool | Decoder = NOT_GIVEN,
+        decode_min_side: int | None = NOT_GIVEN,
+        on_error: OnError | str = NOT_GIVEN,
+        num_threads: int | None = NOT_GIVEN,
         check_memory: bool = True,
         show_progress: bool = True,
-        max_pixels: int | None = DEFAULT_MAX_PIXELS,
+        max_pixels: int | None = NOT_GIVEN,
         options: ReadOptions | None = None,
     ) -> None:
         read = ReadOptions.from_arguments(

@@ -6,9 +6,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fastdata._codec import DEFAULT_MAX_PIXELS
 from fastdata.datasets._base import BatchedDataset
-from fastdata.datasets._options import ReadOptions
+from fastdata.datasets._options import NOT_GIVEN, ReadOptions
 from fastdata.datasets._store import ShardStore, known_fields
 from fastdata.errors import OnError
 
@@ -81,7 +80,10 @@ class ShardDataset(BatchedDataset):
             before decoding, like a corrupt file (``on_error`` applies); ``0`` or ``None``:
             no limit. Default: PIL's limit, 89,478,485.
         options: The read options (``layout`` to ``max_pixels`` and ``roles``) as one
-            :class:`ReadOptions` value, instead of those keywords (not both: ``TypeError``).
+            :class:`ReadOptions` value, instead of those keywords. A keyword passed with
+            ``options``, even at its default value, is a ``TypeError`` naming it; keywords
+            left out take :class:`ReadOptions`' defaults (``layout="CHW"``,
+            ``decode=True``, ``on_error="raise"``, ``num_threads=None``, ...).
 
     Raises:
         TypeError: ``transform`` is not callable, or ``layout`` is not a string.
@@ -102,16 +104,16 @@ class ShardDataset(BatchedDataset):
         fields: Sequence[str] = ("image", "label"),
         transform: Callable[..., Any] | None = None,
         *,
-        layout: str = "CHW",
-        decode: bool | Decoder = True,
-        decode_min_side: int | None = None,
-        on_error: OnError | str = "raise",
-        num_threads: int | None = None,
+        layout: str = NOT_GIVEN,
+        decode: bool | Decoder = NOT_GIVEN,
+        decode_min_side: int | None = NOT_GIVEN,
+        on_error: OnError | str = NOT_GIVEN,
+        num_threads: int | None = NOT_GIVEN,
         in_memory: bool = False,
         cache_dir: str | Path | None = None,
         cache_limit: int | str | None = None,
-        roles: Mapping[str, str] | None = None,
-        max_pixels: int | None = DEFAULT_MAX_PIXELS,
+        roles: Mapping[str, str] | None = NOT_GIVEN,
+        max_pixels: int | None = NOT_GIVEN,
         options: ReadOptions | None = None,
     ) -> None:
         if isinstance(fields, str) or not fields:

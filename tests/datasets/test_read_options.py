@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -80,3 +83,40 @@ def test_options_and_keywords_together_are_refused(raw_shards: Reference) -> Non
         RAMDataset.from_arrays(raw_shards.images, options=options, num_threads=2)
     with pytest.raises(TypeError, match="options must be a ReadOptions, got dict"):
         ShardDataset(raw_shards.path, options={"layout": "HWC"})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "keyword",
+    [
+        {"layout": "CHW"},
+        {"decode": True},
+        {"decode_min_side": None},
+        {"on_error": "raise"},
+        {"num_threads": None},
+        {"max_pixels": ReadOptions().max_pixels},
+        {"roles": None},
+    ],
+    ids=lambda keyword: next(iter(keyword)),
+)
+def test_a_keyword_at_its_default_value_with_options_is_refused(
+    raw_shards: Reference, image_files: tuple[list[Path], Reference], keyword: dict[str, object]
+) -> None:
+    # ReadOptions(layout="HWC") with layout="CHW" must not silently read HWC
+    options = ReadOptions(layout="HWC", on_error="skip", num_threads=2)
+    name = next(iter(keyword))
+    message = f"^{name} given both in options= and as keywords"
+    builders: dict[str, Callable[..., object]] = {
+        "shard": lambda **kw: ShardDataset(raw_shards.path, **kw),
+        "ram-shards": lambda **kw: RAMDataset.from_shards(
+            raw_shards.path, show_progress=False, **kw
+        ),
+        "ram-arrays": lambda **kw: RAMDataset.from_arrays(raw_shards.images, **kw),
+    }
+    if name != "roles":  # image files have no fields to give roles to
+        paths = image_files[0]
+        builders["ram-files"] = lambda **kw: RAMDataset(paths, None, show_progress=False, **kw)
+    for build in builders.values():
+        with pytest.raises(TypeError, match=message):
+            build(options=options, **keyword)
+        assert build(options=options).options == options  # options alone: used as given
+        assert build(**keyword).options == ReadOptions(**keyword)  # type: ignore[arg-type]

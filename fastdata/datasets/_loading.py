@@ -17,7 +17,7 @@ from fastdata._progress import progress_bar
 from fastdata.datasets._memory import check_memory
 from fastdata.datasets._shm import SharedBuffer
 from fastdata.datasets._store import RAMStore
-from fastdata.shards import FieldSpec, ShardReader
+from fastdata.shards import FieldSpec, Manifest, ShardReader
 
 _JPEG_SUFFIXES = (b".jpg", b".jpeg")
 
@@ -94,9 +94,9 @@ def load_shards(
     override_memory_check: bool,
     show_progress: bool,
     **cache: Any,
-) -> RAMStore:
+) -> tuple[RAMStore, Manifest]:
     """Copy ``fields`` of every shard of a shard set into shared buffers (a remote set
-    through the cache: ``cache_dir``, ``cache_limit``)."""
+    through the cache: ``cache_dir``, ``cache_limit``); the store and the set's manifest."""
     reader = ShardReader(path, **cache)
     try:
         specs = [reader.field(name) for name in fields]
@@ -160,7 +160,7 @@ def load_shards(
         bar.close()
     finally:
         reader.close()
-    return RAMStore(specs, buffers, offsets, n)
+    return RAMStore(specs, buffers, offsets, n), reader.manifest
 
 
 def _sample_bytes(spec: FieldSpec) -> int:

@@ -80,7 +80,7 @@ def shard_sizes_of(source: object) -> list[int]:
             :class:`~fastdata.shards.Manifest`, an object with a ``manifest`` attribute
             (e.g. :class:`~fastdata.shards.ShardReader`), a shard folder or ``index.json``
             path, or a sequence of ints. Any other dataset with a length counts as one shard
-            (e.g. a ``RAMDataset``, where locality does not matter).
+            (e.g. a ``RAMDataset`` of files or arrays, where locality does not matter).
 
     Raises:
         TypeError: ``source`` is none of these.

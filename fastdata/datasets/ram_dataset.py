@@ -19,6 +19,7 @@ from fastdata.errors import OnError
 
 if TYPE_CHECKING:
     from fastdata.decode import Decoder
+    from fastdata.shards import Manifest
 
 
 class RAMDataset(BatchedDataset):
@@ -56,6 +57,11 @@ class RAMDataset(BatchedDataset):
             keywords ``layout`` to ``max_pixels`` (a keyword passed with it, even at its
             default value, is a ``TypeError``).
 
+    Attributes:
+        manifest: The shard set's :class:`~fastdata.shards.Manifest` for a dataset from
+            :meth:`from_shards` (the same value as ``ShardDataset.manifest``), ``None``
+            for image files and arrays.
+
     Raises:
         ValueError: ``image_paths`` is empty, ``targets`` has another length, or
             ``max_pixels`` is negative or not an int.
@@ -67,6 +73,8 @@ class RAMDataset(BatchedDataset):
         >>> loader = DataLoader(ds, batch_size=64, num_workers=2,
         ...                     collate_fn=passthrough_collate)                 # doctest: +SKIP
     """
+
+    manifest: Manifest | None
 
     def __init__(
         self,
@@ -102,6 +110,7 @@ class RAMDataset(BatchedDataset):
             image_paths, labels, override_memory_check=not check_memory, show_progress=show_progress
         )
         fields = ("image",) if labels is None else ("image", "label")
+        self.manifest = None
         super().__init__(store, fields=fields, transform=transform, options=read)
 
     @classmethod
@@ -124,7 +133,7 @@ class RAMDataset(BatchedDataset):
         :class:`ShardDataset`. ``options`` is a :class:`ReadOptions`, or ``read`` its
         fields as keywords (``layout``, ``decode``, ``roles``, ...)."""
         read_options = ReadOptions.from_arguments(options, **read)  # checked before loading
-        store = load_shards(
+        store, manifest = load_shards(
             path,
             known_fields(path, fields),
             override_memory_check=not check_memory,
@@ -132,7 +141,9 @@ class RAMDataset(BatchedDataset):
             cache_dir=cache_dir,
             cache_limit=cache_limit,
         )
-        return cls._wrap(store, fields, transform, read_options)
+        dataset = cls._wrap(store, fields, transform, read_options)
+        dataset.manifest = manifest
+        return dataset
 
     @classmethod
     def from_arrays(
@@ -172,8 +183,15 @@ class RAMDataset(BatchedDataset):
         cls, store: RAMStore, fields: Sequence[str], transform: Any, options: ReadOptions
     ) -> RAMDataset:
         dataset = cls.__new__(cls)
+        dataset.manifest = None
         BatchedDataset.__init__(dataset, store, fields=fields, transform=transform, options=options)
         return dataset
+
+    @property
+    def class_names(self) -> list[str]:
+        """Label ``i`` is ``class_names[i]``: from the manifest of a set loaded with
+        :meth:`from_shards` (as :attr:`ShardDataset.class_names`), else empty."""
+        return [] if self.manifest is None else self.manifest.class_names
 
 
 def _uint8(array: np.ndarray | torch.Tensor, name: str, ndims: tuple[int, ...]) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from fastdata import _system
-from fastdata.datasets import RAMDataset
+from fastdata.datasets import RAMDataset, ShardDataset
 from fastdata.errors import InsufficientMemoryError
 from tests.datasets.conftest import NUM_SAMPLES, Reference
 
@@ -79,6 +80,22 @@ def test_from_arrays_with_masks_and_tensors(raw_shards: Reference) -> None:
     np.testing.assert_array_equal(images.numpy(), raw_shards.images[[6, 0]])
     np.testing.assert_array_equal(masks.numpy(), raw_shards.masks[[6, 0]])
     assert labels.tolist() == raw_shards.labels[[6, 0]].tolist()
+
+
+def test_from_shards_has_the_manifest_and_class_names_of_the_shard_dataset(
+    raw_shards: Reference, image_files: tuple[list[Path], Reference]
+) -> None:
+    on_disk = ShardDataset(raw_shards.path)
+    in_ram = RAMDataset.from_shards(raw_shards.path, show_progress=False)
+    assert in_ram.manifest == on_disk.manifest and in_ram.manifest is not None
+    assert in_ram.class_names == on_disk.class_names == list("abcde")
+    copied = pickle.loads(pickle.dumps(in_ram))  # what a spawned worker gets
+    assert copied.manifest == on_disk.manifest and copied.class_names == list("abcde")
+    for no_manifest in (
+        RAMDataset.from_arrays(raw_shards.images, raw_shards.labels),
+        RAMDataset(image_files[0], None, show_progress=False),
+    ):
+        assert no_manifest.manifest is None and no_manifest.class_names == []
 
 
 def test_memory_check_refuses_naming_both_figures(

@@ -9,8 +9,10 @@ RAM (``RAMDataset``); every figure of a set is taken in round-robin passes, best
 machine. Per set:
 
 - bounds, one thread, plain loops over the bytes: libjpeg-turbo decode only (simplejpeg,
-  fast DCT), the same with the accurate DCT fastdata decodes with, and decode (fast DCT) +
-  bilinear resize of the shorter side to 256 + centre crop 224;
+  fast DCT), the same with the accurate DCT fastdata decodes with, decode (fast DCT) +
+  bilinear resize of the shorter side to 256 + centre crop 224, and the same with the
+  accurate DCT and fastdata's antialiased resize kernel (the work the eval path does by
+  design; ``eval_of_same_kernel_bound_cpu`` is the eval's ratio to it per CPU time);
 - ``RAMDataset`` 1 thread: eval (``Resize(256)`` + ``CenterCrop(224)``, run in the decode)
   as a ratio to the decode + resize bound, and the same with the two transforms run after
   a whole decode, train (``RandomResizedCrop(224)`` + flip) as a ratio to the
@@ -55,6 +57,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from fastdata import RAMDataset, ShardDataset
+from fastdata._resize import resize_image
 from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
 from fastdata.transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop, Resize
 
@@ -113,15 +116,21 @@ def train_transform() -> Compose:
 
 
 def bound_pass(jpegs: Sequence[bytes], kind: str) -> Callable[[], int]:
-    """One pass of a bound over the bytes: ``decode_fast``, ``decode_accurate`` or
-    ``decode_resize`` (fast DCT, bilinear shorter side to 256, centre crop 224)."""
+    """One pass of a bound over the bytes: ``decode_fast``, ``decode_accurate``,
+    ``decode_resize`` (fast DCT, bilinear shorter side to 256, centre crop 224) or
+    ``decode_resize_same_kernel`` (the work the eval dataset does by design: accurate
+    DCT, fastdata's antialiased resize kernel to 256, centre crop 224)."""
+    accurate = kind in ("decode_accurate", "decode_resize_same_kernel")
 
     def one_pass() -> int:
         for data in jpegs:
-            image = simplejpeg.decode_jpeg(data, fastdct=kind != "decode_accurate")
-            if kind == "decode_resize":
+            image = simplejpeg.decode_jpeg(data, fastdct=not accurate)
+            if kind.startswith("decode_resize"):
                 height, width = _shorter_to(image.shape[0], image.shape[1], SIDE)
-                resized = cv2.resize(image, (width, height), interpolation=cv2.INTER_LINEAR)
+                if kind == "decode_resize":
+                    resized = cv2.resize(image, (width, height), interpolation=cv2.INTER_LINEAR)
+                else:
+                    resized = resize_image(image, width, height)
                 top, left = (height - CROP) // 2, (width - CROP) // 2
                 np.ascontiguousarray(resized[top : top + CROP, left : left + CROP])
         return len(jpegs)
@@ -261,6 +270,7 @@ def measure_set(
         "bound_decode_only": bound_pass(jpegs, "decode_fast"),
         "bound_decode_accurate_dct": bound_pass(jpegs, "decode_accurate"),
         "bound_decode_resize": bound_pass(jpegs, "decode_resize"),
+        "bound_decode_resize_same_kernel": bound_pass(jpegs, "decode_resize_same_kernel"),
         "ram_eval_1_thread": dataset_pass(one_thread_eval, args.batch_size),
         "ram_eval_1_thread_transform_after_decode": dataset_pass(
             eval_after_decode, args.batch_size
@@ -302,6 +312,10 @@ def measure_set(
         ),
         # the same two per CPU time of this process: what a loaded machine's wall clock blurs
         "eval_of_decode_resize_bound_cpu": cpu_s["bound_decode_resize"]
+        / cpu_s["ram_eval_1_thread"],
+        # the same eval against a loop doing the same work (accurate DCT, antialiased
+        # kernel): what the dataset's own per-sample path costs beyond it
+        "eval_of_same_kernel_bound_cpu": cpu_s["bound_decode_resize_same_kernel"]
         / cpu_s["ram_eval_1_thread"],
         "train_of_decode_only_bound": best["ram_train_1_thread"] / best["bound_decode_only"],
         "train_of_decode_only_bound_cpu": cpu_s["bound_decode_only"] / cpu_s["ram_train_1_thread"],

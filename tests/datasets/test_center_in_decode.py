@@ -27,7 +27,9 @@ def jpeg_files(tmp_path: Path) -> list[Path]:
 
 @pytest.mark.parametrize(
     ("side", "crop"),
-    [(80, 64), (150, (120, 140)), (256, 224), (40, 40)],  # reduced decodes, full, enlarging
+    # reduced decodes, full (under 1.33x: bilinear only; 1.5x: low-pass filtered first),
+    # enlarging
+    [(80, 64), (150, (120, 140)), (128, (112, 100)), (256, 224), (40, 40)],
 )
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_pixels_of_resize_then_center_crop(

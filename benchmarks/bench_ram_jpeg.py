@@ -26,6 +26,10 @@ machine. Per set:
 - JPEG shards (the same files in one JPEG-mode shard set), eval with 2 workers, against
   FFCV's JPEG mode on the same photos when ``ffcv`` is importable (one line says it is
   skipped otherwise);
+- every loader both per wall-clock second and per CPU second of its whole process tree
+  (``*_cpu`` ratios: workers' processes or FFCV's threads included), loaders in reverse
+  order every other pass, and the shards-over-FFCV wall-clock ratio of each pass
+  (``shards_eval_over_ffcv_jpeg_per_pass``) beside the best-of ratio;
 - the pixel difference of the fast DCT from the accurate one (mean and max levels of 255).
 
     python benchmarks/bench_ram_jpeg.py                  # 256 images per set
@@ -62,7 +66,7 @@ from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
 from fastdata.transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop, Resize
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import add_publish_argument, images_per_second, load_tool, save
+from _harness import add_publish_argument, load_tool, save, tree_cpu_seconds
 from bench_resize import PHOTO_NAMES
 
 SIDE, CROP, WORKERS = 256, 224, 2
@@ -148,6 +152,23 @@ def rate_of(one_pass: Callable[[], int], min_seconds: float) -> tuple[float, flo
         count += one_pass()
     cpu_per_image = (time.process_time() - cpu_started) / count
     return count / (time.perf_counter() - started), cpu_per_image
+
+
+def loader_rates(loader: Any, min_seconds: float) -> tuple[float, float]:
+    """Images per second of wall clock and per CPU second of the whole process tree (the
+    workers' processes or threads and the main process) over whole epochs, at least
+    ``min_seconds``, after one untimed epoch (it starts the workers and compiles FFCV's
+    pipeline). The CPU figure is the work an image costs, which the other tenants of a
+    shared machine move far less than the wall clock."""
+    for _batch in loader:
+        pass
+    count = 0
+    started, cpu_started = time.perf_counter(), tree_cpu_seconds()
+    while count == 0 or time.perf_counter() - started < min_seconds:
+        for batch in loader:
+            count += len(batch[0])
+    wall, cpu = time.perf_counter() - started, tree_cpu_seconds() - cpu_started
+    return count / wall, count / cpu if cpu > 0 else float("nan")
 
 
 def dataset_pass(dataset: RAMDataset, batch: int) -> Callable[[], int]:
@@ -296,16 +317,21 @@ def measure_set(
         loaders["ffcv_jpeg_eval_2_workers"] = ffcv_loader(paths, workdir, args.batch_size)
     best: dict[str, float] = {}
     cpu_s: dict[str, float] = {}
+    loader_walls: dict[str, list[float]] = {key: [] for key in loaders}
     load_at_start = [round(value, 2) for value in os.getloadavg()]
-    for _ in range(args.repeats):
+    for repeat in range(args.repeats):
         for key, one_pass in passes.items():
             rate, cpu_per_image = rate_of(one_pass, args.min_seconds)
             best[key] = max(best.get(key, 0.0), rate)
             cpu_s[key] = min(cpu_s.get(key, np.inf), cpu_per_image)
-        for key, loader in loaders.items():
-            rate = images_per_second(loader, warm_epochs=1, min_seconds=args.min_seconds)
+        # every other pass in reverse order: no loader always follows the same one
+        order = list(loaders) if repeat % 2 == 0 else list(reversed(loaders))
+        for key in order:
+            rate, per_cpu_second = loader_rates(loaders[key], args.min_seconds)
+            loader_walls[key].append(round(rate, 1))
             best[key] = max(best.get(key, 0.0), rate)
-    ratios = {
+            cpu_s[key] = min(cpu_s.get(key, np.inf), 1 / per_cpu_second)
+    ratios: dict[str, float | list[float]] = {
         "eval_of_decode_resize_bound": best["ram_eval_1_thread"] / best["bound_decode_resize"],
         "eval_transform_after_decode_of_decode_resize_bound": (
             best["ram_eval_1_thread_transform_after_decode"] / best["bound_decode_resize"]
@@ -326,17 +352,40 @@ def measure_set(
         "train_2_workers_over_pil": best["ram_train_2_workers"] / best["pil_train_2_workers"],
         "fast_dct_speedup": best["bound_decode_only"] / best["bound_decode_accurate_dct"],
     }
+    # the loaders per CPU second of their process tree (workers included)
+    ratios["eval_2_workers_over_pil_cpu"] = (
+        cpu_s["pil_eval_2_workers"] / cpu_s["ram_eval_2_workers"]
+    )
+    ratios["train_2_workers_over_pil_cpu"] = (
+        cpu_s["pil_train_2_workers"] / cpu_s["ram_train_2_workers"]
+    )
     if "ffcv_jpeg_eval_2_workers" in best:
         ratios["shards_eval_over_ffcv_jpeg"] = (
             best["shards_eval_2_workers"] / best["ffcv_jpeg_eval_2_workers"]
         )
+        ratios["shards_eval_over_ffcv_jpeg_cpu"] = (
+            cpu_s["ffcv_jpeg_eval_2_workers"] / cpu_s["shards_eval_2_workers"]
+        )
+        # the wall-clock ratio of each pass (the two measured minutes apart at most)
+        ratios["shards_eval_over_ffcv_jpeg_per_pass"] = [
+            round(ours / theirs, 3)
+            for ours, theirs in zip(
+                loader_walls["shards_eval_2_workers"],
+                loader_walls["ffcv_jpeg_eval_2_workers"],
+                strict=True,
+            )
+        ]
     return {
         "set": name,
         "num_images": len(paths),
         "load_average_1_5_15_at_start": load_at_start,
         "images_per_s": {key: round(rate, 1) for key, rate in best.items()},
         "cpu_us_per_image": {key: round(value * 1e6, 1) for key, value in cpu_s.items()},
-        "ratios": {key: round(value, 3) for key, value in ratios.items()},
+        "loader_images_per_s_per_pass": loader_walls,
+        "ratios": {
+            key: value if isinstance(value, list) else round(value, 3)
+            for key, value in ratios.items()
+        },
         "fast_dct_difference_levels": fast_dct_difference(jpegs),
         "notes": notes,
     }
@@ -365,7 +414,10 @@ def main(argv: list[str] | None = None) -> int:
         for key, rate in result["images_per_s"].items():
             print(f"  {key:34s} {rate:9.1f} img/s")
         for key, ratio in result["ratios"].items():
-            print(f"  {key:34s} {ratio:9.2f}")
+            shown = (
+                ", ".join(f"{r:.2f}" for r in ratio) if isinstance(ratio, list) else f"{ratio:9.2f}"
+            )
+            print(f"  {key:34s} {shown}")
         difference = result["fast_dct_difference_levels"]
         print(f"  fast DCT vs accurate: {difference['mean_abs']} mean, {difference['max_abs']} "
               "max levels of 255")  # fmt: skip

@@ -43,7 +43,6 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from fastdata._scratch import scratch
 from fastdata._turbojpeg import JpegPlan, decode_turbo
 from fastdata.errors import DecodeError, DecodeReason
 
@@ -356,7 +355,6 @@ def decode_image(
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     source: str = "<bytes>",
     damaged: list[DecodeError] | None = None,
-    into_scratch: bool = False,
 ) -> np.ndarray:
     """Decode an encoded image (JPEG, PNG, BMP, WebP, TIFF…) to uint8 pixels.
 
@@ -375,8 +373,6 @@ def decode_image(
             :mod:`fastdata._turbojpeg`) is a ``DecodeError``. A list: such an image is
             decoded anyway and a ``DecodeError`` with ``kept=True`` describing the damage is
             appended to it (``on_error="warn"``).
-        into_scratch: Decode a JPEG into this thread's reused buffer instead of a new
-            array (for a caller that uses the pixels before its next decode).
 
     Returns:
         ``(H, W, 3)`` uint8 RGB, or ``(H, W)`` uint8 when ``grayscale``.
@@ -402,7 +398,6 @@ def decode_image(
         source=source,
         max_pixels=max_pixels,
         damaged=damaged,
-        into_scratch=into_scratch,
     )
 
 
@@ -416,7 +411,6 @@ def decode_reduced(
     source: str,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     damaged: list[DecodeError] | None = None,
-    into_scratch: bool = False,
 ) -> np.ndarray:
     """:func:`decode_image` for callers that already parsed the header (``None``: not a
     JPEG) and chose the reduction ``factor`` (1, 2, 4 or 8; JPEGs only)."""
@@ -428,10 +422,7 @@ def decode_reduced(
         min_hw = (-(-header.height // factor), -(-header.width // factor))
         if header.components != 4:
             plan = JpegPlan(*min_hw, "GRAY" if grayscale else "RGB")
-            # libjpeg's scaled size is exactly min_hw: the buffer holds it
-            channels = 1 if grayscale else 3
-            out = scratch("decoded", (min_hw[0] * min_hw[1] * channels,)) if into_scratch else None
-            fast = decode_turbo(buf, plan, source, damaged, out)
+            fast = decode_turbo(buf, plan, source, damaged)
             if fast is not None:
                 fast = fast[:, :, 0] if grayscale else fast
                 return orient(fast, header.orientation) if exif_orientation else fast

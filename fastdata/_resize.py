@@ -17,11 +17,10 @@ levels at every tested factor (``tests/test_resize.py``).
 from __future__ import annotations
 
 import functools
+import threading
 
 import cv2
 import numpy as np
-
-from fastdata._scratch import scratch
 
 _SIGMA_PER_EXTRA_SCALE = 0.9
 _AREA_FROM_SCALE = 2.0
@@ -29,6 +28,7 @@ _IDENTITY_TAP = np.ones((1, 1), np.float32)
 # Below this weight of each outer tap (shrinks under ~1.33x) the filter would move a pixel
 # by at most about a level of 255: it is skipped, and the axis is sampled bilinearly.
 _SMALLEST_OUTER_TAP = 1 / 256
+_scratch = threading.local()  # per thread: the filtered source of resize_center_crop
 
 
 @functools.lru_cache(maxsize=256)  # per image size; the arrays are read, never written
@@ -60,6 +60,16 @@ def _low_pass(
         dst=dst,
         borderType=cv2.BORDER_REFLECT_101,
     )
+
+
+def _scratch_like(image: np.ndarray) -> np.ndarray:
+    """A per-thread uint8 buffer of ``image``'s shape (reused: its contents are stale)."""
+    buffer: np.ndarray | None = getattr(_scratch, "buffer", None)
+    size = image.size
+    if buffer is None or buffer.size < size:
+        buffer = np.empty(max(size, 1 << 20), np.uint8)
+        _scratch.buffer = buffer
+    return buffer[:size].reshape(image.shape)
 
 
 def _plane(image: np.ndarray) -> np.ndarray:
@@ -107,8 +117,6 @@ def resize_center_crop(
     resized_hw: tuple[int, int],
     box: tuple[int, int, int, int],
     out: np.ndarray,
-    *,
-    overwrite: bool = False,
 ) -> np.ndarray:
     """``resize_image(image, width, height)[top : top + h, left : left + w]`` written into
     ``out``, the same pixels, with the low-pass filter run only on the source pixels the
@@ -120,8 +128,6 @@ def resize_center_crop(
         resized_hw: The ``(height, width)`` the whole image is resized to.
         box: ``(top, left, height, width)`` inside the resized image.
         out: ``(height, width, C)`` uint8, C-contiguous (a row of a batch).
-        overwrite: ``image`` is the caller's scratch (say a decode's): it is filtered in
-            place rather than into a copy.
 
     Returns:
         ``out``.
@@ -131,7 +137,6 @@ def resize_center_crop(
     top, left, box_h, box_w = box
     scale_y, scale_x = h / resized_h, w / resized_w
     source = image
-    channels = image.shape[2]
     if max(scale_x, scale_y) < _AREA_FROM_SCALE and _filters(scale_x, scale_y):
         # cv2.resize samples source row (i + 0.5) * scale - 0.5 and the next one; the
         # 3-tap filter reads one more on each side
@@ -139,24 +144,17 @@ def resize_center_crop(
         last_y = min(int((top + box_h - 0.5) * scale_y - 0.5) + 3, h)
         first_x = max(int((left + 0.5) * scale_x - 0.5) - 2, 0)
         last_x = min(int((left + box_w - 0.5) * scale_x - 0.5) + 3, w)
-        if not overwrite:  # outside the region the copy is stale: never sampled for the box
-            source = scratch("filtered", image.shape)
-        # filtered straight into the region of `source` (OpenCV writes into the view; in
-        # place, each output row is written after the input rows it reads were read)
+        source = _scratch_like(image)  # outside the region: never sampled for the box
+        # filtered straight into the region of `source` (OpenCV writes into the view)
         _low_pass(
             _plane(image[first_y:last_y, first_x:last_x]),
             scale_x,
             scale_y,
             _plane(source[first_y:last_y, first_x:last_x]),
         )
-        resized = _plane(scratch("resized", (resized_h, resized_w, channels)))
-        cv2.resize(
-            _plane(source), (resized_w, resized_h), dst=resized, interpolation=cv2.INTER_LINEAR
-        )
+        resized = cv2.resize(_plane(source), (resized_w, resized_h), interpolation=cv2.INTER_LINEAR)
     else:
-        resized = resize_image(
-            image, resized_w, resized_h, scratch("resized", (resized_h, resized_w, channels))
-        )
+        resized = resize_image(image, resized_w, resized_h)
     if resized.ndim == 2:
         resized = resized[..., None]
     out[...] = resized[top : top + box_h, left : left + box_w]

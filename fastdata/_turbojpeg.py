@@ -47,11 +47,7 @@ class JpegPlan(NamedTuple):
 
 
 def decode_turbo(
-    buf: np.ndarray,
-    plan: JpegPlan,
-    source: str,
-    damaged: list[DecodeError] | None,
-    out: np.ndarray | None = None,
+    buf: np.ndarray, plan: JpegPlan, source: str, damaged: list[DecodeError] | None
 ) -> np.ndarray | None:
     """Decode strictly; ``None`` when simplejpeg cannot decode the file at all (then OpenCV
     decides).
@@ -62,8 +58,6 @@ def decode_turbo(
         source: Where the bytes came from, for the error.
         damaged: Where to note a damaged image that is kept (see the module docs), or
             ``None`` to refuse damaged images.
-        out: A 1-D uint8 buffer of at least the decoded image's bytes to decode into
-            (the result is a view of it), or ``None`` for a new array.
 
     Returns:
         ``(H, W, C)`` uint8 in ``plan.colorspace`` (``C`` = 3, 1 or 4), or ``None``.
@@ -75,7 +69,6 @@ def decode_turbo(
         "colorspace": plan.colorspace,
         "min_height": plan.min_height,
         "min_width": plan.min_width,
-        "buffer": out,
     }
     try:
         return simplejpeg.decode_jpeg(buf, **options)

@@ -79,26 +79,6 @@ def test_decode_is_rgb_and_reduced() -> None:
     assert decode_image(data, grayscale=True).shape == (400, 600)
 
 
-def test_a_decode_into_the_thread_scratch_gives_the_same_pixels() -> None:
-    """The reused per-thread buffer (the centre-crop decode's) holds exactly what a new
-    array would, at full and reduced scale, grey, rotated by EXIF, and after a larger or
-    smaller image used the buffer before."""
-    cases = [
-        (_jpeg(400, 600)[1], {}),
-        (_jpeg(120, 90)[1], {}),
-        (_jpeg(400, 600)[1], {"min_side": 100}),
-        (_jpeg(400, 600)[1], {"grayscale": True}),
-        (exif_rotated_jpeg(64, 96, orientation=6), {}),
-    ]
-    for data, options in cases * 2:
-        expected = decode_image(data, **options)  # type: ignore[arg-type]
-        got = decode_image(data, into_scratch=True, **options)  # type: ignore[arg-type]
-        np.testing.assert_array_equal(got, expected)
-    first = decode_image(_jpeg(120, 90)[1], into_scratch=True)
-    second = decode_image(_jpeg(120, 90)[1], into_scratch=True)
-    assert np.shares_memory(first, second)  # the buffer is reused, not reallocated
-
-
 @pytest.mark.parametrize("bad", [b"", b"not an image", "truncated"])
 def test_decode_errors_name_the_source(bad: bytes | str) -> None:
     data = _jpeg(64, 64)[1][:200] if bad == "truncated" else bad

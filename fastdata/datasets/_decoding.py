@@ -230,7 +230,6 @@ def decode_into_center(
             max_pixels=max_pixels,
             source=source,
             damaged=damaged,
-            into_scratch=True,  # used up below, before this thread decodes again
         )
     except cv2.error as error:
         raise DecodeError(f"OpenCV: {str(error).strip()[-200:]}", source) from error
@@ -239,6 +238,4 @@ def decode_into_center(
     resized_h, resized_w = resize.target(image.shape[0], image.shape[1])
     crop_h, crop_w = center.output_size((resized_h, resized_w)) or center.size
     box = ((resized_h - crop_h) // 2, (resized_w - crop_w) // 2, crop_h, crop_w)
-    # the decoded pixels are this call's own (a scratch buffer or a new array): filtered
-    # in place
-    return resize_center_crop(image, (resized_h, resized_w), box, out, overwrite=True)
+    return resize_center_crop(image, (resized_h, resized_w), box, out)

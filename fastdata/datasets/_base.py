@@ -631,6 +631,11 @@ class BatchedDataset(Dataset):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_executor"] = None
+        if not isinstance(self.options.decode, bool):
+            # A Decoder's threads, pipelines and device state stay in this process: a copy
+            # (a spawned worker, another rank) decodes with the geometry kept in crop_decode,
+            # or reads the bytes for a loader here to decode (batch_decode).
+            state["options"] = dataclasses.replace(self.options, decode=True)
         return state
 
 

@@ -74,12 +74,26 @@ class BatchDecode:
         policy: OnError,
         source: Callable[[int], str],
     ) -> None:
-        self.decoder = decoder
+        self.decoder: Decoder | None = decoder  # None in a copy in another process
         self.image = image
         self.count = count
         self.layout = layout
         self.policy = policy
         self.source = source
+        self.description = described(decoder)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy in another process (a DataLoader worker) reads encoded bytes for the
+        # loader here: the decoder's threads, pipelines and device state do not travel.
+        return {**self.__dict__, "decoder": None}
+
+    def _decoder(self) -> Decoder:
+        if self.decoder is None:
+            raise RuntimeError(
+                f"decode={self.description} stayed in the process that made the dataset; "
+                "this copy cannot decode: make the dataset (and its decoder) in this process"
+            )
+        return self.decoder
 
     def refuse_in_worker(self) -> None:
         """Refuse to decode inside a DataLoader worker, in one line.
@@ -89,7 +103,7 @@ class BatchDecode:
         """
         if get_worker_info() is not None:
             raise RuntimeError(
-                f"decode={described(self.decoder)} decodes in the training process, not in "
+                f"decode={self.description} decodes in the training process, not in "
                 "DataLoader workers (CUDA and decoder threads do not survive a fork): iterate "
                 "the dataset with dataset.loader(...), whose workers read the encoded bytes "
                 "and which decodes each batch after them, or use num_workers=0"
@@ -126,7 +140,7 @@ class BatchDecode:
         """Decode the fields the dataset read for samples ``indices`` (in ``fields``
         order) now, bad samples handled by ``policy``."""
         encoded = self._split(batch, indices)
-        return self._fields(decode_batch(self.decoder, encoded, policy))
+        return self._fields(decode_batch(self._decoder(), encoded, policy))
 
     def stream(self, batches: Iterator[Any], indices: Callable[[], list[int] | None]) -> Any:
         """The loader's batches (encoded) decoded in order, ahead by one where the backend
@@ -136,7 +150,8 @@ class BatchDecode:
             for batch in batches:
                 yield self._split(batch, indices())
 
-        return _JoinedBatches(DecodedBatches(self.decoder, encoded(), self.policy), self._join)
+        batches_decoded = DecodedBatches(self._decoder(), encoded(), self.policy)
+        return _JoinedBatches(batches_decoded, self._join)
 
 
 class _JoinedBatches(Iterator[Any]):

@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader
 
 from fastdata import RAMDataset, ShardDataset
 from fastdata.datasets import ResumableDataLoader, ShardAwareDistributedSampler
+from fastdata.datasets._loader import EpochBatch
 from fastdata.decode import Decoder, DecodingLoader, create_decoder
 from fastdata.decode.cpu import CpuDecoder
 from fastdata.errors import DecodeError
@@ -232,6 +233,25 @@ def test_state_dict_resumes_exactly_without_the_batch_read_ahead(
     resumed = _resumable(root, make, num_workers)
     resumed.load_state_dict(pickle.loads(pickle.dumps(state)))
     assert head + _labels(list(resumed)) == whole
+
+
+@pytest.mark.parametrize("make", DECODERS)
+def test_a_copy_in_another_process_reads_bytes_and_leaves_the_decoder_here(
+    jpeg_files: list[Path], make: Make
+) -> None:
+    dataset = RAMDataset(jpeg_files, list(range(COUNT)), decode=make(), show_progress=False)
+    decoded = dataset.__getitems__([0, 1])[0]  # the decoder's threads, pipelines are made
+    copy = pickle.loads(pickle.dumps(dataset))  # as spawned workers receive it
+    assert copy.options.decode is True and dataset.options.decode is dataset.batch_decode.decoder
+    assert copy.batch_decode.decoder is None
+    encoded = EpochBatch([0, 1], epoch=0, encoded=True)  # what dataset.loader(...) asks
+    blobs, labels = copy.__getitems__(encoded)
+    assert [bytes(blob.numpy()) for blob in blobs] == [jpeg_files[i].read_bytes() for i in (0, 1)]
+    assert labels.tolist() == [0, 1]
+    with pytest.raises(RuntimeError, match=r"stayed in the process that made the dataset"):
+        copy.__getitems__([0, 1])
+    spawned = dataset.loader(batch_size=2, num_workers=1, multiprocessing_context="spawn")
+    assert torch.equal(next(iter(spawned))[0].cpu(), decoded.cpu())
 
 
 def test_what_a_batch_decoder_cannot_follow_is_refused(

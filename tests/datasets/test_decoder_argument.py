@@ -4,6 +4,7 @@ not a bool is refused."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,13 @@ def test_a_cpu_decoder_decodes_each_file_into_its_centred_output(
     expected = _decoder_output(decoder, [jpeg_files[i] for i in (0, 4, 5)])
     np.testing.assert_array_equal(_batch(dataset, [0, 4, 5]), expected)
     assert tuple(dataset[1][0].shape) == (3, *SIZE)
+
+
+def test_a_dataset_with_a_decoder_pickles_into_spawned_workers(jpeg_files: list[Path]) -> None:
+    decoder = create_decoder("cpu", size=SIZE, num_threads=1)  # its threads do not pickle
+    dataset = RAMDataset(jpeg_files, list(range(COUNT)), decode=decoder, show_progress=False)
+    copy = pickle.loads(pickle.dumps(dataset))  # the decoder's geometry travels, not it
+    np.testing.assert_array_equal(_batch(copy, [0, 4, 5]), _batch(dataset, [0, 4, 5]))
 
 
 def test_a_grayscale_decoder_gives_one_channel(jpeg_files: list[Path]) -> None:

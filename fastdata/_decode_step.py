@@ -116,6 +116,10 @@ class DecodedBatches(Iterator[DecodedFields]):
     decoding the next batch before it hands out this one), each with its fields' rows
     kept alike.
 
+    ``policy`` (``None``: the decoder's ``on_error``) is the decoder's from the first batch
+    until the stream ends or is dropped, not only while a batch is asked for: a backend may
+    decode (and handle errors) on a thread of its own between two batches (nvJPEG).
+
     Attributes:
         read_ahead: Batches read from ``batches`` and not handed out yet (not consumed: a
             resumable loader leaves them out of its state).
@@ -128,7 +132,12 @@ class DecodedBatches(Iterator[DecodedFields]):
         self.policy = policy
         self.read_ahead = 0
         self._waiting: deque[EncodedBatch] = deque()  # read, not handed out yet
-        self._stream = decoder.decode_stream(self._encoded(batches), sources=self._sources())
+        self._stream = self._decoded(batches)
+
+    def _decoded(self, batches: Iterable[EncodedBatch]) -> Iterator[DecodedBatch]:
+        with _policy(self.decoder, self.policy):
+            encoded, sources = self._encoded(batches), self._sources()
+            yield from self.decoder.decode_stream(encoded, sources=sources)
 
     def _encoded(self, batches: Iterable[EncodedBatch]) -> Iterator[Sequence[Any]]:
         for batch in batches:
@@ -141,8 +150,7 @@ class DecodedBatches(Iterator[DecodedFields]):
             yield self._waiting[-1].sources if self._waiting else None
 
     def __next__(self) -> DecodedFields:
-        with _policy(self.decoder, self.policy):
-            decoded = next(self._stream)
+        decoded = next(self._stream)
         self.read_ahead -= 1
         return _follow(decoded, self._waiting.popleft())
 

@@ -29,7 +29,7 @@ from fastdata.datasets import ResumableDataLoader, ShardAwareDistributedSampler
 from fastdata.datasets._loader import EpochBatch
 from fastdata.decode import Decoder, DecodingLoader, create_decoder
 from fastdata.decode.cpu import CpuDecoder
-from fastdata.errors import DecodeError
+from fastdata.errors import DecodeError, OnError
 from fastdata.shards import FieldSpec
 from fastdata.transforms import RandomHorizontalFlip
 from tests.datasets.conftest import write_jpegs, write_shards
@@ -206,6 +206,25 @@ def test_bad_bytes_follow_the_datasets_on_error(with_bad_file: list[Path], make:
     messages = [str(w.message) for w in caught if "skipped a sample" in str(w.message)]
     assert len(messages) == 1 and re.search(rf"dataset\[{BAD}\], .*{BAD:03d}\.jpg", messages[0])
     assert _labels(batches) == [i for i in range(COUNT) if i != BAD]
+
+
+def test_the_datasets_on_error_holds_while_the_loader_streams(jpeg_files: list[Path]) -> None:
+    # A backend may decode the next batch on a thread of its own while the loop uses this
+    # one (nvJPEG): the dataset's policy is the decoder's for the whole stream, not only
+    # while a batch is asked for; the decoder's own comes back when the stream ends.
+    decoder = _batched_cpu(on_error="raise")
+    dataset = RAMDataset(
+        jpeg_files, list(range(COUNT)), decode=decoder, on_error="skip", show_progress=False
+    )
+    seen = [decoder.on_error for _ in dataset.loader(batch_size=4)]
+    assert seen == [OnError.SKIP] * 4
+    assert decoder.on_error is OnError.RAISE and not decoder.keep_damaged
+    stream = iter(dataset.loader(batch_size=4))
+    next(stream)
+    assert decoder.on_error is OnError.SKIP
+    del stream  # left early: the decoder's own policy comes back
+    gc.collect()
+    assert decoder.on_error is OnError.RAISE
 
 
 def _resumable(root: Path, make: Make, num_workers: int) -> ResumableDataLoader:

@@ -4,9 +4,9 @@ process (``dali``, ``nvjpeg``, a device output): the same batches as
 after the workers of ``dataset.loader(...)``, with the dataset's ``on_error`` and an exact
 mid-epoch resume.
 
-Three decoders run the same tests: DALI's CPU pipeline (``dali``), nvJPEG (``gpu``), and
-on every machine a ``"cpu"`` decoder under another backend name, which takes the same
-whole-batch path without DALI or a GPU.
+The same tests run with DALI's CPU pipeline (``dali``), nvJPEG and DALI on a GPU
+(``gpu``), and on every machine a ``"cpu"`` decoder under another backend name, which
+takes the same whole-batch path without DALI or a GPU.
 """
 
 from __future__ import annotations
@@ -62,10 +62,15 @@ def _nvjpeg(**settings: Any) -> Decoder:
     return create_decoder("nvjpeg", size=SIZE, device="cuda", **settings)
 
 
+def _dali_on_gpu(**settings: Any) -> Decoder:
+    return create_decoder("dali", size=SIZE, device="cuda", num_threads=1, **settings)
+
+
 DECODERS = [
     pytest.param(_batched_cpu, id="batched-cpu"),
     pytest.param(_dali, id="dali-cpu", marks=pytest.mark.dali),
     pytest.param(_nvjpeg, id="nvjpeg", marks=pytest.mark.gpu),
+    pytest.param(_dali_on_gpu, id="dali-gpu", marks=[pytest.mark.dali, pytest.mark.gpu]),
 ]
 Make = Callable[..., Decoder]
 

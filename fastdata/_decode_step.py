@@ -10,7 +10,7 @@ Decode a batch's encoded images (named for error messages, bad samples handled b
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -111,6 +111,40 @@ def decode_batch(
     return _follow(decoded, batch)
 
 
+class _Reading:
+    """The batches a stream read and has not handed out yet, shared by its generators
+    (which hold this, never the iterator that holds them: a loop that drops the iterator
+    closes its generators at once, not at a garbage collection that may come in a
+    forked DataLoader worker)."""
+
+    def __init__(self) -> None:
+        self.waiting: deque[EncodedBatch] = deque()
+        self.count = [0]  # len(waiting), in a list that a loader's state may keep
+
+
+def _encoded(batches: Iterable[EncodedBatch], reading: _Reading) -> Iterator[Sequence[Any]]:
+    for batch in batches:
+        reading.waiting.append(batch)
+        reading.count[0] += 1
+        yield batch.encoded
+
+
+def _sources(reading: _Reading) -> Iterator[list[str] | None]:
+    while True:  # the decoder reads these right after each batch
+        yield reading.waiting[-1].sources if reading.waiting else None
+
+
+def _decoded(
+    decoder: Decoder,
+    policy: OnError | None,
+    batches: Iterable[EncodedBatch],
+    reading: _Reading,
+) -> Iterator[DecodedBatch]:
+    with _policy(decoder, policy):
+        encoded, sources = _encoded(batches, reading), _sources(reading)
+        yield from decoder.decode_stream(encoded, sources=sources)
+
+
 class DecodedBatches(Iterator[DecodedFields]):
     """``batches`` decoded in order through ``decoder.decode_stream`` (a backend may start
     decoding the next batch before it hands out this one), each with its fields' rows
@@ -130,29 +164,24 @@ class DecodedBatches(Iterator[DecodedFields]):
     ) -> None:
         self.decoder = decoder
         self.policy = policy
-        self.read_ahead = 0
-        self._waiting: deque[EncodedBatch] = deque()  # read, not handed out yet
-        self._stream = self._decoded(batches)
+        self._reading = _Reading()
+        self._stream = _decoded(decoder, policy, batches, self._reading)
 
-    def _decoded(self, batches: Iterable[EncodedBatch]) -> Iterator[DecodedBatch]:
-        with _policy(self.decoder, self.policy):
-            encoded, sources = self._encoded(batches), self._sources()
-            yield from self.decoder.decode_stream(encoded, sources=sources)
+    @property
+    def read_ahead(self) -> int:
+        return self._reading.count[0]
 
-    def _encoded(self, batches: Iterable[EncodedBatch]) -> Iterator[Sequence[Any]]:
-        for batch in batches:
-            self._waiting.append(batch)
-            self.read_ahead += 1
-            yield batch.encoded
-
-    def _sources(self) -> Iterator[list[str] | None]:
-        while True:  # the decoder reads these right after each batch
-            yield self._waiting[-1].sources if self._waiting else None
+    def read_ahead_count(self) -> Callable[[], int]:
+        """A function that gives :attr:`read_ahead` and holds nothing else of this
+        iterator (a loader keeps it in its state; the iterator, and the DataLoader workers
+        behind it, may then end as soon as the loop drops it)."""
+        count = self._reading.count
+        return lambda: count[0]
 
     def __next__(self) -> DecodedFields:
         decoded = next(self._stream)
-        self.read_ahead -= 1
-        return _follow(decoded, self._waiting.popleft())
+        self._reading.count[0] -= 1
+        return _follow(decoded, self._reading.waiting.popleft())
 
 
 def refuse_moved_fields(roles: Mapping[str, str], decoder: Decoder) -> None:

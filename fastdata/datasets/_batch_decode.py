@@ -142,7 +142,9 @@ class BatchDecode:
         encoded = self._split(batch, indices)
         return self._fields(decode_batch(self._decoder(), encoded, policy))
 
-    def stream(self, batches: Iterator[Any], indices: Callable[[], list[int] | None]) -> Any:
+    def stream(
+        self, batches: Iterator[Any], indices: Callable[[], list[int] | None]
+    ) -> _JoinedBatches:
         """The loader's batches (encoded) decoded in order, ahead by one where the backend
         schedules ahead; ``indices()`` gives the dataset indices of the batch just read."""
 
@@ -155,16 +157,15 @@ class BatchDecode:
 
 
 class _JoinedBatches(Iterator[Any]):
-    """Decoded batches put back in the dataset's field order; ``read_ahead`` as
-    :class:`DecodedBatches`."""
+    """Decoded batches put back in the dataset's field order."""
 
     def __init__(self, decoded: DecodedBatches, join: Callable[[DecodedFields], Any]) -> None:
         self._decoded = decoded
         self._join = join
 
-    @property
-    def read_ahead(self) -> int:
-        return self._decoded.read_ahead
+    def read_ahead_count(self) -> Callable[[], int]:
+        """See :meth:`DecodedBatches.read_ahead_count`."""
+        return self._decoded.read_ahead_count()
 
     def __next__(self) -> Any:
         return self._join(next(self._decoded))

@@ -142,7 +142,7 @@ class ResumableDataLoader(DataLoader):
         # Decoded here, the next batch possibly scheduled on the decoder before this one is
         # handed out: a batch read and not handed out yet is not consumed.
         decoded = self._batch_decode.stream(handing, self.last_batch_indices)
-        record.held_back = lambda: decoded.read_ahead
+        record.held_back = decoded.read_ahead_count()
         return _Decoding(handing, decoded)
 
     def hold_back(self, count: Callable[[], int] | None) -> None:

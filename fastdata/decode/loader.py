@@ -333,7 +333,7 @@ class DecodingLoader:
 
         decoded = DecodedBatches(self.decoder, encoded_batches())
         if isinstance(source, ResumableDataLoader):
-            source.hold_back(lambda: decoded.read_ahead)
+            source.hold_back(decoded.read_ahead_count())
         for images, fields, total in decoded:
             yield from self._finish(images, fields, total, full)
 

@@ -15,6 +15,7 @@ import gc
 import pickle
 import re
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -276,6 +277,25 @@ def test_a_copy_in_another_process_reads_bytes_and_leaves_the_decoder_here(
         copy.__getitems__([0, 1])
     spawned = dataset.loader(batch_size=2, num_workers=1, multiprocessing_context="spawn")
     assert torch.equal(next(iter(spawned))[0].cpu(), decoded.cpu())
+
+
+@pytest.mark.parametrize("make", DECODERS)
+def test_a_loop_left_early_lets_its_workers_go_and_keeps_the_read_ahead_out(
+    tmp_path: Path, jpeg_files: list[Path], make: Make
+) -> None:
+    root = _shards(tmp_path / "shards", jpeg_files)
+    loader = _resumable(root, make, num_workers=1)
+    batches = iter(loader)
+    head = _labels([next(batches)])
+    workers = weakref.ref(batches._handing._inner)  # the DataLoader's worker iterator
+    del batches  # no garbage collection needed (none may come in a worker forked later)
+    assert workers() is None  # the loader keeps no hold on it: its workers end
+    state = loader.state_dict()
+    assert (state["sampler"]["num_consumed"], state["num_batches"]) == (4, 1)
+    whole = _labels(list(_resumable(root, make, num_workers=0)))
+    resumed = _resumable(root, make, num_workers=0)
+    resumed.load_state_dict(state)
+    assert head + _labels(list(resumed)) == whole
 
 
 def test_what_a_batch_decoder_cannot_follow_is_refused(

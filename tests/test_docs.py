@@ -167,6 +167,8 @@ def test_decode_guide(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
          "loader": loader},
     )  # fmt: skip
     assert scope["images"].shape == (8, 3, 224, 224)  # the last batch the loop saw
+    assert scope["train_images"].shape == (64, 3, 224, 224)  # through the dataset's decode=
+    assert scope["train_labels"].shape == (64,)
     assert scope["decoded"].kept.tolist() == [0, 1, 2]
 
 

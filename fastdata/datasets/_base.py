@@ -20,6 +20,7 @@ from fastdata._images import check_masks, stack_images
 from fastdata._roles import check_role
 from fastdata._system import available_memory_bytes, usable_cpus
 from fastdata._threads import parallel_for
+from fastdata.datasets._batch_decode import batch_decode_for
 from fastdata.datasets._buffers import BatchBuffers
 from fastdata.datasets._collate import RAGGED_MODES, RaggedCollate, mark_collated, pack_ragged
 from fastdata.datasets._decoding import (
@@ -79,6 +80,17 @@ class BatchedDataset(Dataset):
             decode=decodes,
             decode_min_side=options.decode_min_side,
             decoded_size=None if crop_decode is None else crop_decode.size,
+        )
+        # A decoder run on whole batches in the training process (nvjpeg, dali, ...).
+        self.batch_decode = batch_decode_for(
+            options.decode,
+            fields=self.fields,
+            specs=store.specs,
+            transform=transform,
+            decode_min_side=options.decode_min_side,
+            layout=self.layout,
+            policy=self.on_error,
+            source=store.source,
         )
         self._buffers = BatchBuffers()
         self._num_threads: int | None = None
@@ -150,7 +162,11 @@ class BatchedDataset(Dataset):
         """
         if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
             raise TypeError(f"index must be an int, got {type(index).__name__}")
+        if self.batch_decode is not None:
+            self.batch_decode.refuse_in_worker()
         batch = self._read(np.array([index], np.int64), single=True)
+        if self.batch_decode is not None:
+            batch = self.batch_decode.decode(batch, [int(index)], OnError.RAISE)
         values = tuple(value[0] for value in batch)
         return values if len(values) > 1 else values[0]
 
@@ -166,14 +182,27 @@ class BatchedDataset(Dataset):
             :func:`~fastdata.datasets.passthrough_collate` does (its first value is marked
             as collated; both collates return plain tensors).
 
+        With a decoder that runs on whole batches (``decode=`` an ``"nvjpeg"`` or
+        ``"dali"`` decoder, or one whose output goes to a device), the images are decoded
+        here, ``(B, C, H, W)`` uint8 on the decoder's device, and a sample that does not
+        decode leaves every field under ``on_error="skip"|"warn"``; inside a DataLoader
+        worker that is refused (``RuntimeError``) unless the batch comes from
+        :meth:`loader`, which decodes it after the workers.
+
         A seeded batch transform draws per sample from ``(seed, epoch, index)`` when
         ``indices`` carries the epoch it belongs to (an ``epoch`` attribute: the batches
         of ``dataset.loader(...)`` do), else from its stream (see
         :class:`~fastdata.transforms.BatchTransform`).
         """
         epoch = getattr(indices, "epoch", None)
+        # dataset.loader(...) decodes the encoded images of a batch itself, after the workers
+        decodes_here = self.batch_decode is not None and not getattr(indices, "encoded", False)
+        if decodes_here and self.batch_decode is not None:
+            self.batch_decode.refuse_in_worker()
         array = np.asarray(indices, dtype=np.int64).reshape(-1)
         batch = self._read(array, single=False, epoch=epoch if isinstance(epoch, int) else None)
+        if decodes_here and self.batch_decode is not None:
+            batch = self.batch_decode.decode(batch, array.tolist(), self.on_error)
         return mark_collated(pack_ragged(batch) if len(batch) > 1 else batch[0])
 
     def loader(
@@ -186,6 +215,13 @@ class BatchedDataset(Dataset):
         ``load_state_dict()`` resume mid-epoch exactly (with a
         :class:`~fastdata.datasets.ShardAwareDistributedSampler`), workers or not.
 
+        With a decoder that runs on whole batches as ``decode=`` (``"nvjpeg"``,
+        ``"dali"``, an output on a device), the workers (if any) read the encoded bytes
+        and the loader decodes each batch in this process, scheduling the next one on the
+        decoder while the loop uses this one (a batch read ahead is not counted as
+        consumed in ``state_dict()``). Its crops follow the decoder's seed in batch order,
+        as :class:`~fastdata.decode.DecodingLoader` draws them.
+
         Args:
             batch_size: Samples per batch.
             ragged: How variable-length fields (boxes, box labels) come: ``"list"`` (a list
@@ -194,6 +230,10 @@ class BatchedDataset(Dataset):
                 :class:`~fastdata.datasets.RaggedCollate`).
             **kwargs: Any other ``DataLoader`` argument (``sampler``, ``shuffle``,
                 ``num_workers``, ``pin_memory``, ...).
+
+        Raises:
+            ValueError: ``ragged`` is unknown, or ``batch_size=None`` with a decoder that
+                decodes whole batches.
 
         Example:
             >>> loader = ds.loader(batch_size=64, shuffle=True)            # doctest: +SKIP
@@ -208,7 +248,15 @@ class BatchedDataset(Dataset):
                 i for i, name in enumerate(self.fields) if self.store.specs[name].kind == "ragged"
             ]
             kwargs["collate_fn"] = RaggedCollate("padded", positions)
-        return ResumableDataLoader(self, batch_size=batch_size, **kwargs)
+        loader = ResumableDataLoader(self, batch_size=batch_size, **kwargs)
+        if self.batch_decode is not None:
+            if loader.batch_sampler is None:
+                raise ValueError(
+                    "batch_size=None: the decoder given as decode= decodes whole batches; "
+                    "give a batch_size or a batch_sampler"
+                )
+            loader._decode_batches(self.batch_decode)
+        return loader
 
     # -- reading ------------------------------------------------------------------------
     def _read(self, indices: np.ndarray, single: bool, epoch: int | None = None) -> tuple[Any, ...]:
@@ -299,7 +347,7 @@ class BatchedDataset(Dataset):
             return [bytes(item).decode() for item in raw]
         if spec.field_kind.variable_images:  # raw pixels of each image's own size
             return list(raw)  # copies out of the map, one (H_i, W_i, C) array each
-        if not self.decode or not spec.field_kind.decodes_to_image:
+        if not self.decode or self.batch_decode is not None or not spec.field_kind.decodes_to_image:
             return [torch.from_numpy(np.array(item)) for item in raw]  # copies out of the map
         decoded: list[Any] = [None] * len(raw)
         failures: list[tuple[int, DecodeError]] = []
@@ -583,6 +631,11 @@ class BatchedDataset(Dataset):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_executor"] = None
+        if not isinstance(self.options.decode, bool):
+            # A Decoder's threads, pipelines and device state stay in this process: a copy
+            # (a spawned worker, another rank) decodes with the geometry kept in crop_decode,
+            # or reads the bytes for a loader here to decode (batch_decode).
+            state["options"] = dataclasses.replace(self.options, decode=True)
         return state
 
 

@@ -1,9 +1,11 @@
 """What a dataset's ``decode=`` means: no decoding, the full-size decode, or a
 :class:`~fastdata.decode.Decoder` whose geometry (output size, crop) is decoded into.
 
-A dataset keeps the decoder's settings, not the decoder itself: a decoder holds threads,
-which neither fork nor pickle into DataLoader workers, and the dataset decodes with its
-own threads (``num_threads``) and its own ``on_error``.
+Of a ``"cpu"`` decoder on the CPU a dataset keeps the settings, not the decoder itself: a
+decoder holds threads, which neither fork nor pickle into DataLoader workers, and the
+dataset decodes with its own threads (``num_threads``) and its own ``on_error``. Any other
+decoder (``nvjpeg``, ``dali``, a device output) decodes whole batches in the training
+process: see :mod:`fastdata.datasets._batch_decode`.
 """
 
 from __future__ import annotations
@@ -18,11 +20,9 @@ from fastdata import ops
 from fastdata._codec import JpegHeader, decode_image, jpeg_header, reduction_factors
 from fastdata._draws import UniformDraws
 from fastdata._resize import resize_center_crop, resize_image
+from fastdata.datasets._batch_decode import decodes_batches
 from fastdata.errors import DecodeError
 from fastdata.ops import RandomResizedCrop
-
-# The decoder backends a dataset can decode with in its own threads and worker processes.
-DATASET_BACKENDS = ("cpu",)
 
 
 @dataclass(frozen=True)
@@ -79,12 +79,12 @@ class CropDecode:
 
 
 def resolve_decode(decode: object) -> tuple[bool, CropDecode | None]:
-    """``decode=`` as (whether encoded images are decoded, the decoder geometry or ``None``).
+    """``decode=`` as (whether encoded images are decoded, the geometry of a ``"cpu"``
+    decoder the dataset runs per sample, or ``None``: a bool, or a decoder run on whole
+    batches, see :func:`~fastdata.datasets._batch_decode.decodes_batches`).
 
     Raises:
         TypeError: ``decode`` is neither a bool nor a :class:`~fastdata.decode.Decoder`.
-        ValueError: ``decode`` is a decoder of a backend a dataset cannot run, or one that
-            sends its output to a device.
     """
     if isinstance(decode, bool | np.bool_):
         return bool(decode), None
@@ -95,12 +95,8 @@ def resolve_decode(decode: object) -> tuple[bool, CropDecode | None]:
             "decode must be True, False or a fastdata.decode Decoder (from "
             f"create_decoder('cpu', ...)), got {type(decode).__name__}"
         )
-    if decode.backend not in DATASET_BACKENDS or decode.device.type != "cpu":
-        raise ValueError(
-            f"decode={decode!r}: a dataset decodes with a 'cpu' decoder on device 'cpu' "
-            f"only (backend {decode.backend!r}, device {str(decode.device)!r} given); decode "
-            "on the GPU with fastdata.decode.DecodingLoader over decode=False batches"
-        )
+    if decodes_batches(decode):  # run on whole batches in the training process
+        return True, None
     seed = decode._random.seed
     return True, CropDecode(
         size=decode.size,

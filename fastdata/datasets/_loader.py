@@ -6,7 +6,7 @@ import logging
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch.utils.data import DataLoader
@@ -15,6 +15,9 @@ from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 from fastdata.datasets._collate import passthrough_collate
 from fastdata.datasets._positions import Ranges, consumed_ranges
 from fastdata.datasets.distributed import ShardAwareDistributedSampler
+
+if TYPE_CHECKING:
+    from fastdata.datasets._batch_decode import BatchDecode
 
 logger = logging.getLogger(__name__)
 
@@ -65,9 +68,16 @@ class ResumableDataLoader(DataLoader):
         self._pass: _Pass | None = None  # the current iteration's record
         self._epoch: int | None = None  # the epoch of the current (or last) iteration
         self._given_epoch: int | None = None  # set_epoch's, for the next iteration
+        # The dataset's decoder, run here on each batch the dataset read encoded.
+        self._batch_decode: BatchDecode | None = None
         sampler = self._shard_sampler()
         if sampler is not None:
             sampler._claim()  # iterations of it that this loader did not start are refused
+
+    def _decode_batches(self, batch_decode: BatchDecode) -> None:
+        """Have the dataset return its images encoded (the batches of indices say so) and
+        decode each batch here, after the workers, with ``batch_decode``."""
+        self._batch_decode = batch_decode
 
     def _shard_sampler(self) -> ShardAwareDistributedSampler | None:
         for candidate in (self.sampler, getattr(self.batch_sampler, "sampler", None)):
@@ -126,7 +136,14 @@ class ResumableDataLoader(DataLoader):
         self._pass = record
         if sampler is not None:
             sampler._attach(self, record.consumed)
-        return _Handing(super().__iter__(), record)
+        handing = _Handing(super().__iter__(), record)
+        if self._batch_decode is None:
+            return handing
+        # Decoded here, the next batch possibly scheduled on the decoder before this one is
+        # handed out: a batch read and not handed out yet is not consumed.
+        decoded = self._batch_decode.stream(handing, self.last_batch_indices)
+        record.held_back = decoded.read_ahead_count()
+        return _Decoding(handing, decoded)
 
     def hold_back(self, count: Callable[[], int] | None) -> None:
         """Leave the last ``count()`` batches handed out out of the state, until the next
@@ -319,15 +336,18 @@ class EpochBatch(list[int]):
     """A batch of dataset indices (a ``list``) that says which epoch it belongs to.
 
     :class:`ResumableDataLoader` hands these to ``dataset.__getitems__`` (through the
-    worker processes' index queues: it pickles with its epoch).
+    worker processes' index queues: it pickles with its epoch). ``encoded``: the dataset
+    returns its images encoded, for the loader to decode (a dataset whose ``decode=``
+    decoder runs in the training process).
     """
 
-    def __init__(self, indices: Iterable[int], epoch: int) -> None:
+    def __init__(self, indices: Iterable[int], epoch: int, encoded: bool = False) -> None:
         super().__init__(indices)
         self.epoch = epoch
+        self.encoded = encoded
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (EpochBatch, (list(self), self.epoch))
+        return (EpochBatch, (list(self), self.epoch, self.encoded))
 
 
 class _EpochBatches:
@@ -340,7 +360,8 @@ class _EpochBatches:
     def __iter__(self) -> Iterator[EpochBatch]:
         owner = self._owner()
         epoch = owner._epoch if owner is not None and owner._epoch is not None else 0
-        return (EpochBatch(batch, epoch) for batch in self._batches)
+        encoded = owner is not None and owner._batch_decode is not None
+        return (EpochBatch(batch, epoch, encoded) for batch in self._batches)
 
     def __len__(self) -> int:
         return len(self._batches)  # type: ignore[arg-type]
@@ -402,3 +423,18 @@ class _Handing(Iterator[Any]):
 
     def __len__(self) -> int:
         return len(self._inner)  # type: ignore[arg-type]
+
+
+class _Decoding(Iterator[Any]):
+    """The iterator of a loader that decodes its batches: ``decoded`` batches of the
+    recording iterator ``handing``."""
+
+    def __init__(self, handing: _Handing, decoded: Iterator[Any]) -> None:
+        self._handing = handing
+        self._decoded = decoded
+
+    def __next__(self) -> Any:
+        return next(self._decoded)
+
+    def __len__(self) -> int:
+        return len(self._handing)

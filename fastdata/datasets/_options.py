@@ -54,7 +54,9 @@ class ReadOptions:
         layout: ``"CHW"`` (images ``(B, C, H, W)``, a channels-last view) or ``"HWC"``.
         decode: ``True`` decodes encoded images on the CPU, ``False`` returns their bytes
             as 1-D uint8 tensors, a ``"cpu"`` :class:`~fastdata.decode.Decoder` decodes
-            each image straight into its output size and crop.
+            each image straight into its output size and crop, any other decoder
+            (``"nvjpeg"``, ``"dali"``, a device output) whole batches in the training
+            process (see :class:`ShardDataset`).
         decode_min_side: Decode JPEGs at 1/2, 1/4 or 1/8 scale while the shorter side
             stays at least this large (``decode=True`` only; default: the transform's
             ``min_input_side``).

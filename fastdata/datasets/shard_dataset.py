@@ -55,8 +55,15 @@ class ShardDataset(BatchedDataset):
             output: its ``size``, centred or ``random_crop`` box (drawn from its ``seed``),
             ``grayscale`` and ``max_pixels``, JPEGs at the smallest DCT scale that covers
             the box. The dataset's ``num_threads`` and ``on_error`` apply; the transform
-            then sees ``size`` images. Other backends and devices are refused
-            (``ValueError``); anything else is a ``TypeError``. With ``decode=True``, a
+            then sees ``size`` images. Any other decoder (``"nvjpeg"``, ``"dali"``, or an
+            output on a device) decodes whole batches in the training process: in
+            ``__getitems__``, or through :meth:`loader` after its workers, which read the
+            encoded bytes (a plain ``DataLoader`` with workers is refused at its first
+            batch: ``RuntimeError``); the images come ``(B, C, H, W)`` uint8 on the
+            decoder's device, the other fields keep the rows of the samples that decoded,
+            the dataset's ``on_error`` applies, and a transform, ``decode_min_side`` or a
+            ``mask`` / ``boxes`` field is refused (``ValueError``). Anything else is a
+            ``TypeError``. With ``decode=True``, a
             transform that starts with :class:`~fastdata.transforms.RandomResizedCrop`
             (default kernel, no mask fields, no ``decode_min_side``) has its crop run by
             the decode: JPEGs decoded at the smallest DCT scale that covers the box, with

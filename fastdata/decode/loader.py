@@ -10,14 +10,20 @@ and ships one dense uint8 batch instead of a list of byte tensors.
 from __future__ import annotations
 
 import os
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from fastdata._fields import moved_roles
+# The decode step a dataset given a decoder as decode= runs too: one copy.
+from fastdata._decode_step import (
+    DecodedBatches,
+    EncodedBatch,
+    decode_batch,
+    refuse_moved_fields,
+    take_rows,
+)
 from fastdata._roles import check_role
 from fastdata._transfer import copy_to_device
 from fastdata.datasets import ResumableDataLoader
@@ -26,31 +32,6 @@ from fastdata.decode.cpu import CpuDecoder
 from fastdata.errors import DecodeError
 
 LAST_BATCH = ("partial", "drop", "pad")
-
-
-def _check_field(field: Any, position: int) -> None:
-    if not isinstance(field, torch.Tensor | list | tuple):
-        raise TypeError(
-            f"batch element {position} must be a tensor or a list with one entry per sample, "
-            f"got {type(field).__name__}"
-        )
-
-
-def _take(field: Any, kept: torch.Tensor, position: int) -> Any:
-    """The rows ``kept`` of a per-sample field (tensor, or list/tuple of per-sample items)."""
-    _check_field(field, position)
-    if isinstance(field, torch.Tensor):
-        return field.index_select(0, copy_to_device(kept, field.device))
-    return [field[i] for i in kept.tolist()]
-
-
-def _select(field: Any, kept: torch.Tensor, total: int, position: int) -> Any:
-    """The rows ``kept`` of ``field``; the field itself when every sample was kept, so a
-    pinned tensor stays pinned (and is not copied)."""
-    if int(kept.numel()) == total:
-        _check_field(field, position)
-        return field
-    return _take(field, kept, position)
 
 
 def _to_device(field: Any, device: torch.device) -> Any:
@@ -83,17 +64,6 @@ def _field_roles(batches: Iterable[Any], roles: Sequence[str] | None) -> dict[st
     if not isinstance(dataset_roles, dict) or not isinstance(fields, tuple):
         return {}
     return {name: dataset_roles[name] for name in fields[1:]}
-
-
-def _refuse_moved_fields(roles: Mapping[str, str], decoder: Decoder) -> None:
-    geometric = set(moved_roles())
-    for name, role in roles.items():
-        if role in geometric:
-            raise ValueError(
-                f"field {name!r} (role {role!r}) would not follow the decoder's resize and "
-                f"crop to {decoder.size}: read it with the dataset's own decode (decode=True "
-                "and a transform, which moves masks and boxes) or leave it out of fields"
-            )
 
 
 class _WorkerBatch(NamedTuple):
@@ -147,11 +117,8 @@ class _DecodeInWorkers:
     def __call__(self, samples: Any) -> _WorkerBatch:
         encoded, fields = _split(self.collate(samples), 0)
         decoder = self._worker_decoder()
-        decoded = decoder.decode(encoded)
-        taken = [
-            _select(field, decoded.kept, len(encoded), i + 1) for i, field in enumerate(fields)
-        ]
-        return _WorkerBatch(decoded.images, taken, len(encoded), decoder.last_errors)
+        decoded = decode_batch(decoder, EncodedBatch(encoded, fields))
+        return _WorkerBatch(decoded.images, decoded.fields, decoded.total, decoder.last_errors)
 
 
 def _item_sources(source: Iterable[Any], count: int) -> list[str] | None:
@@ -206,6 +173,12 @@ def _with_collate(loader: DataLoader[Any], collate: Callable[[Any], Any]) -> Dat
 
 class DecodingLoader:
     """Wraps an iterable of encoded batches and yields decoded ``(images, *fields)`` batches.
+
+    For a fastdata dataset, the decoder can be the dataset's own instead:
+    ``ShardDataset(path, decode=decoder).loader(...)`` (or ``RAMDataset``) decodes each
+    batch in this process after its workers with the same step this loader runs (the same
+    batches for the same decoder settings, ``on_error`` the dataset's). This loader adds
+    ``last_batch``, moves the fields to the decoder's device, and takes any iterable.
 
     Each input batch is ``(encoded, *fields)``: ``encoded`` a list of B encoded images
     (1-D uint8 tensors, arrays or bytes), e.g. what ``ShardDataset(decode=False)`` and
@@ -274,7 +247,7 @@ class DecodingLoader:
         if not isinstance(decoder, Decoder):
             raise TypeError(f"decoder must come from create_decoder, got {type(decoder).__name__}")
         self.roles = _field_roles(batches, roles)
-        _refuse_moved_fields(self.roles, decoder)
+        refuse_moved_fields(self.roles, decoder)
         if last_batch not in LAST_BATCH:
             raise ValueError(f"last_batch must be one of {LAST_BATCH}, got {last_batch!r}")
         if batch_size is not None and (
@@ -350,32 +323,19 @@ class DecodingLoader:
                 images = _to_device(batch.images, self.decoder.device)
                 yield from self._finish(images, batch.fields, batch.size, full)
             return
-        # Fields wait here while their images are decoded (a backend may start decoding
-        # the next batch before it hands out this one).
-        waiting: deque[tuple[list[Any], int]] = deque()
-        names: deque[list[str] | None] = deque()  # of each batch read, for the decoder
-        read_ahead = [0]  # batches read and not decoded yet: not consumed
-        if isinstance(source, ResumableDataLoader):
-            source.hold_back(lambda: read_ahead[0])
 
-        def encoded_batches() -> Iterator[Sequence[Any]]:
+        # The next batch may be read (and its decoding started) before this one is handed
+        # out: a batch read ahead is not consumed.
+        def encoded_batches() -> Iterator[EncodedBatch]:
             for position, batch in enumerate(batches):
                 encoded, fields = _split(batch, position)
-                waiting.append((fields, len(encoded)))
-                names.append(_item_sources(source, len(encoded)))
-                read_ahead[0] += 1
-                yield encoded
+                yield EncodedBatch(encoded, fields, _item_sources(source, len(encoded)))
 
-        def item_names() -> Iterator[list[str] | None]:
-            while True:  # read by the decoder right after each batch
-                yield names.popleft() if names else None
-
-        stream = self.decoder.decode_stream(encoded_batches(), sources=item_names())
-        for decoded in stream:
-            fields, total = waiting.popleft()
-            read_ahead[0] -= 1
-            taken = [_select(field, decoded.kept, total, i + 1) for i, field in enumerate(fields)]
-            yield from self._finish(decoded.images, taken, total, full)
+        decoded = DecodedBatches(self.decoder, encoded_batches())
+        if isinstance(source, ResumableDataLoader):
+            source.hold_back(decoded.read_ahead_count())
+        for images, fields, total in decoded:
+            yield from self._finish(images, fields, total, full)
 
     def _finish(
         self, images: torch.Tensor, fields: list[Any], total: int, full: list[int | None]
@@ -391,6 +351,6 @@ class DecodingLoader:
                 repeat = torch.arange(batch_size) % count
                 images = images.index_select(0, copy_to_device(repeat, images.device))
                 images = images.contiguous(memory_format=torch.channels_last)
-                fields = [_take(field, repeat, i + 1) for i, field in enumerate(fields)]
+                fields = [take_rows(field, repeat, i + 1) for i, field in enumerate(fields)]
         out = [_to_device(field, self.decoder.device) for field in fields]
         yield (images, *out)

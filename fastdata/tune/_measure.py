@@ -151,6 +151,15 @@ class Window:
     batch_bytes: int
 
 
+def make_loader(dataset: Any, **kwargs: Any) -> DataLoader:
+    """``DataLoader(dataset, **kwargs)``; for a fastdata dataset whose ``decode=`` decoder
+    runs on whole batches in the training process (``nvjpeg``, ``dali``), its own
+    ``dataset.loader(**kwargs)``, whose workers read the encoded bytes for it to decode."""
+    if getattr(dataset, "batch_decode", None) is not None:
+        return dataset.loader(**kwargs)
+    return DataLoader(dataset, **kwargs)
+
+
 def run_window(
     dataset: Any,
     batch_size: int,
@@ -180,7 +189,7 @@ def run_window(
     with warnings.catch_warnings():
         # torch warns above os.cpu_count() workers; the caller chose max_workers knowingly.
         warnings.filterwarnings("ignore", message=".*worker processes in total.*")
-        loader = DataLoader(dataset, batch_size=batch_size, **kwargs)
+        loader = make_loader(dataset, batch_size=batch_size, **kwargs)
         return _time_loader(
             loader,
             batch_size=batch_size,

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from fastdata._optional import import_optional
 from fastdata._system import format_bytes
-from fastdata.tune._measure import LoaderConfig, Measurement
+from fastdata.tune._measure import LoaderConfig, Measurement, make_loader
 
 # Why the search stopped where it did (``TuneResult.limited_by``).
 LIMITS = ("consumer", "cpus", "memory", "no-gain", "time-budget")
@@ -106,7 +106,7 @@ class TuneResult:
         """Set :attr:`dataset_kwargs` on ``dataset`` and return its tuned DataLoader."""
         for name, value in self.dataset_kwargs.items():
             setattr(dataset, name, value)
-        return DataLoader(dataset, **self.loader_kwargs)
+        return make_loader(dataset, **self.loader_kwargs)
 
     # -- rendering ----------------------------------------------------------------------
     def _rows(self) -> list[tuple[str, str, str, str, str, str]]:

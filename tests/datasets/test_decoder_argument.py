@@ -4,15 +4,15 @@ not a bool is refused."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from fastdata import RAMDataset, ShardDataset
-from fastdata.decode import DecodedBatch, Decoder, create_decoder
+from fastdata.decode import Decoder, create_decoder
 from fastdata.errors import DecodeError
 from fastdata.shards import FieldSpec
 from fastdata.transforms import RandomHorizontalFlip
@@ -48,6 +48,13 @@ def test_a_cpu_decoder_decodes_each_file_into_its_centred_output(
     expected = _decoder_output(decoder, [jpeg_files[i] for i in (0, 4, 5)])
     np.testing.assert_array_equal(_batch(dataset, [0, 4, 5]), expected)
     assert tuple(dataset[1][0].shape) == (3, *SIZE)
+
+
+def test_a_dataset_with_a_decoder_pickles_into_spawned_workers(jpeg_files: list[Path]) -> None:
+    decoder = create_decoder("cpu", size=SIZE, num_threads=1)  # its threads do not pickle
+    dataset = RAMDataset(jpeg_files, list(range(COUNT)), decode=decoder, show_progress=False)
+    copy = pickle.loads(pickle.dumps(dataset))  # the decoder's geometry travels, not it
+    np.testing.assert_array_equal(_batch(copy, [0, 4, 5]), _batch(dataset, [0, 4, 5]))
 
 
 def test_a_grayscale_decoder_gives_one_channel(jpeg_files: list[Path]) -> None:
@@ -115,20 +122,7 @@ def test_anything_but_a_bool_or_a_decoder_is_refused(
         RAMDataset(jpeg_files, None, decode=decode, show_progress=False)  # type: ignore[arg-type]
 
 
-class _DeviceDecoder(Decoder):
-    backend = "nvjpeg"
-
-    def _decode(self, buffers: list[np.ndarray]) -> DecodedBatch:
-        raise NotImplementedError
-
-
-def test_a_decoder_a_dataset_cannot_run_is_refused_in_one_line(jpeg_files: list[Path]) -> None:
-    device_decoder = _DeviceDecoder(SIZE, device=torch.device("cpu"))
-    with pytest.raises(ValueError, match=r"'cpu' decoder on device 'cpu' only \(backend 'nvjpeg'"):
-        RAMDataset(jpeg_files, None, decode=device_decoder, show_progress=False)
-    to_cuda = create_decoder("cpu", size=SIZE, device="cuda", num_threads=1)
-    with pytest.raises(ValueError, match=r"device 'cuda' given"):
-        RAMDataset(jpeg_files, None, decode=to_cuda, show_progress=False)
+def test_decode_min_side_is_refused_with_a_decoder(jpeg_files: list[Path]) -> None:
     with pytest.raises(ValueError, match="decode_min_side=64 applies to decode=True only"):
         RAMDataset(
             jpeg_files,
@@ -137,3 +131,17 @@ def test_a_decoder_a_dataset_cannot_run_is_refused_in_one_line(jpeg_files: list[
             decode_min_side=64,
             show_progress=False,
         )
+
+
+def test_other_backends_and_device_outputs_decode_whole_batches(jpeg_files: list[Path]) -> None:
+    # (decoded in the training process: see test_batch_decoders.py)
+    to_cuda = create_decoder("cpu", size=SIZE, device="cuda", num_threads=1)
+    dataset = RAMDataset(jpeg_files, None, decode=to_cuda, show_progress=False)
+    assert dataset.batch_decode is not None and dataset.crop_decode is None
+    on_cpu = RAMDataset(
+        jpeg_files,
+        None,
+        decode=create_decoder("cpu", size=SIZE, num_threads=1),
+        show_progress=False,
+    )
+    assert on_cpu.batch_decode is None and on_cpu.crop_decode is not None

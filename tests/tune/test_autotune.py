@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -224,3 +226,26 @@ def test_shard_sets_of_equal_length_do_not_share_a_cache_entry(tmp_path) -> None
     second = ShardDataset(write_tiny_shards(tmp_path / "b", num_samples=32, seed=1))
     assert dataset_fingerprint(first) != dataset_fingerprint(second)
     assert dataset_fingerprint(first) == dataset_fingerprint(ShardDataset(tmp_path / "a"))
+
+
+def test_a_dataset_that_decodes_batches_here_is_tuned_through_its_own_loader(
+    tmp_path: Path,
+) -> None:
+    # A decoder that runs on whole batches in the training process (nvjpeg, dali): a
+    # plain DataLoader with workers over the dataset is refused at its first batch, so
+    # the workers' trials and the tuned loader are the dataset's own loader.
+    from fastdata.datasets import RAMDataset, ResumableDataLoader  # noqa: PLC0415
+    from fastdata.decode.cpu import CpuDecoder  # noqa: PLC0415
+    from tests.datasets.conftest import write_jpegs  # noqa: PLC0415
+
+    class BatchedCpuDecoder(CpuDecoder):
+        backend = "batched-cpu"
+
+    paths = write_jpegs(tmp_path, 16, 48, 64)
+    decoder = BatchedCpuDecoder(16, num_threads=1)
+    dataset = RAMDataset(paths, list(range(16)), decode=decoder, show_progress=False)
+    result = autotune(dataset, 4, max_workers=1, window_s=0.2, progress=False)
+    assert {m.config.num_workers for m in result.measurements} >= {0, 1}
+    loader = result.make_loader(dataset)
+    assert isinstance(loader, ResumableDataLoader)
+    assert next(iter(loader))[0].shape == (4, 3, 16, 16)

@@ -443,8 +443,18 @@ class BatchedDataset(Dataset):
             return batch.numpy() if isinstance(batch, torch.Tensor) else batch
 
         out = self._transform_out(len(images))
+
+        def as_given(result: Any) -> Any:
+            # Written into `out` or in place: return that tensor (in a worker, the shared
+            # memory the batch is sent in), not a new tensor wrapping its NumPy view, which
+            # a worker would copy into shared memory once more to send it.
+            for tensor in (out, images):
+                if isinstance(tensor, torch.Tensor) and _is_array_of(result, tensor):
+                    return tensor
+            return result
+
         if not plan.mask_fields and not plan.target_fields and out is None:
-            values[name] = transform.apply(numpy(images), executor, tasks)
+            values[name] = as_given(transform.apply(numpy(images), executor, tasks))
             return
         masks = [numpy(values[mask]) for mask in plan.mask_fields]
         check_masks(numpy(images), masks, plan.mask_fields)
@@ -458,10 +468,7 @@ class BatchedDataset(Dataset):
             {field: specs[field].role for field in (name, *plan.mask_fields, *plan.target_fields)},
         )
         moved = transform.apply_batch(batch, executor, tasks, None if out is None else out.numpy())
-        result = moved.values[name]
-        # Written into `out`: return that tensor (shared memory in a worker), not a wrapper
-        # of its NumPy view.
-        values[name] = out if out is not None and _is_array_of(result, out) else result
+        values[name] = as_given(moved.values[name])
         for field in (*plan.mask_fields, *plan.target_fields):
             values[field] = moved.values[field]
 

@@ -173,7 +173,8 @@ class BatchedDataset(Dataset):
         """
         epoch = getattr(indices, "epoch", None)
         array = np.asarray(indices, dtype=np.int64).reshape(-1)
-        batch = self._read(array, single=False, epoch=epoch if isinstance(epoch, int) else None)
+        with self._buffers.worker_slots(_worker_slots(indices)):
+            batch = self._read(array, single=False, epoch=epoch if isinstance(epoch, int) else None)
         return mark_collated(pack_ragged(batch) if len(batch) > 1 else batch[0])
 
     def loader(
@@ -609,6 +610,13 @@ def _override_roles(store: Store, fields: Sequence[str], roles: Mapping[str, str
             raise ValueError(f"roles names field {name!r}, which is not one of fields {fields}")
         check_role(role, f"roles[{name!r}]")
         store.specs[name] = dataclasses.replace(store.specs[name], role=role)
+
+
+def _worker_slots(indices: Any) -> int:
+    """The ring of batch segments a ``ResumableDataLoader``'s index batch asks a worker to
+    keep (0: none; it frees them in the training process)."""
+    count = getattr(indices, "worker_slots", 0)
+    return count if isinstance(count, int) and get_worker_info() is not None else 0
 
 
 def _arrays(value: Any) -> Any:

@@ -11,24 +11,31 @@ A batch is handed out as a new tensor over the buffer's memory, not as a view of
 the pool keeps, so no ``._base`` leads a caller to that one. A buffer that was moved to
 shared memory (sent to another process) is never reused.
 
-Inside a worker process nothing is reused: a batch leaves the worker as shared memory
-that the training process maps, and the worker cannot see when that mapping is dropped.
-Batches sent from a worker are allocated in shared memory directly, so sending them does
-not copy them once more, and faulted in with one system call (Linux); scratch batches that
-never leave the worker are plain memory.
+Inside a DataLoader worker, a batch leaves as shared memory that the training process
+maps, and the worker cannot see when that mapping is dropped: it allocates each batch it
+sends in fresh shared memory (so sending it does not copy it once more), faulted in with
+one system call (Linux), unless the loader's iterator tells it when a batch's memory is
+free again (:class:`~fastdata.datasets.ResumableDataLoader`, ``dataset.loader(...)``):
+then it takes it from a small ring of segments (:mod:`fastdata.datasets._slots`). Scratch
+batches that never leave the worker are reused there as in the training process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import mmap
 import sys
 import threading
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import get_worker_info
+
+if TYPE_CHECKING:
+    from fastdata.datasets._slots import WorkerSlots
 
 _SHARED_MIN_BYTES = 1 << 16  # smaller batches: a plain allocation is cheaper
 # Free buffers kept per (shape, dtype) and thread: the batch a training loop still holds
@@ -60,14 +67,49 @@ class BatchBuffers:
         """
         if get_worker_info() is not None:
             nbytes = math.prod(shape) * dtype.itemsize
+            if not returned and _storage_use_count is not None:
+                return self._reused(tuple(shape), dtype)  # scratch: never leaves the worker
             if not returned or nbytes < _SHARED_MIN_BYTES:
                 return torch.empty(shape, dtype=dtype)
+            capacity = getattr(self._local, "worker_slots", 0)
+            if capacity and _storage_use_count is not None:
+                batch = self._worker_slots().take(tuple(shape), dtype, capacity)
+                if batch is not None:
+                    return batch
             storage = torch.UntypedStorage._new_shared(nbytes)
             _populate(storage.data_ptr(), nbytes)
             return torch.empty(0, dtype=dtype).set_(storage).view(shape)
         if _storage_use_count is None:  # torch without the count: no reuse
             return torch.empty(shape, dtype=dtype)
         return self._reused(tuple(shape), dtype)
+
+    @contextlib.contextmanager
+    def worker_slots(self, capacity: int) -> Iterator[None]:
+        """Within it, batches this thread hands out of a DataLoader worker come from a ring
+        of ``capacity`` shared-memory segments per shape (0: none), each taken again once
+        the training process has let go of it (see :mod:`fastdata.datasets._slots`).
+
+        Only for a loader whose iterator marks the segments free: a
+        :class:`~fastdata.datasets.ResumableDataLoader` asks for it in its index batches.
+        Hold the batch made within it past its end: segments taken in it that nothing
+        refers to at the end (samples dropped) go back to the ring.
+        """
+        previous = getattr(self._local, "worker_slots", 0)
+        self._local.worker_slots = capacity
+        try:
+            yield
+        finally:
+            self._local.worker_slots = previous
+            if capacity:
+                self._worker_slots().settle()
+
+    def _worker_slots(self) -> WorkerSlots:
+        from fastdata.datasets._slots import WorkerSlots  # noqa: PLC0415 - it imports this
+
+        slots: WorkerSlots | None = getattr(self._local, "slots", None)
+        if slots is None:
+            slots = self._local.slots = WorkerSlots()
+        return slots
 
     def _reused(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         pools: dict[Key, list[torch.Tensor]] = self._local.__dict__.setdefault("pools", {})

@@ -14,6 +14,7 @@ from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from fastdata.datasets._collate import passthrough_collate
 from fastdata.datasets._positions import Ranges, consumed_ranges
+from fastdata.datasets._slots import MAX_SHAPES, SlotReleaser
 from fastdata.datasets.distributed import ShardAwareDistributedSampler
 
 logger = logging.getLogger(__name__)
@@ -113,10 +114,23 @@ class ResumableDataLoader(DataLoader):
         return _RecordedBatches(inner, self)
 
     def _get_iterator(self) -> Any:
-        if self.num_workers > 0 and not getattr(self, "in_order", True):
-            self.check_worker_number_rationality()
+        if self.num_workers == 0:
+            return super()._get_iterator()
+        self.check_worker_number_rationality()
+        if not getattr(self, "in_order", True):
             return _OutOfOrderIterator(self)
-        return super()._get_iterator()
+        return _SlotIterator(self)
+
+    def _worker_slot_count(self) -> int:
+        """Shared-memory segments per batch shape each worker may keep and reuse (0: none).
+
+        Enough for the batches a worker has queued (``prefetch_factor``), the one the loop
+        holds and the one it just let go of. Not with ``pin_memory``: the pinned copy is
+        what the loop gets, and the worker's batch is dropped before this loader sees it.
+        """
+        if self.num_workers == 0 or self.pin_memory:
+            return 0
+        return (self.prefetch_factor or 2) + 2
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self._epoch = self._next_epoch()
@@ -319,15 +333,18 @@ class EpochBatch(list[int]):
     """A batch of dataset indices (a ``list``) that says which epoch it belongs to.
 
     :class:`ResumableDataLoader` hands these to ``dataset.__getitems__`` (through the
-    worker processes' index queues: it pickles with its epoch).
+    worker processes' index queues: it pickles with its epoch). ``worker_slots`` > 0 lets a
+    fastdata dataset in a worker send the batch in a ring of that many shared-memory
+    segments, which the loader's iterator marks free again in the training process.
     """
 
-    def __init__(self, indices: Iterable[int], epoch: int) -> None:
+    def __init__(self, indices: Iterable[int], epoch: int, worker_slots: int = 0) -> None:
         super().__init__(indices)
         self.epoch = epoch
+        self.worker_slots = worker_slots
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (EpochBatch, (list(self), self.epoch))
+        return (EpochBatch, (list(self), self.epoch, self.worker_slots))
 
 
 class _EpochBatches:
@@ -340,7 +357,8 @@ class _EpochBatches:
     def __iter__(self) -> Iterator[EpochBatch]:
         owner = self._owner()
         epoch = owner._epoch if owner is not None and owner._epoch is not None else 0
-        return (EpochBatch(batch, epoch) for batch in self._batches)
+        slots = owner._worker_slot_count() if owner is not None else 0
+        return (EpochBatch(batch, epoch, slots) for batch in self._batches)
 
     def __len__(self) -> int:
         return len(self._batches)  # type: ignore[arg-type]
@@ -370,7 +388,28 @@ class _RecordedBatches:
             yield batch
 
 
-class _OutOfOrderIterator(_MultiProcessingDataLoaderIter):
+class _SlotIterator(_MultiProcessingDataLoaderIter):
+    """The worker iterator, marking free the workers' batch segments nothing refers to
+    any more, before it waits for the next batch (see :mod:`fastdata.datasets._slots`)."""
+
+    def __init__(self, loader: ResumableDataLoader) -> None:
+        limit = loader.num_workers * loader._worker_slot_count() * MAX_SHAPES  # what they hold
+        self._slots = SlotReleaser(limit)
+        super().__init__(loader)
+
+    def _next_data(self) -> Any:
+        self._slots.release()
+        return super()._next_data()
+
+    def _get_data(self) -> Any:
+        # Every batch a worker sends comes through here: those handed out, those kept for
+        # their turn, those drained when a persistent iterator restarts.
+        received = super()._get_data()
+        self._slots.arrived(received[1])
+        return received
+
+
+class _OutOfOrderIterator(_SlotIterator):
     """The worker iterator of ``in_order=False``, telling which batch each result was.
 
     ``_task_info`` holds the batches sent and not yet handed out; the one a call hands out

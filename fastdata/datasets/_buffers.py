@@ -23,26 +23,22 @@ batches that never leave the worker are reused there as in the training process.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import math
-import mmap
-import sys
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils.data import get_worker_info
 
-if TYPE_CHECKING:
-    from fastdata.datasets._slots import WorkerSlots
+from fastdata.datasets._batch_memory import is_free, populate, storage_use_count
+from fastdata.datasets._slots import WorkerSlots
 
 _SHARED_MIN_BYTES = 1 << 16  # smaller batches: a plain allocation is cheaper
 # Free buffers kept per (shape, dtype) and thread: the batch a training loop still holds
 # while it asks for the next one, plus the one it has let go of.
 _SLOTS = 2
 _MAX_KEYS = 4  # batch sizes remembered per thread (full batches, the last partial one)
-_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 Key = tuple[tuple[int, ...], torch.dtype]
 
@@ -67,19 +63,19 @@ class BatchBuffers:
         """
         if get_worker_info() is not None:
             nbytes = math.prod(shape) * dtype.itemsize
-            if not returned and _storage_use_count is not None:
+            if not returned and storage_use_count is not None:
                 return self._reused(tuple(shape), dtype)  # scratch: never leaves the worker
             if not returned or nbytes < _SHARED_MIN_BYTES:
                 return torch.empty(shape, dtype=dtype)
             capacity = getattr(self._local, "worker_slots", 0)
-            if capacity and _storage_use_count is not None:
+            if capacity and storage_use_count is not None:
                 batch = self._worker_slots().take(tuple(shape), dtype, capacity)
                 if batch is not None:
                     return batch
             storage = torch.UntypedStorage._new_shared(nbytes)
-            _populate(storage.data_ptr(), nbytes)
+            populate(storage.data_ptr(), nbytes)
             return torch.empty(0, dtype=dtype).set_(storage).view(shape)
-        if _storage_use_count is None:  # torch without the count: no reuse
+        if storage_use_count is None:  # torch without the count: no reuse
             return torch.empty(shape, dtype=dtype)
         return self._reused(tuple(shape), dtype)
 
@@ -104,8 +100,6 @@ class BatchBuffers:
                 self._worker_slots().settle()
 
     def _worker_slots(self) -> WorkerSlots:
-        from fastdata.datasets._slots import WorkerSlots  # noqa: PLC0415 - it imports this
-
         slots: WorkerSlots | None = getattr(self._local, "slots", None)
         if slots is None:
             slots = self._local.slots = WorkerSlots()
@@ -117,7 +111,7 @@ class BatchBuffers:
         for kept in [k for k in pool if k.is_shared()]:
             pool.remove(kept)  # sent to another process: its readers are out of sight
         for kept in pool:
-            if _is_free(kept):
+            if is_free(kept):
                 return kept.detach()  # an alias, not a view: the caller's references count
         kept = torch.empty(shape, dtype=dtype)
         if len(pool) < _SLOTS:
@@ -135,42 +129,3 @@ class BatchBuffers:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._local = threading.local()
-
-
-_MADV_POPULATE_WRITE = 23  # Linux 5.14+
-_libc: ctypes.CDLL | None = None
-_populate_works = sys.platform == "linux"
-
-
-def _populate(address: int, nbytes: int) -> None:
-    """Fault in a fresh shared-memory batch with one system call rather than page by page
-    as it is written (a 12 MB batch is about 3,000 faults); nothing where the kernel cannot.
-    """
-    global _libc, _populate_works  # noqa: PLW0603 - set once, on first use
-    if not _populate_works:
-        return
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    start = address - address % mmap.PAGESIZE
-    if _libc.madvise(start, nbytes + address - start, _MADV_POPULATE_WRITE) != 0:
-        _populate_works = False  # an older kernel: pages fault in as they are written
-
-
-def _references(tensor: torch.Tensor) -> tuple[int, int]:
-    """References to ``tensor``'s memory: ``(tensors and views sharing its storage,
-    Python references to the storage object)``, each counting the one taken here."""
-    storage = tensor.untyped_storage()
-    return _storage_use_count(storage._cdata), sys.getrefcount(storage)  # type: ignore[misc]
-
-
-def _is_free(kept: torch.Tensor) -> bool:
-    """Whether nothing but ``kept`` refers to its memory (counts at most those of a fresh
-    tensor, measured once on this torch)."""
-    tensors, storage_objects = _references(kept)
-    return tensors <= _FREE_REFERENCES[0] and storage_objects <= _FREE_REFERENCES[1]
-
-
-_FREE_REFERENCES = (
-    _references(torch.empty(1, dtype=torch.uint8)) if _storage_use_count is not None else (0, 0)
-)

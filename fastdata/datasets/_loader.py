@@ -37,6 +37,12 @@ class ResumableDataLoader(DataLoader):
     ``e``: the resumed epoch is whole. Lightning saves and restores it like torchdata's
     ``StatefulDataLoader`` (it has ``state_dict`` / ``load_state_dict``).
 
+    Worker memory: each worker sends its batches in a small ring of shared-memory segments
+    per batch shape (``prefetch_factor`` + 2), filled again only once this process holds
+    nothing of one (no batch, view, NumPy array or storage object of it); when none is
+    free, in fresh shared memory as a plain ``DataLoader`` does, so keeping batches is
+    always safe. Not with ``pin_memory=True`` (the loop gets pinned copies).
+
     It takes every ``DataLoader`` argument; ``collate_fn`` defaults to
     :func:`passthrough_collate` (fastdata datasets return whole batches). The exact resume
     needs a :class:`ShardAwareDistributedSampler` (``sampler=``, or inside a

@@ -11,7 +11,7 @@ shape, and the training process keeps each one mapped:
   byte. The flag is ``HELD`` while the segment is written, in flight or handed out; the
   training process alone sets it ``FREE``, and only once nothing refers to the memory there:
   no batch handed out, no view of one, no NumPy array or storage object made from one (the
-  counts of :func:`~fastdata.datasets._buffers._is_free`), no batch kept by the loader
+  counts of :func:`~fastdata.datasets._batch_memory.is_free`), no batch kept by the loader
   (received out of order). The worker alone sets it back to ``HELD`` when it takes the
   segment for a new batch, and takes only a ``FREE`` one that nothing in the worker refers
   to either.
@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from fastdata.datasets._buffers import Key, _is_free, _populate
+from fastdata.datasets._batch_memory import is_free, populate
 
 _MARKER = b"fastdata:slot\x00\x01\x7f"  # 16 bytes
 _TOKEN_AT = len(_MARKER)  # 8 bytes, little-endian
@@ -71,7 +71,7 @@ class _Slot:
     @classmethod
     def new(cls, nbytes: int) -> _Slot:
         storage = torch.UntypedStorage._new_shared(nbytes + TRAILER_BYTES)
-        _populate(storage.data_ptr(), nbytes + TRAILER_BYTES)
+        populate(storage.data_ptr(), nbytes + TRAILER_BYTES)
         address = storage.data_ptr() + nbytes
         token = int.from_bytes(os.urandom(8), "little")
         ctypes.memmove(address, _MARKER + token.to_bytes(8, "little"), _FLAG_AT)
@@ -94,7 +94,7 @@ class WorkerSlots:
     """A worker's rings of segments, per batch shape and dtype (one thread's)."""
 
     def __init__(self) -> None:
-        self._rings: dict[Key, list[_Slot]] = {}
+        self._rings: dict[tuple[tuple[int, ...], torch.dtype], list[_Slot]] = {}
         self._taken: list[_Slot] = []  # since the last settle()
 
     def take(
@@ -105,7 +105,7 @@ class WorkerSlots:
         ring = self._rings.setdefault((shape, dtype), [])
         for slot in ring:
             # The training process let go of it (FREE) and nothing here refers to it.
-            if slot.flag.value == FREE and _is_free(slot.whole):
+            if slot.flag.value == FREE and is_free(slot.whole):
                 slot.flag.value = HELD
                 self._taken.append(slot)
                 return slot.batch(shape, dtype)
@@ -123,7 +123,7 @@ class WorkerSlots:
         while the batch about to be sent is still referenced, these are the ones it does not
         hold (samples dropped under ``on_error``): they never leave the worker."""
         for slot in self._taken:
-            if _is_free(slot.whole):
+            if is_free(slot.whole):
                 slot.flag.value = FREE
         self._taken.clear()
 
@@ -174,7 +174,7 @@ class SlotReleaser:
     def release(self) -> None:
         """Set ``FREE`` every held segment nothing refers to any more."""
         for slot in self._slots.values():
-            if slot.held and _is_free(slot.whole):
+            if slot.held and is_free(slot.whole):
                 slot.held = False
                 slot.flag.value = FREE
 

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import fastdata.datasets._buffers as buffers_module
-from fastdata.datasets import ShardDataset, passthrough_collate
+from fastdata.datasets import ShardDataset, _batch_memory, passthrough_collate
 from fastdata.transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop
 from tests.datasets.conftest import Reference
 
@@ -192,7 +192,7 @@ def test_a_workers_shared_batch_is_faulted_in_at_once(monkeypatch: pytest.Monkey
     """A batch a worker sends is resident when handed over: writing it does not fault its
     pages in one by one (the kernel's work per batch)."""
     monkeypatch.setattr(buffers_module, "get_worker_info", object)  # as in a worker
-    if not getattr(buffers_module, "_populate_works", True):
+    if not getattr(_batch_memory, "_populate_works", True):
         pytest.skip("this kernel has no MADV_POPULATE_WRITE")
     batch = buffers_module.BatchBuffers().empty((4, 3, 256, 256), torch.uint8, returned=True)
     assert batch.is_shared()

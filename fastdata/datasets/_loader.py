@@ -39,9 +39,10 @@ class ResumableDataLoader(DataLoader):
 
     Worker memory: each worker sends its batches in a small ring of shared-memory segments
     per batch shape (``prefetch_factor`` + 2), filled again only once this process holds
-    nothing of one (no batch, view, NumPy array or storage object of it); when none is
-    free, in fresh shared memory as a plain ``DataLoader`` does, so keeping batches is
-    always safe. Not with ``pin_memory=True`` (the loop gets pinned copies).
+    nothing of one (no batch, view, NumPy array or storage object of it) and has not sent
+    it on to another process (a ``torch.multiprocessing`` queue); when none is free, in
+    fresh shared memory as a plain ``DataLoader`` does, so keeping batches is always safe.
+    Not with ``pin_memory=True`` (the loop gets pinned copies).
 
     It takes every ``DataLoader`` argument; ``collate_fn`` defaults to
     :func:`passthrough_collate` (fastdata datasets return whole batches). The exact resume

@@ -12,7 +12,9 @@ shape, and the training process keeps each one mapped:
   training process alone sets it ``FREE``, and only once nothing refers to the memory there:
   no batch handed out, no view of one, no NumPy array or storage object made from one (the
   counts of :func:`~fastdata.datasets._batch_memory.is_free`), no batch kept by the loader
-  (received out of order). The worker alone sets it back to ``HELD`` when it takes the
+  (received out of order). A segment whose memory was pickled for another process (a
+  ``torch.multiprocessing`` queue), whose readers are out of sight, is never set ``FREE``.
+  The worker alone sets it back to ``HELD`` when it takes the
   segment for a new batch, and takes only a ``FREE`` one that nothing in the worker refers
   to either.
 - A batch is handed out as the tensor the worker sent, over the segment's memory; the
@@ -37,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import shared_cache
 
 from fastdata.datasets._batch_memory import is_free, populate
 
@@ -133,6 +136,9 @@ class _Arrived:
     whole: torch.Tensor  # the loader's own tensor over the segment: keeps it mapped
     flag: ctypes.c_uint8
     held: bool
+    # torch's record of the mapping when it arrived (key, entry): sending the memory on to
+    # another process replaces the entry
+    sharing: tuple[Any, Any] | None
 
 
 class SlotReleaser:
@@ -149,6 +155,7 @@ class SlotReleaser:
         self._slots: dict[int, _Arrived] = {}
         self.arrivals = 0  # batch tensors that came in a worker's segment
         self.reuses = 0  # of those, in a segment that came before (the worker reused it)
+        self.passed_on = 0  # segments sent on to another process: never freed
 
     def arrived(self, data: Any) -> None:
         """Note the worker segments the batch ``data`` (as the worker sent it) lies in."""
@@ -167,22 +174,41 @@ class SlotReleaser:
                 continue
             whole = torch.empty(0, dtype=torch.uint8).set_(storage)
             flag = ctypes.c_uint8.from_address(address + _FLAG_AT)
-            self._slots[token] = _Arrived(whole, flag, held=True)
+            self._slots[token] = _Arrived(whole, flag, True, _sharing_entry(storage))
         if len(self._slots) > self._limit:
             self._drop_oldest_free()
 
     def release(self) -> None:
-        """Set ``FREE`` every held segment nothing refers to any more."""
-        for slot in self._slots.values():
-            if slot.held and is_free(slot.whole):
-                slot.held = False
-                slot.flag.value = FREE
+        """Set ``FREE`` every held segment nothing here refers to any more and that was not
+        sent on to another process (whose readers are out of sight: that one is dropped
+        from here and stays ``HELD``; its worker never writes it again)."""
+        for token, slot in list(self._slots.items()):
+            if not slot.held or not is_free(slot.whole):
+                continue
+            if slot.sharing is None or shared_cache.get(slot.sharing[0]) is not slot.sharing[1]:
+                del self._slots[token]
+                self.passed_on += 1
+                continue
+            slot.held = False
+            slot.flag.value = FREE
 
     def _drop_oldest_free(self) -> None:
         for token in [t for t, slot in self._slots.items() if not slot.held]:
             if len(self._slots) <= self._limit:
                 return
             del self._slots[token]
+
+
+def _sharing_entry(storage: torch.UntypedStorage) -> tuple[Any, Any] | None:
+    """torch's record of ``storage``'s mapping, made when it was received (the
+    ``shared_cache`` of ``torch.multiprocessing``, keyed by file or handle), or ``None``.
+
+    Sending the memory on (pickled for another process) records it anew: a new entry.
+    """
+    for key, entry in list(shared_cache.items()):
+        if entry.cdata == storage._cdata:
+            return key, entry
+    return None
 
 
 def _tensors(data: Any) -> Iterator[torch.Tensor]:

@@ -4,7 +4,9 @@ process holds nothing of it; a caller who keeps batches gets fresh memory and in
 from __future__ import annotations
 
 import gc
+import pickle
 from collections.abc import Callable
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
@@ -220,3 +222,22 @@ def test_a_worker_never_takes_a_segment_it_still_refers_to() -> None:
     assert slots.take(shape, torch.int64, capacity=1) is None  # `batch` still refers to it
     del batch
     assert slots.take(shape, torch.int64, capacity=1) is not None
+
+
+def test_a_batch_sent_on_to_another_process_is_never_written_again(
+    raw_shards: Reference,
+) -> None:
+    """Pickled for another process (a ``torch.multiprocessing`` queue does this), a batch's
+    memory has readers out of sight: its segment is never given back to the worker."""
+    loader = _loader(raw_shards, persistent_workers=True)
+    sent: list[tuple[int, bytes]] = []
+    for _epoch in range(3):
+        iterator = iter(loader)
+        for index, batch in enumerate(iterator):
+            if index % 7 == 3:
+                sent.append((index, bytes(ForkingPickler.dumps(batch[0]))))
+            del batch
+        releaser = _releaser(iterator)
+        assert releaser.reuses > 0 and releaser.passed_on > 0
+    for index, message in sent:  # what the other process reads once it gets to it
+        np.testing.assert_array_equal(pickle.loads(message).numpy(), raw_shards.images[[index]])

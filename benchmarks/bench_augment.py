@@ -129,7 +129,15 @@ def fastdata_rows(
         return normalize(images), targets
 
     def epochs(dataset: Any, heavy_row: bool) -> Epochs:
-        loader = _loader(dataset, batch, collate_fn=passthrough_collate)
+        # what a user writes: the dataset's own loader (its workers reuse the shared memory
+        # of batches the loop has let go of)
+        loader = dataset.loader(
+            batch_size=batch,
+            shuffle=True,
+            drop_last=True,
+            num_workers=WORKERS,
+            persistent_workers=True,
+        )
         return Epochs(loader, heavy_step if heavy_row else light_step)
 
     def threaded(dataset: Any, heavy_row: bool) -> Epochs:

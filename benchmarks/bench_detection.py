@@ -8,20 +8,21 @@ ImageNet-like sizes (``bench_ram_jpeg``'s photo set) with seeded synthetic boxes
 per image (4.5 on average). Rows end with the uint8 images and each sample's boxes and
 labels in the training process.
 
-- fastdata, JPEG files: the IoU crop is drawn from the JPEG header's size and the boxes,
-  then decoded and resized in one step (``fastdata.decode.detection.decode_iou_crops``),
-  flipped in place; boxes and labels through the CPU movers of the same geometry (clip,
-  drop below 1 px or 10 % visible).
-- fastdata, JPEG shards: the same JPEGs, boxes and labels in a shard set read by the
-  ``ShardDataset`` below: its leading ``RandomIoUCrop(size=512)`` runs in the decode.
+- fastdata, JPEG shards: the same JPEG bytes, boxes and labels in a shard set (what
+  ``fastdata preprocess`` writes when it keeps the JPEGs), read by ``ShardDataset(root,
+  fields=("image", "boxes", "labels"), transform=Compose([RandomIoUCrop(size=512),
+  RandomHorizontalFlip()]))``: the leading IoU crop runs in the decode (drawn from the JPEG
+  header's size and the boxes, decoded and resized in one step), the flip in place, boxes
+  and labels clipped and dropped below 1 px or 10 % visible.
 - fastdata, uint8 shards: the photos letterboxed to 512x512 once, boxes and labels stored
-  beside them as ragged fields; ``ShardDataset(root, fields=("image", "boxes", "labels"),
-  transform=Compose([RandomIoUCrop(size=512), RandomHorizontalFlip()]))`` (the IoU crop
-  crops and resizes in one pass).
-- "main process, 2 threads": the JPEG-file and uint8-shard rows again with ``num_workers=0``
-  and the batch's samples on 2 threads in the training process (``num_threads=2``): the
-  same two cores of parallelism, fastdata's recommended set-up for batched datasets (no
-  batch crosses a process boundary).
+  beside them as ragged fields; the same ``ShardDataset`` call (the IoU crop crops and
+  resizes in one pass).
+- Every fastdata row iterates ``dataset.loader(batch_size=16, shuffle=True,
+  drop_last=True, num_workers=2, persistent_workers=True)``, what a user writes (its
+  workers reuse the shared memory of batches the loop has let go of); "main process, 2
+  threads": the same with ``num_workers=0`` and the batch's samples on 2 threads in the
+  training process (``num_threads=2``): the same two cores of parallelism, no batch
+  crossing a process boundary.
 - torchvision.transforms.v2: ``RandomIoUCrop``, ``RandomHorizontalFlip``, ``Resize``,
   ``SanitizeBoundingBoxes`` on ``tv_tensors`` per sample, JPEGs decoded by
   ``torchvision.io.decode_jpeg``.
@@ -52,7 +53,6 @@ import io
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -72,18 +72,13 @@ from _harness import (
 )
 from bench_ram_jpeg import build_photo_set
 
-from fastdata import ops
 from fastdata._codec import decode_image
-from fastdata._draws import keyed_uniform
-from fastdata._fields import apply_geometry  # the JPEG row's own pipeline moves its boxes
-from fastdata.datasets import ShardDataset, passthrough_collate
-from fastdata.datasets._buffers import BatchBuffers
-from fastdata.decode.detection import decode_iou_crops
+from fastdata._fields import apply_geometry  # the uint8 set's boxes follow its letterbox
+from fastdata.datasets import ShardDataset
 from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
 from fastdata.transforms import (
     Compose,
     FieldBatch,
-    Geometry,
     Letterbox,
     RandomHorizontalFlip,
     RandomIoUCrop,
@@ -91,7 +86,6 @@ from fastdata.transforms import (
 
 SIZE, BATCH, WORKERS, SEED = 512, 16, 2, 0
 THRESHOLDS = [0.0, 0.1, 0.3, 0.5, 0.7, 0.9]
-ROLES = {"boxes": "boxes", "labels": "box_labels"}
 Batch = tuple[Any, list[np.ndarray]]  # images, boxes per sample (output pixels)
 Rows = dict[str, Callable[[], Iterable[Batch]]]
 
@@ -185,44 +179,6 @@ def build_shards(sample: Sample, out: Path) -> tuple[Path, list[np.ndarray]]:
 
 
 # -- fastdata --------------------------------------------------------------------------------
-class FastdataJpeg(Dataset):
-    """Batches decoded straight into their IoU crops; draws keyed by (seed, index)."""
-
-    def __init__(self, sample: Sample, threads: int = 1) -> None:
-        self.sample, self.crop, self.flip = sample, ops.RandomIoUCrop(), ops.RandomHorizontalFlip()
-        self.transform = RandomIoUCrop()  # its box rule (1 px, 10 % visible) for the movers
-        self.buffers = BatchBuffers()  # in a worker: the batch is written in shared memory
-        self.threads = threads  # > 1: the decodes on a thread pool (main-process loading)
-        self.executor = ThreadPoolExecutor(threads) if threads > 1 else None
-
-    def __len__(self) -> int:
-        return len(self.sample)
-
-    def __getitems__(self, indices: list[int]) -> tuple[Any, ...]:
-        keys = np.asarray(indices, np.int64)
-        draws = keyed_uniform(SEED, 0, keys, self.crop.draws_per_sample + 1)
-        boxes = [self.sample.boxes(k) for k in indices]
-        out = self.buffers.empty((len(indices), SIZE, SIZE, 3), torch.uint8, returned=True).numpy()
-        buffers = [self.sample.encoded(k) for k in indices]
-        crops = decode_iou_crops(
-            buffers,
-            boxes,
-            self.crop,
-            draws[:, :-1],
-            out,
-            executor=self.executor,
-            tasks=self.threads,
-        )
-        flips = self.flip.flips(draws[:, -1:])
-        for k in np.flatnonzero(flips).tolist():
-            cv2.flip(out[k], 1, dst=out[k])
-        labels = [self.sample.labels(k) for k in indices]
-        targets = FieldBatch({"boxes": boxes, "labels": labels}, ROLES)
-        geometry = Geometry.of(crops, np.full((len(indices), 2), SIZE), flips)
-        moved = apply_geometry(self.transform, targets, geometry)  # clipped, dropped
-        return torch.from_numpy(out).permute(0, 3, 1, 2), moved["boxes"], moved["labels"]
-
-
 def shard_dataset(root: Path, threads: int = 1) -> ShardDataset:
     """What a user writes: the stored fields with their roles and one batch transform;
     one thread per worker, as every other row has (two workers on two cores), or
@@ -259,22 +215,27 @@ class Epochs:
         return self.convert(self.loader)
 
 
-def fastdata_rows(sample: Sample, jpeg_shards: Path, uint8_shards: Path) -> Rows:
-    def epochs(dataset: Dataset, workers: int = WORKERS) -> Epochs:
-        return Epochs(_loader(dataset, workers, collate_fn=passthrough_collate), _as_batches)
+def fastdata_rows(jpeg_shards: Path, uint8_shards: Path) -> Rows:
+    def epochs(root: Path, workers: int = WORKERS) -> Epochs:
+        # "main process": num_workers=0, the batch's samples on WORKERS threads (the same
+        # two cores of parallelism)
+        dataset = shard_dataset(root, 1 if workers else WORKERS)
+        loader = dataset.loader(
+            batch_size=BATCH,
+            shuffle=True,
+            drop_last=True,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+        )
+        return Epochs(loader, _as_batches)
 
-    # "main process": num_workers=0, the batch's samples on WORKERS threads (the same two
-    # cores of parallelism; fastdata's recommended set-up for raw pixels)
     return {
-        "fastdata, JPEG files": lambda: epochs(FastdataJpeg(sample)),
-        "fastdata, JPEG files (main process, 2 threads)": lambda: epochs(
-            FastdataJpeg(sample, WORKERS), 0
+        "fastdata, JPEG shards (crop in the decode)": lambda: epochs(jpeg_shards),
+        "fastdata, JPEG shards (crop in the decode, main process, 2 threads)": lambda: epochs(
+            jpeg_shards, 0
         ),
-        "fastdata, JPEG shards (crop in the decode)": lambda: epochs(shard_dataset(jpeg_shards)),
-        "fastdata, uint8 shards": lambda: epochs(shard_dataset(uint8_shards)),
-        "fastdata, uint8 shards (main process, 2 threads)": lambda: epochs(
-            shard_dataset(uint8_shards, WORKERS), 0
-        ),
+        "fastdata, uint8 shards": lambda: epochs(uint8_shards),
+        "fastdata, uint8 shards (main process, 2 threads)": lambda: epochs(uint8_shards, 0),
     }
 
 
@@ -518,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     def all_rows(sample: Sample, shard_set: tuple[Path, list[np.ndarray]]) -> Rows:
         name = "painted-" if sample is painted else ""
         jpeg_root = args.data / f"detection-{name}jpeg-shards-{args.num_images}"
-        rows = fastdata_rows(sample, build_jpeg_shards(sample, jpeg_root), shard_set[0])
+        rows = fastdata_rows(build_jpeg_shards(sample, jpeg_root), shard_set[0])
         for name, make_rows in (
             ("torchvision.transforms.v2", torchvision_rows),
             ("albumentations", albumentations_rows),

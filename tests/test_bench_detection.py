@@ -25,14 +25,15 @@ def test_quick_run_measures_fastdata_and_its_kept_pixels(
     (written,) = runs.glob("detection-*.json")
     results = json.loads(written.read_text())["results"]
     for name in (
-        "fastdata, JPEG files",
         "fastdata, JPEG shards (crop in the decode)",
+        "fastdata, JPEG shards (crop in the decode, main process, 2 threads)",
         "fastdata, uint8 shards",
+        "fastdata, uint8 shards (main process, 2 threads)",
     ):
         assert results["images_per_s"][name] > 0
         assert results["kept_visible_object_pixels"][name] >= 0.95
     assert 3 <= results["boxes_per_image"] <= 6
-    assert "| fastdata, JPEG files |" in capsys.readouterr().out
+    assert "| fastdata, JPEG shards (crop in the decode) |" in capsys.readouterr().out
 
 
 def test_synthetic_boxes_lie_inside_their_images(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -200,7 +200,8 @@ class BatchedDataset(Dataset):
         if decodes_here and self.batch_decode is not None:
             self.batch_decode.refuse_in_worker()
         array = np.asarray(indices, dtype=np.int64).reshape(-1)
-        batch = self._read(array, single=False, epoch=epoch if isinstance(epoch, int) else None)
+        with self._buffers.worker_slots(_worker_slots(indices)):
+            batch = self._read(array, single=False, epoch=epoch if isinstance(epoch, int) else None)
         if decodes_here and self.batch_decode is not None:
             batch = self.batch_decode.decode(batch, array.tolist(), self.on_error)
         return mark_collated(pack_ragged(batch) if len(batch) > 1 else batch[0])
@@ -491,8 +492,18 @@ class BatchedDataset(Dataset):
             return batch.numpy() if isinstance(batch, torch.Tensor) else batch
 
         out = self._transform_out(len(images))
+
+        def as_given(result: Any) -> Any:
+            # Written into `out` or in place: return that tensor (in a worker, the shared
+            # memory the batch is sent in), not a new tensor wrapping its NumPy view, which
+            # a worker would copy into shared memory once more to send it.
+            for tensor in (out, images):
+                if isinstance(tensor, torch.Tensor) and _is_array_of(result, tensor):
+                    return tensor
+            return result
+
         if not plan.mask_fields and not plan.target_fields and out is None:
-            values[name] = transform.apply(numpy(images), executor, tasks)
+            values[name] = as_given(transform.apply(numpy(images), executor, tasks))
             return
         masks = [numpy(values[mask]) for mask in plan.mask_fields]
         check_masks(numpy(images), masks, plan.mask_fields)
@@ -506,10 +517,7 @@ class BatchedDataset(Dataset):
             {field: specs[field].role for field in (name, *plan.mask_fields, *plan.target_fields)},
         )
         moved = transform.apply_batch(batch, executor, tasks, None if out is None else out.numpy())
-        result = moved.values[name]
-        # Written into `out`: return that tensor (shared memory in a worker), not a wrapper
-        # of its NumPy view.
-        values[name] = out if out is not None and _is_array_of(result, out) else result
+        values[name] = as_given(moved.values[name])
         for field in (*plan.mask_fields, *plan.target_fields):
             values[field] = moved.values[field]
 
@@ -655,6 +663,13 @@ def _override_roles(store: Store, fields: Sequence[str], roles: Mapping[str, str
             raise ValueError(f"roles names field {name!r}, which is not one of fields {fields}")
         check_role(role, f"roles[{name!r}]")
         store.specs[name] = dataclasses.replace(store.specs[name], role=role)
+
+
+def _worker_slots(indices: Any) -> int:
+    """The ring of batch segments a ``ResumableDataLoader``'s index batch asks a worker to
+    keep (0: none; it frees them in the training process)."""
+    count = getattr(indices, "worker_slots", 0)
+    return count if isinstance(count, int) and get_worker_info() is not None else 0
 
 
 def _arrays(value: Any) -> Any:

@@ -11,31 +11,34 @@ A batch is handed out as a new tensor over the buffer's memory, not as a view of
 the pool keeps, so no ``._base`` leads a caller to that one. A buffer that was moved to
 shared memory (sent to another process) is never reused.
 
-Inside a worker process nothing is reused: a batch leaves the worker as shared memory
-that the training process maps, and the worker cannot see when that mapping is dropped.
-Batches sent from a worker are allocated in shared memory directly, so sending them does
-not copy them once more, and faulted in with one system call (Linux); scratch batches that
-never leave the worker are plain memory.
+Inside a DataLoader worker, a batch leaves as shared memory that the training process
+maps, and the worker cannot see when that mapping is dropped: it allocates each batch it
+sends in fresh shared memory (so sending it does not copy it once more), faulted in with
+one system call (Linux), unless the loader's iterator tells it when a batch's memory is
+free again (:class:`~fastdata.datasets.ResumableDataLoader`, ``dataset.loader(...)``):
+then it takes it from a small ring of segments (:mod:`fastdata.datasets._slots`). Scratch
+batches that never leave the worker are reused there as in the training process.
 """
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import math
-import mmap
-import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.utils.data import get_worker_info
+
+from fastdata.datasets._batch_memory import is_free, populate, storage_use_count
+from fastdata.datasets._slots import WorkerSlots
 
 _SHARED_MIN_BYTES = 1 << 16  # smaller batches: a plain allocation is cheaper
 # Free buffers kept per (shape, dtype) and thread: the batch a training loop still holds
 # while it asks for the next one, plus the one it has let go of.
 _SLOTS = 2
 _MAX_KEYS = 4  # batch sizes remembered per thread (full batches, the last partial one)
-_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 Key = tuple[tuple[int, ...], torch.dtype]
 
@@ -60,14 +63,47 @@ class BatchBuffers:
         """
         if get_worker_info() is not None:
             nbytes = math.prod(shape) * dtype.itemsize
+            if not returned and storage_use_count is not None:
+                return self._reused(tuple(shape), dtype)  # scratch: never leaves the worker
             if not returned or nbytes < _SHARED_MIN_BYTES:
                 return torch.empty(shape, dtype=dtype)
+            capacity = getattr(self._local, "worker_slots", 0)
+            if capacity and storage_use_count is not None:
+                batch = self._worker_slots().take(tuple(shape), dtype, capacity)
+                if batch is not None:
+                    return batch
             storage = torch.UntypedStorage._new_shared(nbytes)
-            _populate(storage.data_ptr(), nbytes)
+            populate(storage.data_ptr(), nbytes)
             return torch.empty(0, dtype=dtype).set_(storage).view(shape)
-        if _storage_use_count is None:  # torch without the count: no reuse
+        if storage_use_count is None:  # torch without the count: no reuse
             return torch.empty(shape, dtype=dtype)
         return self._reused(tuple(shape), dtype)
+
+    @contextlib.contextmanager
+    def worker_slots(self, capacity: int) -> Iterator[None]:
+        """Within it, batches this thread hands out of a DataLoader worker come from a ring
+        of ``capacity`` shared-memory segments per shape (0: none), each taken again once
+        the training process has let go of it (see :mod:`fastdata.datasets._slots`).
+
+        Only for a loader whose iterator marks the segments free: a
+        :class:`~fastdata.datasets.ResumableDataLoader` asks for it in its index batches.
+        Hold the batch made within it past its end: segments taken in it that nothing
+        refers to at the end (samples dropped) go back to the ring.
+        """
+        previous = getattr(self._local, "worker_slots", 0)
+        self._local.worker_slots = capacity
+        try:
+            yield
+        finally:
+            self._local.worker_slots = previous
+            if capacity:
+                self._worker_slots().settle()
+
+    def _worker_slots(self) -> WorkerSlots:
+        slots: WorkerSlots | None = getattr(self._local, "slots", None)
+        if slots is None:
+            slots = self._local.slots = WorkerSlots()
+        return slots
 
     def _reused(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         pools: dict[Key, list[torch.Tensor]] = self._local.__dict__.setdefault("pools", {})
@@ -75,7 +111,7 @@ class BatchBuffers:
         for kept in [k for k in pool if k.is_shared()]:
             pool.remove(kept)  # sent to another process: its readers are out of sight
         for kept in pool:
-            if _is_free(kept):
+            if is_free(kept):
                 return kept.detach()  # an alias, not a view: the caller's references count
         kept = torch.empty(shape, dtype=dtype)
         if len(pool) < _SLOTS:
@@ -93,42 +129,3 @@ class BatchBuffers:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._local = threading.local()
-
-
-_MADV_POPULATE_WRITE = 23  # Linux 5.14+
-_libc: ctypes.CDLL | None = None
-_populate_works = sys.platform == "linux"
-
-
-def _populate(address: int, nbytes: int) -> None:
-    """Fault in a fresh shared-memory batch with one system call rather than page by page
-    as it is written (a 12 MB batch is about 3,000 faults); nothing where the kernel cannot.
-    """
-    global _libc, _populate_works  # noqa: PLW0603 - set once, on first use
-    if not _populate_works:
-        return
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    start = address - address % mmap.PAGESIZE
-    if _libc.madvise(start, nbytes + address - start, _MADV_POPULATE_WRITE) != 0:
-        _populate_works = False  # an older kernel: pages fault in as they are written
-
-
-def _references(tensor: torch.Tensor) -> tuple[int, int]:
-    """References to ``tensor``'s memory: ``(tensors and views sharing its storage,
-    Python references to the storage object)``, each counting the one taken here."""
-    storage = tensor.untyped_storage()
-    return _storage_use_count(storage._cdata), sys.getrefcount(storage)  # type: ignore[misc]
-
-
-def _is_free(kept: torch.Tensor) -> bool:
-    """Whether nothing but ``kept`` refers to its memory (counts at most those of a fresh
-    tensor, measured once on this torch)."""
-    tensors, storage_objects = _references(kept)
-    return tensors <= _FREE_REFERENCES[0] and storage_objects <= _FREE_REFERENCES[1]
-
-
-_FREE_REFERENCES = (
-    _references(torch.empty(1, dtype=torch.uint8)) if _storage_use_count is not None else (0, 0)
-)

@@ -14,6 +14,7 @@ from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from fastdata.datasets._collate import passthrough_collate
 from fastdata.datasets._positions import Ranges, consumed_ranges
+from fastdata.datasets._slots import MAX_SHAPES, SlotReleaser
 from fastdata.datasets.distributed import ShardAwareDistributedSampler
 
 if TYPE_CHECKING:
@@ -38,6 +39,13 @@ class ResumableDataLoader(DataLoader):
     ``sampler.set_epoch(e)`` and before the first batch of epoch ``e`` holds nothing of
     ``e``: the resumed epoch is whole. Lightning saves and restores it like torchdata's
     ``StatefulDataLoader`` (it has ``state_dict`` / ``load_state_dict``).
+
+    Worker memory: each worker sends its batches in a small ring of shared-memory segments
+    per batch shape (``prefetch_factor`` + 2), filled again only once this process holds
+    nothing of one (no batch, view, NumPy array or storage object of it) and has not sent
+    it on to another process (a ``torch.multiprocessing`` queue); when none is free, in
+    fresh shared memory as a plain ``DataLoader`` does, so keeping batches is always safe.
+    Not with ``pin_memory=True`` (the loop gets pinned copies).
 
     It takes every ``DataLoader`` argument; ``collate_fn`` defaults to
     :func:`passthrough_collate` (fastdata datasets return whole batches). The exact resume
@@ -123,10 +131,23 @@ class ResumableDataLoader(DataLoader):
         return _RecordedBatches(inner, self)
 
     def _get_iterator(self) -> Any:
-        if self.num_workers > 0 and not getattr(self, "in_order", True):
-            self.check_worker_number_rationality()
+        if self.num_workers == 0:
+            return super()._get_iterator()
+        self.check_worker_number_rationality()
+        if not getattr(self, "in_order", True):
             return _OutOfOrderIterator(self)
-        return super()._get_iterator()
+        return _SlotIterator(self)
+
+    def _worker_slot_count(self) -> int:
+        """Shared-memory segments per batch shape each worker may keep and reuse (0: none).
+
+        Enough for the batches a worker has queued (``prefetch_factor``), the one the loop
+        holds and the one it just let go of. Not with ``pin_memory``: the pinned copy is
+        what the loop gets, and the worker's batch is dropped before this loader sees it.
+        """
+        if self.num_workers == 0 or self.pin_memory:
+            return 0
+        return (self.prefetch_factor or 2) + 2
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self._epoch = self._next_epoch()
@@ -338,16 +359,21 @@ class EpochBatch(list[int]):
     :class:`ResumableDataLoader` hands these to ``dataset.__getitems__`` (through the
     worker processes' index queues: it pickles with its epoch). ``encoded``: the dataset
     returns its images encoded, for the loader to decode (a dataset whose ``decode=``
-    decoder runs in the training process).
+    decoder runs in the training process). ``worker_slots`` > 0 lets a fastdata dataset in
+    a worker send the batch in a ring of that many shared-memory segments, which the
+    loader's iterator marks free again in the training process.
     """
 
-    def __init__(self, indices: Iterable[int], epoch: int, encoded: bool = False) -> None:
+    def __init__(
+        self, indices: Iterable[int], epoch: int, encoded: bool = False, worker_slots: int = 0
+    ) -> None:
         super().__init__(indices)
         self.epoch = epoch
         self.encoded = encoded
+        self.worker_slots = worker_slots
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (EpochBatch, (list(self), self.epoch, self.encoded))
+        return (EpochBatch, (list(self), self.epoch, self.encoded, self.worker_slots))
 
 
 class _EpochBatches:
@@ -361,7 +387,8 @@ class _EpochBatches:
         owner = self._owner()
         epoch = owner._epoch if owner is not None and owner._epoch is not None else 0
         encoded = owner is not None and owner._batch_decode is not None
-        return (EpochBatch(batch, epoch, encoded) for batch in self._batches)
+        slots = owner._worker_slot_count() if owner is not None else 0
+        return (EpochBatch(batch, epoch, encoded, slots) for batch in self._batches)
 
     def __len__(self) -> int:
         return len(self._batches)  # type: ignore[arg-type]
@@ -391,7 +418,28 @@ class _RecordedBatches:
             yield batch
 
 
-class _OutOfOrderIterator(_MultiProcessingDataLoaderIter):
+class _SlotIterator(_MultiProcessingDataLoaderIter):
+    """The worker iterator, marking free the workers' batch segments nothing refers to
+    any more, before it waits for the next batch (see :mod:`fastdata.datasets._slots`)."""
+
+    def __init__(self, loader: ResumableDataLoader) -> None:
+        limit = loader.num_workers * loader._worker_slot_count() * MAX_SHAPES  # what they hold
+        self._slots = SlotReleaser(limit)
+        super().__init__(loader)
+
+    def _next_data(self) -> Any:
+        self._slots.release()
+        return super()._next_data()
+
+    def _get_data(self) -> Any:
+        # Every batch a worker sends comes through here: those handed out, those kept for
+        # their turn, those drained when a persistent iterator restarts.
+        received = super()._get_data()
+        self._slots.arrived(received[1])
+        return received
+
+
+class _OutOfOrderIterator(_SlotIterator):
     """The worker iterator of ``in_order=False``, telling which batch each result was.
 
     ``_task_info`` holds the batches sent and not yet handed out; the one a call hands out

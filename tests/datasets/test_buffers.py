@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import fastdata.datasets._buffers as buffers_module
-from fastdata.datasets import ShardDataset, passthrough_collate
+from fastdata.datasets import ShardDataset, _batch_memory, passthrough_collate
 from fastdata.transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop
 from tests.datasets.conftest import Reference
 
@@ -192,7 +192,7 @@ def test_a_workers_shared_batch_is_faulted_in_at_once(monkeypatch: pytest.Monkey
     """A batch a worker sends is resident when handed over: writing it does not fault its
     pages in one by one (the kernel's work per batch)."""
     monkeypatch.setattr(buffers_module, "get_worker_info", object)  # as in a worker
-    if not getattr(buffers_module, "_populate_works", True):
+    if not getattr(_batch_memory, "_populate_works", True):
         pytest.skip("this kernel has no MADV_POPULATE_WRITE")
     batch = buffers_module.BatchBuffers().empty((4, 3, 256, 256), torch.uint8, returned=True)
     assert batch.is_shared()
@@ -201,3 +201,18 @@ def test_a_workers_shared_batch_is_faulted_in_at_once(monkeypatch: pytest.Monkey
     batch.fill_(7)
     faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
     assert faults < pages // 10, (faults, pages)
+
+
+def test_a_workers_scratch_batch_is_reused_in_the_worker(
+    raw_shards: Reference, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch only a per-sample transform reads never leaves the worker: it is reused
+    there as in the training process, not allocated (and faulted in) per batch."""
+    monkeypatch.setattr(buffers_module, "get_worker_info", object)  # as in a worker
+    dataset = ShardDataset(raw_shards.path, fields=("image",), transform=_crop, num_threads=1)
+    for start in (0, 4, 8):
+        batch = dataset.__getitems__(list(range(start, start + 4)))
+        expected = raw_shards.images[start : start + 4, 1:9, 1:9].transpose(0, 3, 1, 2)
+        np.testing.assert_array_equal(batch.numpy(), expected)
+    pools = dataset._buffers._local.__dict__.get("pools", {})
+    assert ((4, *raw_shards.images.shape[1:]), torch.uint8) in pools  # the gathered rows

@@ -9,8 +9,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+import torch
 
-from fastdata.datasets import ShardDataset
+from fastdata.datasets import ShardDataset, _base, _buffers
 from fastdata.shards import FieldSpec
 from fastdata.transforms import Compose, RandomHorizontalFlip, RandomIoUCrop
 from tests.datasets.conftest import write_shards
@@ -86,3 +87,21 @@ def test_iou_crop_in_the_decode_through_the_loader(
     images, boxes, labels = batches[0]
     assert tuple(images.shape) == (8, 3, SIZE, SIZE)
     assert all(len(rows) == len(classes) for rows, classes in zip(boxes, labels, strict=True))
+
+
+def test_a_worker_sends_the_decoded_and_flipped_batch_without_a_copy(
+    painted_set: tuple[Path, np.ndarray, list[np.ndarray]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decoded into its crops and flipped in place inside a worker, the batch is returned
+    as the shared-memory tensor it was decoded into: sending it copies nothing more."""
+    root, _images, _boxes = painted_set
+    indices = list(range(COUNT))
+    expected = _dataset(root, None).__getitems__(indices)
+    for module in (_buffers, _base):
+        monkeypatch.setattr(module, "get_worker_info", object)  # non-None: as in a worker
+    monkeypatch.setattr(_buffers, "_SHARED_MIN_BYTES", 0)
+    images, boxes, labels = _dataset(root, None).__getitems__(indices)
+    assert images.untyped_storage().is_shared()
+    assert torch.equal(images, expected[0])
+    for k in range(COUNT):
+        assert torch.equal(boxes[k], expected[1][k]) and torch.equal(labels[k], expected[2][k])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,48 @@ def _normalize_on_cpu(
     return out
 
 
+# The number of holders of a storage's memory (tensors, views, NumPy arrays through them).
+_storage_users: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count", None)
+# Batch outputs kept for reuse on the CPU: the previous one may still be in use (the
+# training step holds batch k while batch k + 1 is normalized), the one before is free.
+SPARE_CPU_OUTPUTS = 2
+
+
+class _CpuOutputs:
+    """Output memory reused once nothing refers to it. A fresh batch of float32 is tens of
+    MB, which the C allocator maps anew for each call (above malloc's mmap threshold) and
+    whose every page then faults on the first write: that cost more than the arithmetic
+    (docs/benchmarks.md). A storage is handed out again only when this pool holds its
+    last reference (no tensor, view or NumPy array uses it any more)."""
+
+    def __init__(self) -> None:
+        self.storages: list[torch.UntypedStorage] = []
+
+    def empty(
+        self, shape: torch.Size, dtype: torch.dtype, memory_format: torch.memory_format
+    ) -> torch.Tensor:
+        """An uninitialised tensor of ``shape``, ``dtype`` and ``memory_format``."""
+        layout = torch.empty(shape, dtype=dtype, device="meta", memory_format=memory_format)
+        nbytes = layout.numel() * layout.element_size()
+        for storage in list(self.storages):
+            if _storage_users is None or storage.nbytes() != nbytes:
+                continue
+            if _storage_users(storage._cdata) != 1:
+                continue  # still in use
+            try:
+                self.storages.remove(storage)  # taken: no other thread can take it now
+            except ValueError:
+                continue
+            out = torch.empty(0, dtype=dtype).set_(storage, 0, layout.shape, layout.stride())
+            self.storages.append(storage)
+            return out
+        out = torch.empty(shape, dtype=dtype, memory_format=memory_format)
+        if _storage_users is not None:
+            self.storages.append(out.untyped_storage())
+            del self.storages[:-SPARE_CPU_OUTPUTS]
+        return out
+
+
 class Normalize(nn.Module):
     """Turn a uint8 image batch into a normalized float batch in one fused expression.
 
@@ -73,7 +115,8 @@ class Normalize(nn.Module):
     dtype and memory format by the same kernel (on CUDA the casts happen inside it: there is
     no float copy of the batch, neither on the host nor on the device; on the CPU the batch
     goes through in cache-sized chunks of images with the same float32 arithmetic, faster
-    than the one mixed-dtype kernel there: docs/benchmarks.md). ``mean`` and ``std``
+    than the one mixed-dtype kernel there, into memory of an earlier output that nothing
+    refers to any more, up to two batches of it kept: docs/benchmarks.md). ``mean`` and ``std``
     are buffers, so the module moves with ``.to(device)`` and is saved in ``state_dict``.
     Under ``torch.compile`` inductor fuses the same expression into one kernel.
 
@@ -137,6 +180,12 @@ class Normalize(nn.Module):
         self.dtype = dtype
         self.layout = check_layout(layout, auto=True)
         self.channels_last = bool(channels_last)
+        self._cpu_outputs = _CpuOutputs()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_cpu_outputs"] = _CpuOutputs()  # memory is not state: not pickled or copied
+        return state
 
     @classmethod
     def from_manifest(
@@ -236,11 +285,12 @@ class Normalize(nn.Module):
             # Dynamo cannot trace a channels_last `out=`; inductor fuses this into one kernel.
             out = torch.addcmul(bias, images, scale).to(self.dtype)
             return out.contiguous(memory_format=memory_format)
+        if images.device.type == "cpu":
+            out = self._cpu_outputs.empty(images.shape, self.dtype, memory_format)
+            return _normalize_on_cpu(images, out, scale.flatten(), bias.flatten())
         out = torch.empty(
             images.shape, dtype=self.dtype, device=images.device, memory_format=memory_format
         )
-        if images.device.type == "cpu":
-            return _normalize_on_cpu(images, out, scale.flatten(), bias.flatten())
         # One kernel: reads uint8, computes in float32, writes `dtype` in the asked layout.
         return torch.addcmul(bias, images, scale, out=out)
 

@@ -312,7 +312,8 @@ def affine(
     flags = interpolation | cv2.WARP_INVERSE_MAP
     four = channels == 3 and interpolation == cv2.INTER_LINEAR
     rgba = np.empty((2, height, width, 4), np.uint8) if four else None
-    out = np.empty_like(images)
+    # the RGBA detour warps a copy: its result goes straight back into the batch
+    out = images if four else np.empty_like(images)
     mask_outs = [np.empty_like(mask) for mask in masks]
     for k, matrix in enumerate(params["matrix"]):
         transform = opencv_matrix(matrix)

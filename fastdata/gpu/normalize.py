@@ -118,6 +118,9 @@ class _CpuOutputs:
             try:
                 self.storages.remove(storage)  # taken: no other thread can take it now
             except ValueError:
+                continue  # another thread took it
+            if _storage_users(storage._cdata) != 1:  # taken and handed out meanwhile
+                self.storages.append(storage)
                 continue
             out = torch.empty(0, dtype=dtype).set_(storage, 0, layout.shape, layout.stride())
             self.storages.append(storage)

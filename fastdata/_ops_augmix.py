@@ -71,8 +71,8 @@ def augmix_values(
         ``(N,)`` float64: factors for the enhance ops, degrees, shear tangents, whole
         pixels for the shifts, bits, thresholds (0 for the ops without a parameter).
     """
-    tops = dict((name, top) for name, top, _ in AUGMIX_OPS)
-    signed = dict((name, sign) for name, _, sign in AUGMIX_OPS)
+    tops = {name: top for name, top, _ in AUGMIX_OPS}
+    signed = {name: sign for name, _, sign in AUGMIX_OPS}
     top = np.array([tops[name] for name in names], np.float64)
     magnitude = top * bins / (NUM_BINS - 1)
     is_signed = np.array([signed[name] for name in names], bool)
@@ -207,6 +207,11 @@ class AugMix(StepOperation):
         chains = dirichlet_from_uniform(draws[:, 1], self.alpha, self.mixture_width)
         weights = np.concatenate([original[:, None], chains * (1 - original)[:, None]], 1)
         return chosen, bins, negate, weights
+
+    def steps(self, draws: np.ndarray, heights: np.ndarray, widths: np.ndarray) -> list[Step]:
+        """Not one list of steps: AugMix runs chains on copies and blends them (see
+        :meth:`mixing`)."""
+        raise NotImplementedError("AugMix blends chains of steps: use AugMix.mixing")
 
     def mixing(
         self, draws: np.ndarray, heights: np.ndarray, widths: np.ndarray

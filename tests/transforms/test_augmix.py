@@ -125,7 +125,7 @@ def test_magnitudes_map_as_torchvisions_tables() -> None:
                 np.array([name] * NUM_BINS), bins, np.full(NUM_BINS, negate),
                 np.full(NUM_BINS, height), np.full(NUM_BINS, width),
             )  # fmt: skip
-            signed = dict((spec[0], spec[2]) for spec in AUGMIX_OPS)[name]
+            signed = {spec[0]: spec[2] for spec in AUGMIX_OPS}[name]
             expected = -table if signed and negate else table
             if name in ("brightness", "saturation", "contrast", "sharpness"):
                 expected = 1.0 + expected

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import add_publish_argument, load_tool, save
-from bench_loaders import build_shards
+from _harness import add_publish_argument, save
+from bench_augment import MEAN, NUM_CLASSES, STD, sample_data
 
 from fastdata.datasets import ShardDataset
 from fastdata.gpu import Normalize
@@ -41,9 +41,6 @@ from fastdata.transforms import (
     RandomResizedCrop,
     _kernels,
 )
-
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-NUM_CLASSES = 10
 
 
 def _timed_kernels() -> tuple[Counter[str], Counter[str]]:
@@ -78,13 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     cv2.setNumThreads(1)
-    sample = load_tool("make_sample_dataset")
-    folder = args.data / f"augment-{args.num_images}"
-    paths = sorted(folder.glob("class_*/img_*.jpg"))
-    if len(paths) < args.num_images:
-        paths = sample.make_sample_dataset(folder, args.num_images, num_classes=NUM_CLASSES)
-    labels = [int(path.parent.name.split("_")[1]) for path in paths]
-    shards = build_shards(paths, labels, args.data / f"augment-shards-256-{len(paths)}", 256)
+    shards = sample_data(args.data, args.num_images)[3]
     rows = ShardDataset(shards)
     rng = np.random.default_rng(0)
     batch = args.batch_size

@@ -83,8 +83,8 @@ def mix_batch(
         return paste_by_masks(images, plan.boxes, layout), mixed_targets
     out = images.clone()
     count = len(images)
-    target: torch.Tensor | np.ndarray = out
-    source: torch.Tensor | np.ndarray = images
+    target: Any = out  # a tensor, or a NumPy view of one
+    source: Any = images
     if images.dtype in NUMPY_DTYPES and not images.requires_grad:
         target, source = out.numpy(), images.numpy()  # NumPy's slicing: a fraction of torch's
     for i, (top, left, box_h, box_w) in enumerate(plan.boxes.tolist()):

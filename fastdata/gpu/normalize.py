@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -99,10 +100,15 @@ class _CpuOutputs:
     MB, which the C allocator maps anew for each call (above malloc's mmap threshold) and
     whose every page then faults on the first write: that cost more than the arithmetic
     (docs/benchmarks.md). A storage is handed out again only when this pool holds its
-    last reference (no tensor, view or NumPy array uses it any more)."""
+    last reference (no tensor, view or NumPy array uses it any more) and it was never
+    moved to shared memory (as a batch sent from a DataLoader worker is)."""
 
     def __init__(self) -> None:
         self.storages: list[torch.UntypedStorage] = []
+
+    def _drop(self, storage: torch.UntypedStorage) -> None:
+        with contextlib.suppress(ValueError):  # another thread dropped it
+            self.storages.remove(storage)
 
     def empty(
         self, shape: torch.Size, dtype: torch.dtype, memory_format: torch.memory_format
@@ -111,6 +117,9 @@ class _CpuOutputs:
         layout = torch.empty(shape, dtype=dtype, device="meta", memory_format=memory_format)
         nbytes = layout.numel() * layout.element_size()
         for storage in list(self.storages):
+            if storage.is_shared():  # sent to another process (a DataLoader worker's batch)
+                self._drop(storage)  # whose readers this count does not see: never reused
+                continue
             if _storage_users is None or storage.nbytes() != nbytes:
                 continue
             if _storage_users(storage._cdata) != 1:

@@ -112,11 +112,38 @@ def test_cpu_outputs_reuse_memory_nothing_refers_to(monkeypatch: pytest.MonkeyPa
         out = normalize(batch)
         assert np.allclose(out.numpy(), _reference(batch, MEAN, STD))
     assert allocations == []
+    # sent to another process, whose readers no count here sees: never reused (the two
+    # kept outputs serve the first two calls, the next two need fresh memory)
+    del out
+    for _ in range(4):
+        normalize(batches[0]).share_memory_()
+    assert len(allocations) == 2
     channels_last = Normalize(MEAN, STD, layout="CHW", channels_last=True)
     for batch in batches[:2]:
         out = channels_last(batch)
         assert out.is_contiguous(memory_format=torch.channels_last)
     assert len(pickle.loads(pickle.dumps(normalize))._cpu_outputs.storages) == 0
+
+
+def _normalized_batch(items: list[torch.Tensor]) -> torch.Tensor:
+    return _WORKER_NORMALIZE(torch.stack(items))
+
+
+_WORKER_NORMALIZE = Normalize(MEAN, STD, layout="CHW")
+
+
+def test_batches_normalized_in_dataloader_workers_stay_intact() -> None:
+    """Outputs a worker sends to the training process (shared memory) are never written
+    again, however many batches the training process holds."""
+    items = [torch.full((3, 4, 4), index, dtype=torch.uint8) for index in range(24)]
+    loader = torch.utils.data.DataLoader(
+        items, batch_size=2, num_workers=1, collate_fn=_normalized_batch, prefetch_factor=4
+    )
+    held = list(loader)
+    for start, batch in zip(range(0, 24, 2), held, strict=True):
+        assert np.allclose(
+            batch.numpy(), _reference(torch.stack(items[start : start + 2]), MEAN, STD)
+        )
 
 
 def test_value_range_one_takes_torchvision_constants(bchw: torch.Tensor) -> None:

@@ -367,6 +367,19 @@ def dali_rows(folder: Path, batch: int) -> dict[str, Batches]:
     return {"DALI CPU light": lambda: run(False), "DALI CPU heavy": lambda: run(True)}
 
 
+def sample_data(data: Path, num_images: int) -> tuple[Path, list[Path], list[int], Path]:
+    """The sample JPEGs (made once under ``data``), their folder, labels, and raw 256x256
+    uint8 shards of them."""
+    sample = load_tool("make_sample_dataset")
+    folder = data / f"augment-{num_images}"
+    paths = sorted(folder.glob("class_*/img_*.jpg"))
+    if len(paths) < num_images:
+        paths = sample.make_sample_dataset(folder, num_images, num_classes=NUM_CLASSES)
+    labels = [int(path.parent.name.split("_")[1]) for path in paths]
+    shards = build_shards(paths, labels, data / f"augment-shards-256-{len(paths)}", 256)
+    return folder, paths, labels, shards
+
+
 # -- timing --------------------------------------------------------------------------------
 def rates(epochs: Epochs, batches: int, warmup: int) -> tuple[float, float]:
     """Images per second of wall time and per CPU second (the training process and its
@@ -390,13 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # the loaders under test bring their own parallelism
     cv2.setNumThreads(1)
-    sample = load_tool("make_sample_dataset")
-    folder = args.data / f"augment-{args.num_images}"
-    paths = sorted(folder.glob("class_*/img_*.jpg"))
-    if len(paths) < args.num_images:
-        paths = sample.make_sample_dataset(folder, args.num_images, num_classes=NUM_CLASSES)
-    labels = [int(path.parent.name.split("_")[1]) for path in paths]
-    shards = build_shards(paths, labels, args.data / f"augment-shards-256-{len(paths)}", 256)
+    folder, paths, labels, shards = sample_data(args.data, args.num_images)
 
     rows: dict[str, Batches] = fastdata_rows(paths, labels, shards, args.batch_size)
     peers: list[tuple[str, Callable[[], dict[str, Batches]]]] = [

@@ -175,6 +175,19 @@ def beta_from_uniform(draws: np.ndarray, alpha: float) -> np.ndarray:
     return np.asarray(samples, np.float64).reshape(np.shape(draws))
 
 
+def dirichlet_from_uniform(draws: np.ndarray, alpha: float, size: int) -> np.ndarray:
+    """``Dirichlet(alpha, ..., alpha)`` samples of ``size`` weights, one per uniform in
+    ``(N,)`` ``draws``: ``(N, size)`` float64 rows that sum to 1, each a pure function of
+    its uniform (as in :func:`beta_from_uniform`)."""
+    flat = np.asarray(draws, np.float64).ravel()
+    concentration = np.full(size, float(alpha))
+    rows = [
+        np.random.Generator(np.random.PCG64(int(u * 2.0**53))).dirichlet(concentration)
+        for u in flat
+    ]
+    return np.asarray(rows, np.float64).reshape(len(flat), size)
+
+
 def integers_from_uniform(draws: np.ndarray, high: int | np.ndarray) -> np.ndarray:
     """Integers uniform in ``[0, high)`` from uniforms in [0, 1) (int64, ``draws``' shape)."""
     high_array = np.asarray(high, np.int64)

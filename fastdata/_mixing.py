@@ -55,6 +55,10 @@ def soft_targets(
     return targets.scatter_(1, index, 1.0 - smoothing + off)
 
 
+# CPU tensors of these dtypes have a NumPy view.
+NUMPY_DTYPES = (torch.uint8, torch.float16, torch.float32, torch.float64)
+
+
 def mix_batch(
     images: torch.Tensor, targets: torch.Tensor, plan: MixPlan, layout: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,13 +83,17 @@ def mix_batch(
         return paste_by_masks(images, plan.boxes, layout), mixed_targets
     out = images.clone()
     count = len(images)
+    target: Any = out  # a tensor, or a NumPy view of one
+    source: Any = images
+    if images.dtype in NUMPY_DTYPES and not images.requires_grad:
+        target, source = out.numpy(), images.numpy()  # NumPy's slicing: a fraction of torch's
     for i, (top, left, box_h, box_w) in enumerate(plan.boxes.tolist()):
         if box_h and box_w:  # paste the partner's box (only the box is read)
             rows, cols = slice(top, top + box_h), slice(left, left + box_w)
             if layout == "CHW":
-                out[i, :, rows, cols] = images[count - 1 - i, :, rows, cols]
+                target[i, :, rows, cols] = source[count - 1 - i, :, rows, cols]
             else:
-                out[i, rows, cols] = images[count - 1 - i, rows, cols]
+                target[i, rows, cols] = source[count - 1 - i, rows, cols]
     return out, mixed_targets
 
 

@@ -186,7 +186,7 @@ class RandomErasing(StepOperation):
         return [Step("erase", index, params, {"value": self.value})]
 
 
-def _policy_steps(  # noqa: PLR0917
+def policy_steps(  # noqa: PLR0917
     names: Sequence[str],
     values: np.ndarray,
     chosen: np.ndarray,
@@ -380,7 +380,7 @@ class RandAugment(StepOperation):
                         values[rows] *= widths[rows]
                     elif name == "translate_y":
                         values[rows] *= heights[rows]
-            steps += _policy_steps(
+            steps += policy_steps(
                 RAND_AUGMENT_OPS, values, chosen[:, position], heights, widths, options
             )
         return steps
@@ -469,4 +469,4 @@ class TrivialAugmentWide(StepOperation):
         translate = np.isin(chosen, [3, 4])
         values[translate] = np.trunc(magnitude[translate])  # torchvision: int(magnitude)
         options = {"interpolation": self.interpolation, "fill": self.fill}
-        return _policy_steps(names, values, chosen, heights, widths, options)
+        return policy_steps(names, values, chosen, heights, widths, options)

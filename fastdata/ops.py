@@ -37,7 +37,8 @@ Beyond crops and flips, the colour ops (:class:`ColorJitter`, :class:`RandomGray
 :class:`GaussianBlur`), :class:`RandomAffine`, :class:`RandomErasing` and the policies
 :class:`RandAugment` and :class:`TrivialAugmentWide` turn their draws into per-sample
 steps (one kernel name, the samples it applies to, their parameters) that the CPU
-transforms and the device modules run with their own kernel per name; :class:`MixUp` and
+transforms and the device modules run with their own kernel per name (:class:`AugMix`
+into such steps per chain and the weights that mix the chains); :class:`MixUp` and
 :class:`CutMix` turn theirs into a mixing plan for a collated batch. The detection
 geometry, :class:`RandomIoUCrop` (SSD's crop, which draws from the samples' boxes) and
 :class:`Letterbox` (YOLO's resize-and-pad), states each sample's crop in input pixels,
@@ -72,6 +73,7 @@ from fastdata._crop import (
 from fastdata._operation import Operation
 
 __all__ = [
+    "AugMix",
     "CenterCrop",
     "ColorJitter",
     "CutMix",
@@ -324,6 +326,7 @@ def described(value: object, op_type: type[OperationT]) -> OperationT | None:
 
 # The per-sample colour, affine, erasing and policy descriptions, and batch mixing, each
 # family in a module of its own.
+from fastdata._ops_augmix import AugMix  # noqa: E402
 from fastdata._ops_boxes import Letterbox, RandomIoUCrop  # noqa: E402
 from fastdata._ops_colour import (  # noqa: E402
     ColorJitter,

@@ -221,7 +221,8 @@ PUBLIC_NAMES = {
         "DecodedBatch", "Decoder", "DecodingLoader", "create_decoder", "register_decoder",
     ],
     "fastdata.gpu": [
-        "DeviceColorJitter", "DeviceCutMix", "DeviceGaussianBlur", "DeviceLetterbox",
+        "DeviceAugMix", "DeviceColorJitter", "DeviceCutMix", "DeviceGaussianBlur",
+        "DeviceLetterbox",
         "DeviceMixUp", "DevicePrefetcher", "DeviceRandAugment", "DeviceRandomAdjustSharpness",
         "DeviceRandomAffine", "DeviceRandomAutocontrast", "DeviceRandomEqualize",
         "DeviceRandomErasing", "DeviceRandomGrayscale", "DeviceRandomHorizontalFlip",
@@ -231,7 +232,8 @@ PUBLIC_NAMES = {
         "to_device",
     ],
     "fastdata.ops": [
-        "CenterCrop", "ColorJitter", "CutMix", "Executor", "GaussianBlur", "Letterbox", "MixUp",
+        "AugMix", "CenterCrop", "ColorJitter", "CutMix", "Executor", "GaussianBlur", "Letterbox",
+        "MixUp",
         "Operation", "RandAugment", "RandomAdjustSharpness", "RandomAffine",
         "RandomAutocontrast", "RandomEqualize", "RandomErasing", "RandomGrayscale",
         "RandomHorizontalFlip", "RandomInvert", "RandomIoUCrop", "RandomPosterize",
@@ -253,7 +255,7 @@ PUBLIC_NAMES = {
         "register_field_kind", "save_manifest", "verify_shards",
     ],
     "fastdata.transforms": [
-        "BatchTransform", "CenterCrop", "ColorJitter", "Compose", "CutMix", "FieldBatch",
+        "AugMix", "BatchTransform", "CenterCrop", "ColorJitter", "Compose", "CutMix", "FieldBatch",
         "GaussianBlur", "GeometricTransform", "Geometry", "Letterbox", "MixUp", "Move",
         "RandAugment", "RandomAdjustSharpness", "RandomAffine", "RandomAutocontrast",
         "RandomChoice", "RandomEqualize", "RandomErasing", "RandomGrayscale",

@@ -5,7 +5,7 @@
 batch augmentation on the device (``DeviceRandomHorizontalFlip``,
 ``DeviceRandomResizedCrop``, the colour ops, ``DeviceRandomAffine``,
 ``DeviceRandomErasing``, ``DeviceRandAugment``, ``DeviceTrivialAugmentWide``,
-``DeviceMixUp``, ``DeviceCutMix``), and detection geometry with boxes as
+``DeviceAugMix``, ``DeviceMixUp``, ``DeviceCutMix``), and detection geometry with boxes as
 ``PaddedBoxes`` (``DeviceRandomIoUCrop``, ``DeviceLetterbox``; ``compact`` for counts).
 Everything also runs on the CPU; CUDA is used, never required.
 """
@@ -14,6 +14,7 @@ from fastdata.gpu._boxes import PaddedBoxes, compact
 from fastdata.gpu._detection import DeviceLetterbox, DeviceRandomIoUCrop
 from fastdata.gpu._mix import DeviceCutMix, DeviceMixUp
 from fastdata.gpu._steps import (
+    DeviceAugMix,
     DeviceColorJitter,
     DeviceGaussianBlur,
     DeviceRandAugment,
@@ -34,6 +35,7 @@ from fastdata.gpu.normalize import MaskToLong, Normalize
 from fastdata.gpu.prefetch import DevicePrefetcher, to_device
 
 __all__ = [
+    "DeviceAugMix",
     "DeviceColorJitter",
     "DeviceCutMix",
     "DeviceGaussianBlur",

@@ -10,8 +10,9 @@ import numpy as np
 import torch
 
 from fastdata import ops
+from fastdata._ops_augmix import refuse_masks
 from fastdata._ops_steps import MOVING_KERNELS, Step, StepOperation
-from fastdata._transfer import copy_to_device
+from fastdata._transfer import copy_to_device, upload
 from fastdata.gpu._kernels import DEVICE_KERNELS
 from fastdata.gpu.augment import _channels_last, _check_batch, _SeededModule
 
@@ -64,22 +65,7 @@ class DeviceStepModule(_SeededModule):
                 mask_bchw = masks.permute(0, 3, 1, 2)
             moved = [mask_bchw.contiguous()]
         heights, widths = np.full(batch, height), np.full(batch, width)
-        steps = self.op.steps(self._uniform(batch), heights, widths)
-        out = out.clone() if steps and out.data_ptr() == images.data_ptr() else out
-        for step, rows in zip(steps, _step_rows(steps, batch, out.device), strict=True):
-            kernel = DEVICE_KERNELS[step.kernel]
-            part = out if rows is None else out.index_select(0, rows)
-            moving = step.kernel in MOVING_KERNELS
-            mask_parts = (
-                [m if rows is None else m.index_select(0, rows) for m in moved] if moving else []
-            )
-            result, mask_results = kernel(part, step.params, step.options, mask_parts)
-            out = result if rows is None else out.index_copy_(0, rows, result)
-            if moving:
-                moved = [
-                    r if rows is None else m.index_copy(0, rows, r)
-                    for m, r in zip(moved, mask_results, strict=True)
-                ]
+        out, moved = self._run(out, moved, images, heights, widths)
         if self.layout == "HWC":
             out = out.permute(0, 2, 3, 1).contiguous()
         elif _channels_last(images):
@@ -92,6 +78,43 @@ class DeviceStepModule(_SeededModule):
         elif self.layout == "HWC":
             mask_out = mask_out.permute(0, 2, 3, 1).contiguous()
         return out, mask_out
+
+    def _run(
+        self,
+        out: torch.Tensor,
+        moved: list[torch.Tensor],
+        images: torch.Tensor,
+        heights: np.ndarray,
+        widths: np.ndarray,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The description's steps on ``(B, C, H, W)`` ``out`` and ``(B, 1, H, W)`` masks
+        (copied first when ``out`` shares ``images``' memory)."""
+        steps = self.op.steps(self._uniform(len(out)), heights, widths)
+        out = out.clone() if steps and out.data_ptr() == images.data_ptr() else out
+        return run_device_steps(steps, out, moved)
+
+
+def run_device_steps(
+    steps: list[Step], out: torch.Tensor, moved: list[torch.Tensor]
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Run ``steps`` in order on ``(B, C, H, W)`` uint8 ``out`` (written into) and move
+    the ``(B, 1, H, W)`` masks with the pixel-moving steps; returns both."""
+    batch = len(out)
+    for step, rows in zip(steps, _step_rows(steps, batch, out.device), strict=True):
+        kernel = DEVICE_KERNELS[step.kernel]
+        part = out if rows is None else out.index_select(0, rows)
+        moving = step.kernel in MOVING_KERNELS
+        mask_parts = (
+            [m if rows is None else m.index_select(0, rows) for m in moved] if moving else []
+        )
+        result, mask_results = kernel(part, step.params, step.options, mask_parts)
+        out = result if rows is None else out.index_copy_(0, rows, result)
+        if moving:
+            moved = [
+                r if rows is None else m.index_copy(0, rows, r)
+                for m, r in zip(moved, mask_results, strict=True)
+            ]
+    return out, moved
 
 
 def _step_rows(steps: list[Step], batch: int, device: torch.device) -> list[torch.Tensor | None]:
@@ -197,3 +220,28 @@ class DeviceTrivialAugmentWide(DeviceStepModule):
     __doc__ = _module_doc("TrivialAugmentWide", "torchvision's TrivialAugmentWide")
     op_type = ops.TrivialAugmentWide
     op: ops.TrivialAugmentWide
+
+
+class DeviceAugMix(DeviceStepModule):
+    __doc__ = _module_doc("AugMix", "torchvision's AugMix (refuses masks)")
+    op_type = ops.AugMix
+    op: ops.AugMix
+
+    def _run(
+        self,
+        out: torch.Tensor,
+        moved: list[torch.Tensor],
+        images: torch.Tensor,
+        heights: np.ndarray,
+        widths: np.ndarray,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Each chain's steps on a copy of ``out``, blended with it in float32 (the CPU
+        transform's order), truncated to uint8."""
+        refuse_masks(self.op, moved)
+        chains, weights = self.op.mixing(self._uniform(len(out)), heights, widths)
+        factors = upload(weights.astype(np.float32), out.device, torch.float32)
+        mixed = out.to(torch.float32) * factors[:, 0].view(-1, 1, 1, 1)
+        for chain, steps in enumerate(chains):
+            chained, _ = run_device_steps(steps, out.clone(), [])
+            mixed.add_(factors[:, 1 + chain].view(-1, 1, 1, 1) * chained)
+        return mixed.to(torch.uint8), moved

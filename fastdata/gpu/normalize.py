@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import cv2
 import torch
 from torch import nn
 
@@ -33,6 +35,23 @@ def _channel_values(name: str, values: Sequence[float] | torch.Tensor) -> torch.
 _CPU_CHUNK_ELEMENTS = 1 << 20
 
 
+def _interleaved(images: torch.Tensor) -> bool:
+    """A ``(B, C, H, W)`` view of ``(B, H, W, C)`` memory (what a dataset collates), with
+    the few channels OpenCV splits."""
+    return 1 < images.shape[1] <= 4 and images.permute(0, 2, 3, 1).is_contiguous()
+
+
+def _planar_chunk(images: torch.Tensor, planar: torch.Tensor) -> torch.Tensor:
+    """The ``(n, C, H, W)`` uint8 ``images`` of interleaved memory copied planar into
+    ``planar``'s first ``n`` rows: OpenCV's vectorised split (a strided copy in torch
+    costs several times more)."""
+    pixels = images.permute(0, 2, 3, 1).numpy()
+    rows = planar.numpy()
+    for k in range(len(pixels)):
+        cv2.split(pixels[k], list(rows[k]))
+    return planar[: len(pixels)]
+
+
 def _normalize_on_cpu(
     images: torch.Tensor, out: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor
 ) -> torch.Tensor:
@@ -42,8 +61,9 @@ def _normalize_on_cpu(
     the whole batch on the CPU. Here each chunk of images is converted by a vectorized copy
     into float32 and then scaled and shifted in place, one channel plane at a time, with the
     same float32 constants and the same rounding (``bias + images * scale``); a float16,
-    bfloat16 or channels_last output is written from the chunk's planar float32 copy.
-    Every step runs on torch's intra-op threads.
+    bfloat16 or channels_last output is written from the chunk's planar float32 copy. A
+    batch of interleaved memory (``(B, H, W, C)`` seen as ``(B, C, H, W)``) is first split
+    into planes by OpenCV, chunk by chunk. Every torch step runs on torch's intra-op threads.
     """
     batch, channels = images.shape[0], images.shape[1]
     per_chunk = max(1, _CPU_CHUNK_ELEMENTS // max(1, images[0].numel()))
@@ -51,18 +71,74 @@ def _normalize_on_cpu(
     scratch = None
     if not in_place:
         scratch = torch.empty((min(per_chunk, batch), *images.shape[1:]), dtype=torch.float32)
+    planar = None
+    if _interleaved(images):
+        planar = torch.empty((min(per_chunk, batch), *images.shape[1:]), dtype=torch.uint8)
     scales = [float(value) for value in scale.tolist()]
     biases = list(bias.unbind())  # 0-dim float32 tensors: the add stays in float32
     for start in range(0, batch, per_chunk):
         source = images[start : start + per_chunk]
         work = out[start : start + per_chunk] if scratch is None else scratch[: len(source)]
-        work.copy_(source)
+        work.copy_(source if planar is None else _planar_chunk(source, planar))
         for channel in range(channels):
             plane = work[:, channel]
             torch.add(biases[channel], plane, alpha=scales[channel], out=plane)
         if scratch is not None:
             out[start : start + per_chunk].copy_(work)
     return out
+
+
+# The number of holders of a storage's memory (tensors, views, NumPy arrays through them).
+_storage_users: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count", None)
+# Batch outputs kept for reuse on the CPU: the previous one may still be in use (the
+# training step holds batch k while batch k + 1 is normalized), the one before is free.
+SPARE_CPU_OUTPUTS = 2
+
+
+class _CpuOutputs:
+    """Output memory reused once nothing refers to it. A fresh batch of float32 is tens of
+    MB, which the C allocator maps anew for each call (above malloc's mmap threshold) and
+    whose every page then faults on the first write: that cost more than the arithmetic
+    (docs/benchmarks.md). A storage is handed out again only when this pool holds its
+    last reference (no tensor, view or NumPy array uses it any more) and it was never
+    moved to shared memory (as a batch sent from a DataLoader worker is)."""
+
+    def __init__(self) -> None:
+        self.storages: list[torch.UntypedStorage] = []
+
+    def _drop(self, storage: torch.UntypedStorage) -> None:
+        with contextlib.suppress(ValueError):  # another thread dropped it
+            self.storages.remove(storage)
+
+    def empty(
+        self, shape: torch.Size, dtype: torch.dtype, memory_format: torch.memory_format
+    ) -> torch.Tensor:
+        """An uninitialised tensor of ``shape``, ``dtype`` and ``memory_format``."""
+        layout = torch.empty(shape, dtype=dtype, device="meta", memory_format=memory_format)
+        nbytes = layout.numel() * layout.element_size()
+        for storage in list(self.storages):
+            if storage.is_shared():  # sent to another process (a DataLoader worker's batch)
+                self._drop(storage)  # whose readers this count does not see: never reused
+                continue
+            if _storage_users is None or storage.nbytes() != nbytes:
+                continue
+            if _storage_users(storage._cdata) != 1:
+                continue  # still in use
+            try:
+                self.storages.remove(storage)  # taken: no other thread can take it now
+            except ValueError:
+                continue  # another thread took it
+            if _storage_users(storage._cdata) != 1:  # taken and handed out meanwhile
+                self.storages.append(storage)
+                continue
+            out = torch.empty(0, dtype=dtype).set_(storage, 0, layout.shape, layout.stride())
+            self.storages.append(storage)
+            return out
+        out = torch.empty(shape, dtype=dtype, memory_format=memory_format)
+        if _storage_users is not None:
+            self.storages.append(out.untyped_storage())
+            del self.storages[:-SPARE_CPU_OUTPUTS]
+        return out
 
 
 class Normalize(nn.Module):
@@ -73,7 +149,8 @@ class Normalize(nn.Module):
     dtype and memory format by the same kernel (on CUDA the casts happen inside it: there is
     no float copy of the batch, neither on the host nor on the device; on the CPU the batch
     goes through in cache-sized chunks of images with the same float32 arithmetic, faster
-    than the one mixed-dtype kernel there: docs/benchmarks.md). ``mean`` and ``std``
+    than the one mixed-dtype kernel there, into memory of an earlier output that nothing
+    refers to any more, up to two batches of it kept: docs/benchmarks.md). ``mean`` and ``std``
     are buffers, so the module moves with ``.to(device)`` and is saved in ``state_dict``.
     Under ``torch.compile`` inductor fuses the same expression into one kernel.
 
@@ -137,6 +214,12 @@ class Normalize(nn.Module):
         self.dtype = dtype
         self.layout = check_layout(layout, auto=True)
         self.channels_last = bool(channels_last)
+        self._cpu_outputs = _CpuOutputs()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_cpu_outputs"] = _CpuOutputs()  # memory is not state: not pickled or copied
+        return state
 
     @classmethod
     def from_manifest(
@@ -236,11 +319,12 @@ class Normalize(nn.Module):
             # Dynamo cannot trace a channels_last `out=`; inductor fuses this into one kernel.
             out = torch.addcmul(bias, images, scale).to(self.dtype)
             return out.contiguous(memory_format=memory_format)
+        if images.device.type == "cpu":
+            out = self._cpu_outputs.empty(images.shape, self.dtype, memory_format)
+            return _normalize_on_cpu(images, out, scale.flatten(), bias.flatten())
         out = torch.empty(
             images.shape, dtype=self.dtype, device=images.device, memory_format=memory_format
         )
-        if images.device.type == "cpu":
-            return _normalize_on_cpu(images, out, scale.flatten(), bias.flatten())
         # One kernel: reads uint8, computes in float32, writes `dtype` in the asked layout.
         return torch.addcmul(bias, images, scale, out=out)
 

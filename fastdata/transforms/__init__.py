@@ -1,5 +1,5 @@
 """Per-batch CPU uint8 augmentations (NumPy and OpenCV): crops, resizes, flips, colour,
-affine, erasing, the RandAugment and TrivialAugmentWide policies, and MixUp/CutMix for
+affine, erasing, the RandAugment, TrivialAugmentWide and AugMix policies, and MixUp/CutMix for
 collated batches.
 
 They take a whole batch (``(B, C, H, W)`` uint8 tensor, ``(B, H, W, C)`` uint8 array, or
@@ -12,6 +12,7 @@ applied per sample to the image instead.
 """
 
 from fastdata._fields import FieldBatch, Geometry, Move, register_mover
+from fastdata.transforms._augmix import AugMix
 from fastdata.transforms._base import BatchTransform, Compose
 from fastdata.transforms._detection import Letterbox, RandomIoUCrop
 from fastdata.transforms._geometric import (
@@ -40,6 +41,7 @@ from fastdata.transforms._steps import (
 )
 
 __all__ = [
+    "AugMix",
     "BatchTransform",
     "CenterCrop",
     "ColorJitter",

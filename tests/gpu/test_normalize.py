@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +79,71 @@ def test_cpu_chunks_match_the_fused_expression_bit_for_bit(
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     assert out.dtype == dtype and out.is_contiguous(memory_format=memory_format)
     assert torch.equal(out, expected)
+
+
+def test_cpu_outputs_reuse_memory_nothing_refers_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A freed output's memory is written again (no fresh batch whose pages all fault);
+    an output still held, through itself, a view or a NumPy array, is never written."""
+    allocations = []
+    real_empty = torch.empty
+
+    def counting_empty(*args: object, **kwargs: object) -> torch.Tensor:
+        tensor = real_empty(*args, **kwargs)  # type: ignore[call-overload]
+        if tensor.device.type != "meta" and tensor.numel() > 0:
+            allocations.append(tensor.numel())
+        return tensor
+
+    monkeypatch.setattr(torch, "empty", counting_empty)
+    normalize = Normalize(MEAN, STD, layout="CHW")
+    batches = [torch.full((4, 3, 8, 8), value, dtype=torch.uint8) for value in (10, 20, 30, 40)]
+    first = normalize(batches[0])
+    view = first[1:2]
+    second = normalize(batches[1])
+    as_numpy = second.numpy()
+    del first, second
+    for batch in batches[2:]:
+        normalize(batch)  # two calls whose outputs are dropped at once
+    assert np.allclose(view.numpy(), _reference(batches[0], MEAN, STD)[1:2])
+    assert np.allclose(as_numpy, _reference(batches[1], MEAN, STD))
+    assert len(allocations) == 3  # the first two outputs are held; the last two share one
+    del view, as_numpy
+    allocations.clear()
+    for batch in batches:
+        out = normalize(batch)
+        assert np.allclose(out.numpy(), _reference(batch, MEAN, STD))
+    assert allocations == []
+    # sent to another process, whose readers no count here sees: never reused (the two
+    # kept outputs serve the first two calls, the next two need fresh memory)
+    del out
+    for _ in range(4):
+        normalize(batches[0]).share_memory_()
+    assert len(allocations) == 2
+    channels_last = Normalize(MEAN, STD, layout="CHW", channels_last=True)
+    for batch in batches[:2]:
+        out = channels_last(batch)
+        assert out.is_contiguous(memory_format=torch.channels_last)
+    assert len(pickle.loads(pickle.dumps(normalize))._cpu_outputs.storages) == 0
+
+
+def _normalized_batch(items: list[torch.Tensor]) -> torch.Tensor:
+    return _WORKER_NORMALIZE(torch.stack(items))
+
+
+_WORKER_NORMALIZE = Normalize(MEAN, STD, layout="CHW")
+
+
+def test_batches_normalized_in_dataloader_workers_stay_intact() -> None:
+    """Outputs a worker sends to the training process (shared memory) are never written
+    again, however many batches the training process holds."""
+    items = [torch.full((3, 4, 4), index, dtype=torch.uint8) for index in range(24)]
+    loader = torch.utils.data.DataLoader(
+        items, batch_size=2, num_workers=1, collate_fn=_normalized_batch, prefetch_factor=4
+    )
+    held = list(loader)
+    for start, batch in zip(range(0, 24, 2), held, strict=True):
+        assert np.allclose(
+            batch.numpy(), _reference(torch.stack(items[start : start + 2]), MEAN, STD)
+        )
 
 
 def test_value_range_one_takes_torchvision_constants(bchw: torch.Tensor) -> None:

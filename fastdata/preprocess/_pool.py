@@ -234,21 +234,25 @@ def _process(
     slot: tuple[mmap.mmap | None, int],
     fields: list[tuple[FieldSpec, int]],
 ) -> SampleResult:
-    result = process_sample(item, job)
+    slots, base = slot
+    if slots is None:
+        return process_sample(item, job)
+    views = {spec.name: _view(slots, spec, base + offset) for spec, offset in fields}
+    # the resize writes straight into the slot where it can (no copy of the pixels)
+    result = process_sample(item, job, views)
     if isinstance(result, SampleFailure):
         return result
     sample, stats = result
-    slots, base = slot
-    if slots is None:
-        return sample, stats
-    for spec, offset in fields:
-        value = sample.get(spec.name)
-        if (
+    for spec, _ in fields:
+        value, view = sample.get(spec.name), views[spec.name]
+        if value is view:
+            sample[spec.name] = _SLOTTED
+        elif (
             isinstance(value, np.ndarray)
             and value.shape == spec.shape
             and value.dtype == np.dtype(spec.dtype)
         ):
-            np.copyto(_view(slots, spec, base + offset), value)
+            np.copyto(view, value)
             sample[spec.name] = _SLOTTED
     return sample, stats
 

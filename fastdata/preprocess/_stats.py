@@ -109,3 +109,43 @@ def merge_fields(
     for name, stats in part.items():
         merged[name] = merged[name].merge(stats) if name in merged else stats
     return merged
+
+
+class StatsTotals:
+    """Running per-field sums of samples added one after another: the floats that
+    folding :func:`merge_fields` over the same parts in the same order gives (the same
+    additions), without building new objects for every sample."""
+
+    def __init__(self) -> None:
+        # field name -> [samples, pixels, sums, squares]
+        self._totals: dict[str, list[Any]] = {}
+
+    def add(self, part: dict[str, PixelStats]) -> None:
+        """Add one sample's (or shard's) statistics, field by field.
+
+        Raises:
+            ValueError: A field's number of channels differs from what was added before.
+        """
+        for name, stats in part.items():
+            total = self._totals.get(name)
+            if total is None:
+                self._totals[name] = [stats.samples, stats.pixels, [*stats.sums], [*stats.squares]]
+                continue
+            sums, squares = total[2], total[3]
+            if len(sums) != len(stats.sums):
+                raise ValueError(
+                    f"cannot merge statistics of {len(sums)} and {len(stats.sums)} channels"
+                )
+            total[0] += stats.samples
+            total[1] += stats.pixels
+            for channel, value in enumerate(stats.sums):
+                sums[channel] += value
+            for channel, value in enumerate(stats.squares):
+                squares[channel] += value
+
+    def result(self) -> dict[str, PixelStats]:
+        """The sums so far, per field in the order the fields were first added."""
+        return {
+            name: PixelStats(samples, pixels, tuple(sums), tuple(squares))
+            for name, (samples, pixels, sums, squares) in self._totals.items()
+        }

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Union, cast
@@ -25,7 +25,7 @@ from fastdata._storage import read_input
 from fastdata.errors import DecodeError, OnError, PreprocessError, StorageError
 from fastdata.preprocess._options import PreprocessOptions
 from fastdata.preprocess._sources import SourceItem, SourceListing, display_name
-from fastdata.preprocess._stats import PixelStats, merge_fields
+from fastdata.preprocess._stats import PixelStats, StatsTotals
 from fastdata.preprocess._transforms import decode_min_side, transform, transform_boxes
 from fastdata.shards import FieldSpec, ShardInfo
 
@@ -202,7 +202,9 @@ def _encode(pixels: np.ndarray, ext: str, quality: int, source: str) -> bytes:
     return encoded.tobytes()
 
 
-def _process_image(item: SourceItem, job: ShardJob) -> SampleResult:
+def _process_image(
+    item: SourceItem, job: ShardJob, into: Mapping[str, np.ndarray] | None
+) -> SampleResult:
     options = job.options
     data = read_input(item.path)  # a local file, or an object of the store by URL
     header = jpeg_header(data)
@@ -227,7 +229,7 @@ def _process_image(item: SourceItem, job: ShardJob) -> SampleResult:
     if item.mask is not None:
         full_hw = header.oriented_hw if header is not None else image.shape[:2]
         mask = _read_mask(item.mask, header, full_hw, options.max_pixels)
-    result = process_pixels(image, mask, job, item.path, item.mask or "")
+    result = process_pixels(image, mask, job, item.path, item.mask or "", into=into)
     if damaged:  # reported where the shard is written (worker processes do not log)
         result[0][DAMAGED_NOTE] = damaged[0].message
     return result
@@ -239,6 +241,8 @@ def process_pixels(
     job: ShardJob,
     source: str,
     mask_source: str = "",
+    *,
+    into: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[dict[str, Any], dict[str, PixelStats]]:
     """The stored image (and mask) values of one decoded input: offline transforms,
     pixel statistics and, for ``jpeg`` storage, encoding.
@@ -249,6 +253,10 @@ def process_pixels(
         job: The job (its options decide sizes, resize mode and storage).
         source: Where the image came from, for error messages.
         mask_source: Where the mask came from, for error messages.
+        into: Per raw image or mask field, a C-contiguous array of the field's shape to
+            write its pixels into (a worker's shared-memory slot), where the resize mode
+            allows (``exact``, ``shorter``): the value returned for that field is then
+            that array itself.
 
     Returns:
         ``(values, stats)`` as :func:`process_sample` returns them, without ``path``/``label``.
@@ -258,15 +266,17 @@ def process_pixels(
     stats: dict[str, PixelStats] = {}
     names = field_names("image", options.sizes)
     mask_names = field_names("mask", options.sizes)
+    raw = options.storage == "raw"
+    into = into if raw and into is not None else {}
     for name, mask_name, side in zip(names, mask_names, options.sizes, strict=True):
-        pixels = transform(image, side, options.resize)
+        pixels = transform(image, side, options.resize, out=into.get(name))
         stats[name] = PixelStats.of_image(pixels)
-        if options.storage == "raw":
+        if raw:
             sample[name] = pixels
         else:
             sample[name] = _encode(pixels, ".jpg", options.jpeg_quality, source)
         if mask is not None:
-            small = transform(mask, side, options.resize, nearest=True)
+            small = transform(mask, side, options.resize, nearest=True, out=into.get(mask_name))
             sample[mask_name] = (
                 small if options.storage == "raw" else _encode(small, ".png", 0, mask_source)
             )
@@ -308,8 +318,14 @@ def _process_array(item: SourceItem, spec: FieldSpec) -> SampleResult:
     return {"volume": array}, {"volume": PixelStats.of_array(array)}
 
 
-def process_sample(item: SourceItem, job: ShardJob) -> SampleResult:
+def process_sample(
+    item: SourceItem, job: ShardJob, into: Mapping[str, np.ndarray] | None = None
+) -> SampleResult:
     """The stored values of one input (a pure function of ``item`` and ``job``).
+
+    ``into``: where a raw image or mask field's pixels may be written instead of a new
+    array (see :func:`process_pixels`); a file source uses it, a dataset object's loader
+    does not.
 
     Returns:
         ``(values, stats)``: a value per field (uint8 arrays for ``raw``, bytes for
@@ -322,7 +338,7 @@ def process_sample(item: SourceItem, job: ShardJob) -> SampleResult:
         if job.source_kind == "npy":
             sample, stats = _process_array(item, job.fields[0])  # type: ignore[misc]
         else:
-            sample, stats = _process_image(item, job)  # type: ignore[misc]
+            sample, stats = _process_image(item, job, into)  # type: ignore[misc]
     except DecodeError as exc:
         return SampleFailure(display_name(item.path), display_name(exc.message))
     except cv2.error as exc:  # a decoder or resize refusing the pixels
@@ -350,7 +366,7 @@ def write_shard(task: ShardTask, job: ShardJob, results: Iterable[SampleResult])
 
     path = Path(job.out) / task.file
     on_error = cast(OnError, job.options.on_error)  # PreprocessOptions parsed it
-    totals: dict[str, PixelStats] = {}
+    totals = StatsTotals()
     skipped: list[dict[str, str]] = []
     try:
         with ShardWriter(
@@ -377,11 +393,11 @@ def write_shard(task: ShardTask, job: ShardJob, results: Iterable[SampleResult])
                     kept = DecodeError(note, str(sample.get("path", "")), kept=True)
                     on_error.handle(kept, log=logger)
                 writer.append(sample)
-                totals = merge_fields(totals, stats)
+                totals.add(stats)
             info = writer.close()
     except OSError as exc:
         raise PreprocessError(f"cannot write shard {path}: {exc}") from exc
-    return ShardResult(task.index, info, totals, skipped)
+    return ShardResult(task.index, info, totals.result(), skipped)
 
 
 def run_shard_task(task: ShardTask, job: ShardJob) -> ShardResult:

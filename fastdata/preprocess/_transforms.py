@@ -33,17 +33,31 @@ def keep_box(height: int, width: int) -> tuple[int, int, int, int]:
     return box[0], box[1], box[2], box[3]
 
 
-def resize_to(image: np.ndarray, width: int, height: int, *, nearest: bool = False) -> np.ndarray:
-    """Resize to exactly ``(height, width)`` (no-op when already that size): images with
-    the antialiased kernel the CPU transforms share (:func:`fastdata._resize.resize_image`),
-    masks (``nearest``) nearest-neighbour."""
+def resize_to(
+    image: np.ndarray,
+    width: int,
+    height: int,
+    *,
+    nearest: bool = False,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """Resize to exactly ``(height, width)`` (no-op when already that size, unless
+    ``out`` is given): images with the antialiased kernel the CPU transforms share
+    (:func:`fastdata._resize.resize_image`), masks (``nearest``) nearest-neighbour.
+    ``out``: a C-contiguous array of the result's shape to write it into (returned)."""
     h, w = image.shape[:2]
     if (h, w) == (height, width):
-        return image
+        if out is None:
+            return image
+        out[...] = image
+        return out
     if not nearest:
-        return resize_image(image, width, height)
-    out = cv2.resize(image, (width, height), interpolation=cv2.INTER_NEAREST)
-    return out if out.ndim == image.ndim else out[..., None]  # cv2 drops a C=1 axis
+        return resize_image(image, width, height, out)
+    dst = None if out is None else (out[..., 0] if out.ndim == 3 and out.shape[2] == 1 else out)
+    resized = cv2.resize(image, (width, height), dst=dst, interpolation=cv2.INTER_NEAREST)
+    if out is not None:
+        return out
+    return resized if resized.ndim == image.ndim else resized[..., None]  # cv2 drops C=1
 
 
 def shrink(image: np.ndarray, width: int, height: int) -> np.ndarray:
@@ -63,8 +77,19 @@ def pad_to_square(image: np.ndarray, side: int) -> np.ndarray:
     return out
 
 
-def transform(image: np.ndarray, side: int, mode: str, *, nearest: bool = False) -> np.ndarray:
+def transform(
+    image: np.ndarray,
+    side: int,
+    mode: str,
+    *,
+    nearest: bool = False,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
     """Apply one resize mode of :data:`RESIZE_MODES` for output side ``side``.
+
+    ``out``: for ``exact`` and ``shorter``, a C-contiguous ``(side, side[, C])`` uint8
+    array the result is written into and returned (a worker's shared-memory slot: no
+    copy of the pixels afterwards); the other modes ignore it and return a new array.
 
     Returns:
         A C-contiguous uint8 array: ``(side, side[, C])`` for ``shorter``/``exact``/``pad``;
@@ -74,31 +99,31 @@ def transform(image: np.ndarray, side: int, mode: str, *, nearest: bool = False)
     """
     h, w = image.shape[:2]
     if mode == "exact":
-        out = resize_to(image, side, side, nearest=nearest)
+        result = resize_to(image, side, side, nearest=nearest, out=out)
     elif mode == "shorter":
         # the centred square of the source, then one resize: the same picture as scaling
         # the shorter side to S and cropping (the crop's scale is exact on both axes), at
         # the cost of the pixels kept only; the decoders' centred crop of a square output
         top, left, height, width = largest_centered_box((h, w), 1.0)
         square = image[top : top + height, left : left + width]
-        out = resize_to(square, side, side, nearest=nearest)
+        result = resize_to(square, side, side, nearest=nearest, out=out)
     elif mode == "pad":
         new_h, new_w = scaled_size(h, w, side, longer=True)
-        out = pad_to_square(resize_to(image, new_w, new_h, nearest=nearest), side)
+        result = pad_to_square(resize_to(image, new_w, new_h, nearest=nearest), side)
     elif mode == "longer":
         if max(h, w) <= side:
-            out = image
+            result = image
         else:
             new_h, new_w = scaled_size(h, w, side, longer=True)
-            out = resize_to(image, new_w, new_h, nearest=nearest)
+            result = resize_to(image, new_w, new_h, nearest=nearest)
     elif mode == "keep":
         top, left, height, width = keep_box(h, w)
         new_h, new_w = scaled_size(height, width, side, longer=False)
         kept = image[top : top + height, left : left + width]
-        out = resize_to(kept, new_w, new_h, nearest=nearest)
+        result = resize_to(kept, new_w, new_h, nearest=nearest)
     else:
         raise ValueError(f"resize mode must be one of {RESIZE_MODES}, got {mode!r}")
-    return np.ascontiguousarray(out)
+    return np.ascontiguousarray(result)  # ``out`` itself when it was written
 
 
 def decode_min_side(side: int, mode: str, height: int, width: int) -> int:

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from fastdata.preprocess._stats import PixelStats, merge_fields
+from fastdata.preprocess._stats import PixelStats, StatsTotals, merge_fields
 
 
 def _images(count: int, seed: int = 0) -> list[np.ndarray]:
@@ -71,3 +71,25 @@ def test_merging_different_channel_counts_is_refused() -> None:
     gray = PixelStats.of_image(np.zeros((4, 4, 1), np.uint8))
     with pytest.raises(ValueError, match="cannot merge statistics of 3 and 1 channels"):
         PixelStats.of_image(np.zeros((4, 4, 3), np.uint8)).merge(gray)
+
+
+def test_running_totals_give_the_floats_of_folding_merge_fields() -> None:
+    parts = [
+        {"image": PixelStats.of_image(image), "image_64": PixelStats.of_image(image[::2, ::2])}
+        for image in _images(40, seed=3)
+    ]
+    folded: dict[str, PixelStats] = {}
+    totals = StatsTotals()
+    for part in parts:
+        folded = merge_fields(folded, part)
+        totals.add(part)
+    assert totals.result() == folded  # the same additions in the same order: equal floats
+    assert list(totals.result()) == ["image", "image_64"]
+    assert StatsTotals().result() == {}
+
+
+def test_running_totals_refuse_a_different_channel_count() -> None:
+    totals = StatsTotals()
+    totals.add({"image": PixelStats.of_image(_images(1)[0])})
+    with pytest.raises(ValueError, match="statistics of 3 and 1 channels"):
+        totals.add({"image": PixelStats.of_array(np.zeros(4, np.uint8))})

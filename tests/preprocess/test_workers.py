@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import mmap
 import os
 import pickle
 import subprocess
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from fastdata import load_manifest
@@ -23,7 +25,7 @@ from fastdata.errors import PreprocessError
 from fastdata.preprocess import PreprocessOptions, _pool, preprocess
 from fastdata.preprocess import engine as engine_module
 from fastdata.preprocess._sources import list_source
-from fastdata.preprocess._task import build_fields
+from fastdata.preprocess._task import SampleFailure, build_fields, process_sample
 from fastdata.preprocess.engine import ShardJob
 from fastdata.shards import ShardReader
 from tests.preprocess.conftest import alive, idle_worker_pids, shard_bytes
@@ -264,3 +266,48 @@ def test_a_job_survives_the_end_of_the_thread_that_ran_the_last_one(
     monkeypatch.setattr(engine_module, "write_shard", write_after_the_other_thread_ends)
     _run(sample_imagefolder, tmp_path / "second", options)
     assert shard_bytes(tmp_path / "second") == shard_bytes(tmp_path / "first")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        PreprocessOptions(sizes=(40, 56)),  # shorter: written into the slots, one upscaled
+        PreprocessOptions(sizes=(72,), resize="exact", grayscale=True),
+        PreprocessOptions(sizes=(40,), resize="pad"),  # a new array, copied into the slot
+    ],
+    ids=["shorter", "exact-gray", "pad"],
+)
+def test_pixels_written_into_the_slots_make_the_shards_of_one_process(
+    sample_imagefolder: Path, tmp_path: Path, options: PreprocessOptions
+) -> None:
+    _run(sample_imagefolder, tmp_path / "pool", options)
+    _run(sample_imagefolder, tmp_path / "alone", options, workers=1)
+    assert shard_bytes(tmp_path / "pool") == shard_bytes(tmp_path / "alone")
+    assert load_manifest(tmp_path / "pool").stats == load_manifest(tmp_path / "alone").stats
+
+
+def test_a_worker_resizes_straight_into_the_slot(
+    sample_imagefolder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    listing = list_source(sample_imagefolder)
+    options = PreprocessOptions(sizes=(40, 48))  # both fields large enough for slots
+    job = ShardJob(str(tmp_path), options, build_fields(listing, options), listing.kind)
+    fields = _pool.slot_fields(job)
+    assert [spec.name for spec, _ in fields] == ["image", "image_48"]
+    slots = mmap.mmap(-1, _pool._slot_bytes(fields) * 2)
+    item = listing.items[3]
+    expected = process_sample(item, job)
+    assert not isinstance(expected, SampleFailure)
+
+    def no_copy(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the pixels were copied into the slot")
+
+    monkeypatch.setattr(_pool.np, "copyto", no_copy)
+    result = _pool._process(item, job, (slots, _pool._slot_bytes(fields)), fields)
+    assert not isinstance(result, SampleFailure)
+    sample, stats = result
+    assert stats == expected[1]
+    for spec, offset in fields:
+        assert isinstance(sample[spec.name], _pool._Slotted)
+        slot = _pool._view(slots, spec, _pool._slot_bytes(fields) + offset)
+        np.testing.assert_array_equal(slot, expected[0][spec.name])

@@ -323,3 +323,30 @@ def test_a_process_that_finds_its_shards_in_the_cache_creates_no_client(
     _, labels = worker_copy.__getitems__([15, 0, 9])
     assert labels.tolist() == [15, 0, 9]
     assert _backend._clients == {}
+
+
+def test_the_read_ahead_keeps_eight_downloads_in_flight(
+    bucket: str, tmp_path: Path, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ahead of an order, 8 shard downloads run at once (a store answers each request after
+    a delay that parallel requests hide; 4 in flight left the loader waiting on a loopback
+    S3 server twice as long), and every sample still comes once, each shard fetched once."""
+    local = write_set(tmp_path / "set", (2,) * 12)
+    url = upload_folder(bucket, local, "ahead")
+    monkeypatch.setenv("FASTDATA_STORAGE_TIMEOUT_S", "600")  # no request retried while held
+    _backend._clients.clear()
+    dataset = ShardDataset(url, cache_dir=tmp_path / "cache")
+    proxy.hold = threading.Event()
+    order = dataset.read_ahead(list(range(24)))
+    try:
+        first = next(order)  # shard 0 is in use: it and the next 8 are fetched
+        deadline = time.monotonic() + 60  # a guard against a hang, not a timing margin
+        while proxy.held < 8 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert proxy.held == 8
+    finally:
+        proxy.hold.set()
+    _, labels = dataset.__getitems__([first, *order])
+    assert labels.tolist() == list(range(24))
+    shard_gets = {path: n for path, n in proxy.gets.items() if path.endswith(".h5")}
+    assert len(shard_gets) == 12 and set(shard_gets.values()) == {1}, shard_gets

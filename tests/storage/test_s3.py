@@ -42,3 +42,25 @@ def test_a_streamed_object_arrives_whole_at_any_size(bucket: str, num_bytes: int
     data = os.urandom(num_bytes)
     store.write_bytes(f"objects/{num_bytes}.bin", data)
     assert b"".join(bytes(chunk) for chunk in store.stream(f"objects/{num_bytes}.bin")) == data
+
+
+def test_clients_share_the_parsed_service_descriptions(bucket: str) -> None:
+    """Every client of a process (and of the workers it forks) is made on one loader of
+    botocore's service descriptions: parsed once, a client then costs about 0.01 s of CPU
+    instead of 0.07-0.2 s (a DataLoader worker that downloads makes its own client)."""
+    first = S3Store(bucket)
+    second = S3Store(bucket)
+    loader = first._client._loader
+    assert second._client._loader is loader
+    assert len(loader.search_paths) == len(set(loader.search_paths))
+    assert second._client.head_bucket(Bucket=bucket)["ResponseMetadata"]["HTTPStatusCode"] == 200
+
+
+def test_a_client_reads_the_environment_when_it_is_made(
+    bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sharing the loader shares no configuration: a client made after the environment
+    changed uses the new one."""
+    S3Store(bucket)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    assert S3Store(bucket)._client.meta.endpoint_url == "http://127.0.0.1:9"

@@ -277,7 +277,7 @@ def run_row(spec: dict[str, Any], time_limit_s: float) -> dict[str, Any]:
     return row
 
 
-def server_ceiling(url: str, num_samples: int, threads: int = 4) -> dict[str, Any]:
+def server_ceiling(url: str, num_samples: int, threads: int = 8) -> dict[str, Any]:
     """What the server and proxy deliver to plain parallel GETs of every shard (bodies read
     and dropped): the ceiling of any row's first epoch on this machine."""
     location = url.removeprefix("s3://").rstrip("/")

@@ -2,7 +2,8 @@
 
 Layout of the cache folder (any folder; it can be moved or deleted between runs)::
 
-    .lock              held exclusively while space is reserved (never during a download)
+    .lock              held exclusively while space is reserved or a download renamed into
+                       place (never during a download)
     <sha256>.h5        a verified shard, named by its content: never stale, never wrong
     <sha256>.part      a download in progress, already of its full size, locked by its writer
 
@@ -208,8 +209,14 @@ class ShardCache:
             try:
                 self._download_into(fd, store(), shard)
                 os.fsync(fd)
-                os.rename(part, final)
-                fcntl.flock(fd, fcntl.LOCK_SH)  # from the writer's lock to a reader's
+                # Under the folder's lock: a reservation that lists the folder must see
+                # the shard under one of its names (renamed between the listing and the
+                # size of `part`, it was counted under neither, and the limit was overrun
+                # by a shard); the lock turns from the writer's to a reader's there too,
+                # so that no eviction finds it free in between.
+                with self._folder_lock():
+                    os.rename(part, final)
+                    fcntl.flock(fd, fcntl.LOCK_SH)
             except BaseException:
                 with contextlib.suppress(OSError):
                     part.unlink()

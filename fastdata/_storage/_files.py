@@ -23,7 +23,11 @@ from fastdata._storage._location import RemoteLocation, parse_location
 logger = logging.getLogger(__name__)
 
 MANIFEST_NAME = "index.json"
-_PREFETCH_THREADS = 4
+# Downloads a process runs at once ahead of its order (the sampler's read-ahead window
+# bounds them too). A store answers each request after a delay (first byte) that parallel
+# requests hide: on a loopback S3 server, 8 in flight halved the loader's waits for shards
+# against 4, at the same CPU per image.
+_PREFETCH_THREADS = 8
 
 
 def read_file(root: str | os.PathLike[str] | RemoteLocation, name: str) -> tuple[bytes, str]:

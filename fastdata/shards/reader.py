@@ -370,7 +370,7 @@ class ShardReader:
                 return held
             self._open.pop(next(iter(self._open))).close()
 
-    def read_ahead(self, indices: Sequence[int] | np.ndarray, window: int = 4) -> Iterator[int]:
+    def read_ahead(self, indices: Sequence[int] | np.ndarray, window: int = 8) -> Iterator[int]:
         """Yield ``indices`` while the shards they read are fetched ahead, up to ``window``
         shards beyond those in use, in the order of their first use (remote sets; a local
         set yields them at once). Samplers call this with an epoch's order.

@@ -30,6 +30,8 @@ class FaultProxy:
         gets: How many GETs each path received (faulty ones included).
         damage_once: Damage a body (``"truncate"``, ``"corrupt"``) at most once per path;
             a later damage the plan hands that path is sent clean.
+        hold: When set to an event, the requests that ``match`` accepts wait for it before
+            they are answered; ``held`` counts those waiting now.
     """
 
     def __init__(self, upstream: str, match: Callable[[str, str], bool] | None = None) -> None:
@@ -43,6 +45,8 @@ class FaultProxy:
         self.gets: Counter[str] = Counter()
         self.log: list[tuple[str, str]] = []  # (method, path) of every request, in order
         self.faults_sent: Counter[str] = Counter()
+        self.hold: threading.Event | None = None
+        self.held = 0
         self._lock = threading.Lock()
         proxy = self
 
@@ -82,6 +86,18 @@ class FaultProxy:
                 self.faults_sent[fault] += 1
             return fault
 
+    def _wait_for_hold(self, method: str, path: str) -> None:
+        hold = self.hold
+        if hold is None or not self.match(method, path):
+            return
+        with self._lock:
+            self.held += 1
+        try:
+            hold.wait(120)  # a guard against a hang: the test sets it
+        finally:
+            with self._lock:
+                self.held -= 1
+
     def _handle(self, rfile, connection: socket.socket) -> None:  # type: ignore[no-untyped-def]
         while True:
             line = rfile.readline()
@@ -99,6 +115,7 @@ class FaultProxy:
             length = int(lowered.get("content-length", 0))
             body = rfile.read(length) if length else b""
             fault = self._next_fault(method, target)
+            self._wait_for_hold(method, target)
             if self.latency_s:
                 time.sleep(self.latency_s)
             if fault == "drop":

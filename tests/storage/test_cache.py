@@ -13,13 +13,14 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
 from fastdata import ShardAwareDistributedSampler, ShardDataset
-from fastdata._storage import ShardCache, _backend, parse_bytes
+from fastdata._storage import HeldShard, ShardCache, _backend, parse_bytes
 from fastdata._storage._cache import RemoteShard
 from fastdata.datasets import passthrough_collate
 from fastdata.shards import load_manifest
@@ -209,25 +210,24 @@ class GatedStore:
         yield memoryview(self.data)
 
 
-def _wait_for_a_blocked_lock(path: Path) -> None:
-    """Until some thread waits for a lock on ``path`` (``/proc/locks`` lists waiters)."""
-    suffix = f":{path.stat().st_ino} "
+def _wait_for_a_blocked_lock(path: Path, waiters: int = 1) -> None:
+    """Until ``waiters`` threads wait for a lock on ``path`` (``/proc/locks`` lists them)."""
     deadline = time.monotonic() + 60  # a guard against a hang, not a timing margin
     while time.monotonic() < deadline:
-        with open("/proc/locks") as locks:
-            if any("->" in line and suffix in line for line in locks):
-                return
+        if _lock_waiters(path) >= waiters:
+            return
         time.sleep(0.001)
-    raise AssertionError(f"nothing waited for the lock on {path}")
+    raise AssertionError(f"fewer than {waiters} waited for the lock on {path}")
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="needs Linux's /proc/locks")
 def test_a_shard_renamed_into_place_while_another_reader_waits_is_not_downloaded_again(
     tmp_path: Path,
 ) -> None:
-    """Reader B finds no shard file, then waits for the folder's lock; meanwhile reader A's
-    download ends and is renamed into place. B holds A's file: no second download (which
-    would also evict another shard for room it does not need)."""
+    """Reader B finds no shard file, then waits for the folder's lock, as does reader A to
+    rename its finished download into place. Whichever gets the lock first, B holds A's
+    file: no second download (which would also evict another shard for room it does not
+    need)."""
     data = os.urandom(4096)
     shard = RemoteShard("s3://b/s.h5", "s.h5", len(data), hashlib.sha256(data).hexdigest())
     cache = ShardCache(tmp_path / "cache", 8192)
@@ -239,14 +239,14 @@ def test_a_shard_renamed_into_place_while_another_reader_waits_is_not_downloaded
     assert store.started.wait(60)  # A is downloading
     folder_lock = os.open(tmp_path / "cache" / ".lock", os.O_RDWR | os.O_CREAT)
     fcntl.flock(folder_lock, fcntl.LOCK_EX)  # a third process reserving space
+    store.gate.set()
+    _wait_for_a_blocked_lock(tmp_path / "cache" / ".lock")  # A waits to rename
     reader_b = threading.Thread(target=lambda: held.setdefault("b", cache.fetch(client, shard)))
     reader_b.start()
-    _wait_for_a_blocked_lock(tmp_path / "cache" / ".lock")  # B looked, found no file
-    store.gate.set()
-    reader_a.join()
-    assert (tmp_path / "cache" / f"{shard.sha256}.h5").exists()
+    _wait_for_a_blocked_lock(tmp_path / "cache" / ".lock", 2)  # B looked, found no file
     fcntl.flock(folder_lock, fcntl.LOCK_UN)
     os.close(folder_lock)
+    reader_a.join()
     reader_b.join()
     assert store.downloads == 1
     assert [p.name for p in (tmp_path / "cache").glob("*.h5")] == [f"{shard.sha256}.h5"]
@@ -323,3 +323,103 @@ def test_a_process_that_finds_its_shards_in_the_cache_creates_no_client(
     _, labels = worker_copy.__getitems__([15, 0, 9])
     assert labels.tolist() == [15, 0, 9]
     assert _backend._clients == {}
+
+
+def test_the_read_ahead_keeps_eight_downloads_in_flight(
+    bucket: str, tmp_path: Path, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ahead of an order, 8 shard downloads run at once (a store answers each request after
+    a delay that parallel requests hide; 4 in flight left the loader waiting on a loopback
+    S3 server twice as long), and every sample still comes once, each shard fetched once."""
+    local = write_set(tmp_path / "set", (2,) * 12)
+    url = upload_folder(bucket, local, "ahead")
+    monkeypatch.setenv("FASTDATA_STORAGE_TIMEOUT_S", "600")  # no request retried while held
+    _backend._clients.clear()
+    dataset = ShardDataset(url, cache_dir=tmp_path / "cache")
+    proxy.hold = threading.Event()
+    order = dataset.read_ahead(list(range(24)))
+    try:
+        first = next(order)  # shard 0 is in use: it and the next 8 are fetched
+        deadline = time.monotonic() + 60  # a guard against a hang, not a timing margin
+        while proxy.held < 8 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert proxy.held == 8
+    finally:
+        proxy.hold.set()
+    _, labels = dataset.__getitems__([first, *order])
+    assert labels.tolist() == list(range(24))
+    shard_gets = {path: n for path, n in proxy.gets.items() if path.endswith(".h5")}
+    assert len(shard_gets) == 12 and set(shard_gets.values()) == {1}, shard_gets
+
+
+class _Listing:
+    """What ``os.scandir`` returns, from a list of entries made already."""
+
+    def __init__(self, entries: list[os.DirEntry[str]]) -> None:
+        self.entries = entries
+
+    def __enter__(self) -> Iterator[os.DirEntry[str]]:
+        return iter(self.entries)
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="needs Linux's /proc/locks")
+def test_a_download_renamed_while_another_reserves_space_is_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reader B lists the cache folder to make room while reader A's download is renamed
+    into place: B counts A's shard (under one of its names) and finds no room, where it
+    used to count it under neither and overran the limit by a shard."""
+    data = [os.urandom(4096) for _ in range(3)]
+    shards = [
+        RemoteShard(f"s3://b/{n}.h5", f"{n}.h5", len(d), hashlib.sha256(d).hexdigest())
+        for n, d in enumerate(data)
+    ]
+    stores = [GatedStore(d) for d in data]
+    stores[0].gate.set()
+    stores[2].gate.set()
+    folder = tmp_path / "cache"
+    cache = ShardCache(folder, 2 * 4096)
+    kept = cache.fetch(lambda: stores[0], shards[0])  # held open: not evictable
+    held: dict[str, HeldShard | None] = {}
+
+    def read(name: str, number: int) -> None:
+        held[name] = cache.fetch(lambda: stores[number], shards[number])
+
+    reader_a = threading.Thread(target=read, args=("a", 1))
+    reader_b = threading.Thread(target=read, args=("b", 2))
+    real_scandir = os.scandir
+
+    def scandir_then_let_a_finish(path: Any) -> _Listing:
+        entries = list(real_scandir(path))
+        if threading.current_thread() is reader_b:
+            stores[1].gate.set()  # A's download ends now: A renames it, or waits to
+            renamed = folder / f"{shards[1].sha256}.h5"
+            deadline = time.monotonic() + 60  # a guard against a hang, not a timing margin
+            while not renamed.exists() and not _lock_waiters(folder / ".lock"):
+                assert time.monotonic() < deadline, "A neither renamed nor waited"
+                time.sleep(0.001)
+        return _Listing(entries)
+
+    reader_a.start()
+    assert stores[1].started.wait(60)  # A reserved its space and is downloading
+    monkeypatch.setattr(os, "scandir", scandir_then_let_a_finish)
+    reader_b.start()
+    reader_b.join()
+    reader_a.join()
+    monkeypatch.undo()
+    assert cache.usage() <= 2 * 4096
+    held_b = held["b"]
+    assert held_b is not None and held_b.data == data[2]  # no room: read into memory
+    for reader in (*held.values(), kept):
+        if reader is not None:
+            reader.release()
+
+
+def _lock_waiters(path: Path) -> int:
+    """Threads waiting for a lock on ``path`` now (``/proc/locks`` lists them)."""
+    suffix = f":{path.stat().st_ino} "
+    with open("/proc/locks") as locks:
+        return sum("->" in line and suffix in line for line in locks)

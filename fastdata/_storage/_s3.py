@@ -35,9 +35,8 @@ ATTEMPTS_ENV = "FASTDATA_STORAGE_ATTEMPTS"  # attempts of a request, default 5
 TIMEOUT_ENV = "FASTDATA_STORAGE_TIMEOUT_S"  # connect and read timeout, default 60 s
 _SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 # A read of the body, into one reused buffer per thread. Small enough to stay in the CPU's
-# cache between the read, the SHA-256 and the write to the cache file: with 8 MiB chunks,
-# each pass went through memory and a download cost about 2.5x the CPU (29 ms against
-# 10-11 ms per 10 MiB shard, most of it the write into the cache file's page cache).
+# cache between the read, the SHA-256 and the write to the cache file: with 8 MiB chunks
+# each pass went through memory (measured in docs/benchmarks.md, storage section).
 _CHUNK_BYTES = 256 << 10
 
 # S3 error codes that retrying cannot fix -> what the user reads

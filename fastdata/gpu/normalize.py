@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import cv2
+import numpy as np
 import torch
 from torch import nn
 
 from fastdata._fields import FieldBatch, as_field_batch
 from fastdata._layout import check_layout, resolve_layout
 from fastdata._roles import IMAGE
+from fastdata.gpu._normalize_tables import channel_tables, normalize_by_tables
 from fastdata.shards import load_manifest
 
 # torch.compiler.is_compiling appeared in torch 2.3; before it, eager code is always taken.
@@ -147,9 +149,10 @@ class Normalize(nn.Module):
     ``out = (x * value_range / 255 - mean) / std``, computed as one multiply-add
     ``x * scale + bias`` straight from the uint8 input, in float32, written in the output
     dtype and memory format by the same kernel (on CUDA the casts happen inside it: there is
-    no float copy of the batch, neither on the host nor on the device; on the CPU the batch
-    goes through in cache-sized chunks of images with the same float32 arithmetic, faster
-    than the one mixed-dtype kernel there, into memory of an earlier output that nothing
+    no float copy of the batch, neither on the host nor on the device; on the CPU each
+    output value is looked up in a table per channel of the 256 results of the same float32
+    arithmetic, image by image (memory neither planar nor interleaved per image goes
+    through in cache-sized chunks of images), into memory of an earlier output that nothing
     refers to any more, up to two batches of it kept: docs/benchmarks.md). ``mean`` and ``std``
     are buffers, so the module moves with ``.to(device)`` and is saved in ``state_dict``.
     Under ``torch.compile`` inductor fuses the same expression into one kernel.
@@ -215,6 +218,7 @@ class Normalize(nn.Module):
         self.layout = check_layout(layout, auto=True)
         self.channels_last = bool(channels_last)
         self._cpu_outputs = _CpuOutputs()
+        self._cpu_tables: tuple[Any, np.ndarray] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -321,12 +325,23 @@ class Normalize(nn.Module):
             return out.contiguous(memory_format=memory_format)
         if images.device.type == "cpu":
             out = self._cpu_outputs.empty(images.shape, self.dtype, memory_format)
+            if normalize_by_tables(images, out, self._tables(scale, bias)):
+                return out
             return _normalize_on_cpu(images, out, scale.flatten(), bias.flatten())
         out = torch.empty(
             images.shape, dtype=self.dtype, device=images.device, memory_format=memory_format
         )
         # One kernel: reads uint8, computes in float32, writes `dtype` in the asked layout.
         return torch.addcmul(bias, images, scale, out=out)
+
+    def _tables(self, scale: torch.Tensor, bias: torch.Tensor) -> np.ndarray:
+        """The per-channel lookup tables of ``scale`` and ``bias`` in the output dtype,
+        kept until the statistics change (the CPU buffers are compared by value)."""
+        key = (self.dtype, tuple(scale.flatten().tolist()), tuple(bias.flatten().tolist()))
+        cached = self._cpu_tables
+        if cached is None or cached[0] != key:
+            cached = self._cpu_tables = (key, channel_tables(scale, bias, self.dtype))
+        return cached[1]
 
     def extra_repr(self) -> str:
         mean, std = self._described  # as built (a CUDA buffer's .tolist() syncs)

@@ -13,6 +13,8 @@ import cv2
 import numpy as np
 import torch
 
+from fastdata._mixing import ImageSource
+
 # Output dtypes whose bit patterns OpenCV's LUT writes, as the NumPy dtype it sees.
 _TABLE_VIEWS = {torch.float32: np.float32, torch.float16: np.int16, torch.bfloat16: np.int16}
 # OpenCV's split, merge and multi-channel LUT take up to 4 channels.
@@ -50,7 +52,12 @@ def _bits(out: torch.Tensor, view: type | np.dtype) -> torch.Tensor:
     return out.view(torch.int16) if view == np.int16 else out
 
 
-def normalize_by_tables(images: torch.Tensor, out: torch.Tensor, tables: np.ndarray) -> bool:
+def normalize_by_tables(
+    images: torch.Tensor,
+    out: torch.Tensor,
+    tables: np.ndarray,
+    image_at: ImageSource | None = None,
+) -> bool:
     """Write ``tables[c][images]`` into ``out`` (same shape, contiguous or channels_last)
     image by image; ``False`` (nothing written) for memory this path does not handle.
 
@@ -58,6 +65,10 @@ def normalize_by_tables(images: torch.Tensor, out: torch.Tensor, tables: np.ndar
         images: ``(B, C, H, W)`` uint8 on the CPU, planar or interleaved per image.
         out: ``(B, C, H, W)`` output of the tables' dtype, contiguous or channels_last.
         tables: :func:`channel_tables`.
+        image_at: Gives the ``k``-th image to look up in place of ``images``' own, in the
+            same memory (``(C, H, W)`` planar or ``(H, W, C)`` interleaved, contiguous):
+            the batch as a step before this one makes it, an image at a time (a mixing
+            step whose result then never fills a batch of its own).
     """
     channels = images.shape[1]
     if not 1 <= channels <= _MAX_CHANNELS or images.numel() == 0:
@@ -78,9 +89,12 @@ def normalize_by_tables(images: torch.Tensor, out: torch.Tensor, tables: np.ndar
         else:
             source = images.numpy()
         for k in range(len(images)):
+            image = source[k] if image_at is None else image_at(k)
+            if image.shape != source.shape[1:]:  # only the first can differ: nothing written
+                return False
             if planes is not None:
-                cv2.split(source[k], list(planes))
-            rows = planes if planes is not None else source[k]
+                cv2.split(image, list(planes))
+            rows = planes if planes is not None else image
             for channel in range(channels):
                 cv2.LUT(rows[channel], tables[channel], dst=target[k, channel])
         return True
@@ -94,9 +108,11 @@ def normalize_by_tables(images: torch.Tensor, out: torch.Tensor, tables: np.ndar
     else:
         source = images.permute(0, 2, 3, 1).numpy()
     for k in range(len(images)):
-        pixels = source[k]
+        pixels = source[k] if image_at is None else image_at(k)
+        if pixels.shape != source.shape[1:]:  # only the first can differ: nothing written
+            return False
         if interleaved is not None:
-            cv2.merge(list(source[k]), dst=interleaved)
+            cv2.merge(list(pixels), dst=interleaved)
             pixels = interleaved
         if channels == 1:
             cv2.LUT(pixels.reshape(pixels.shape[:2]), tables[0], dst=target_array[k, ..., 0])

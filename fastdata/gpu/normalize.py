@@ -16,7 +16,7 @@ from torch import nn
 from fastdata._fields import FieldBatch, as_field_batch
 from fastdata._layout import check_layout, resolve_layout
 from fastdata._roles import IMAGE
-from fastdata.gpu._normalize_tables import channel_tables, normalize_by_tables
+from fastdata.gpu._normalize_tables import ImageSource, channel_tables, normalize_by_tables
 from fastdata.shards import load_manifest
 
 # torch.compiler.is_compiling appeared in torch 2.3; before it, eager code is always taken.
@@ -294,6 +294,26 @@ class Normalize(nn.Module):
             for name in batch.names(IMAGE):
                 values[name] = self.forward(values[name])
             return FieldBatch(values, dict(batch.roles))
+        return self._normalize(images)
+
+    def normalize_images_of(
+        self, images: torch.Tensor, image_at: ImageSource
+    ) -> torch.Tensor | None:
+        """Normalize the batch whose ``k``-th uint8 image ``image_at(k)`` makes, in the
+        memory of ``images[k]`` (same shape and layout): what a step before this one (a
+        mixing step) would write into a batch, made an image at a time and looked up at
+        once, so that batch is never written. ``None`` (nothing done) where the CPU lookup
+        tables do not take ``images``' memory or device; the caller then normalizes the
+        batch it makes.
+
+        Raises:
+            TypeError, ValueError: As :meth:`forward`.
+        """
+        return self._normalize(images, image_at)
+
+    def _normalize(
+        self, images: torch.Tensor, image_at: ImageSource | None = None
+    ) -> torch.Tensor | None:
         if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8:
             got = images.dtype if isinstance(images, torch.Tensor) else type(images).__name__
             raise TypeError(f"images must be a uint8 tensor, got {got}")
@@ -319,14 +339,18 @@ class Normalize(nn.Module):
         # float32 statistics even if the module was cast (e.g. by model.half()).
         scale = self.std.float().reciprocal().view(1, channels, 1, 1)
         bias = (-self.mean.float()).view(1, channels, 1, 1) * scale
+        if image_at is not None and (_is_compiling() or images.device.type != "cpu"):
+            return None
         if _is_compiling():
             # Dynamo cannot trace a channels_last `out=`; inductor fuses this into one kernel.
             out = torch.addcmul(bias, images, scale).to(self.dtype)
             return out.contiguous(memory_format=memory_format)
         if images.device.type == "cpu":
             out = self._cpu_outputs.empty(images.shape, self.dtype, memory_format)
-            if normalize_by_tables(images, out, self._tables(scale, bias)):
+            if normalize_by_tables(images, out, self._tables(scale, bias), image_at):
                 return out
+            if image_at is not None:
+                return None
             return _normalize_on_cpu(images, out, scale.flatten(), bias.flatten())
         out = torch.empty(
             images.shape, dtype=self.dtype, device=images.device, memory_format=memory_format

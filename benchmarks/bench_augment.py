@@ -122,8 +122,7 @@ def fastdata_rows(
         )
 
     def heavy_step(images: torch.Tensor, targets: torch.Tensor) -> tuple[Any, Any]:
-        images, targets = mix(images, targets)
-        return normalize(images), targets
+        return mix(images, targets, normalize=normalize)  # mixed and normalized in one pass
 
     def light_step(images: torch.Tensor, targets: torch.Tensor) -> tuple[Any, Any]:
         return normalize(images), targets

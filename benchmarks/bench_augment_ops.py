@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         "MixUp (collated batch)": lambda s: mixup(collated, targets),
         "CutMix (collated batch)": lambda s: cutmix(collated, targets),
         "gpu.Normalize on the CPU": lambda s: normalize(collated),
+        "MixUp + Normalize, one pass": lambda s: mixup(collated, targets, normalize=normalize),
+        "CutMix + Normalize, one pass": lambda s: cutmix(collated, targets, normalize=normalize),
     }
     seconds_per_image: dict[str, float] = {}
     faults_per_image: dict[str, float] = {}

@@ -4,6 +4,7 @@ is: the CPU after collate or the GPU), shared by :mod:`fastdata.transforms` and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import cv2
@@ -15,6 +16,9 @@ from fastdata._draws import UniformDraws
 from fastdata._layout import check_layout
 from fastdata._ops_mix import MixPlan
 from fastdata._transfer import copy_to_device, upload
+
+# The k-th image of a batch, made on demand (fastdata.gpu's Normalize reads it).
+ImageSource = Callable[[int], np.ndarray]
 
 # devices where torch.Tensor checks can be asserted without a read-back (the meta device
 # has no values to check)
@@ -75,8 +79,7 @@ def mix_batch(
         New images (same dtype, layout and device) and ``(B, K)`` mixed targets.
     """
     device = images.device
-    lam = upload(plan.lam.astype(np.float32), device)
-    mixed_targets = targets * lam[:, None] + targets.flip(0) * (1.0 - lam[:, None])
+    mixed_targets = mix_targets(targets, plan, device)
     if plan.boxes is None:
         return _blend(images, plan.lam), mixed_targets
     if device.type != "cpu":  # one select with box masks: no launch per sample
@@ -95,6 +98,54 @@ def mix_batch(
             else:
                 target[i, rows, cols] = source[count - 1 - i, rows, cols]
     return out, mixed_targets
+
+
+def mix_targets(targets: torch.Tensor, plan: MixPlan, device: torch.device) -> torch.Tensor:
+    """``(B, K)`` soft targets mixed with the batch reversed by ``plan.lam``."""
+    lam = upload(plan.lam.astype(np.float32), device)
+    return targets * lam[:, None] + targets.flip(0) * (1.0 - lam[:, None])
+
+
+def mixed_images(images: torch.Tensor, plan: MixPlan, layout: str) -> ImageSource | None:
+    """The ``k``-th image :func:`mix_batch` makes, one at a time, in the memory of
+    ``images[k]`` (a reused buffer, valid until the next call): the same bytes, made in
+    cache for a step that reads each image once (``Normalize``'s lookup tables). ``None``
+    unless ``images`` is a uint8 CPU batch, contiguous or channels-last."""
+    if images.device.type != "cpu" or images.dtype != torch.uint8 or images.requires_grad:
+        return None
+    if images.is_contiguous():
+        memory = images.numpy()
+        interleaved = layout == "HWC"
+    elif layout == "CHW" and images.is_contiguous(memory_format=torch.channels_last):
+        memory, interleaved = images.permute(0, 2, 3, 1).numpy(), True
+    else:
+        return None
+    count = len(memory)
+    buffer = np.empty(memory.shape[1:], np.uint8)
+    weights = plan.lam.tolist()
+
+    def blended(k: int) -> np.ndarray:  # as _blend: OpenCV's rounding, pixels x channels
+        pixels = (-1, memory.shape[-1])
+        own, partner = memory[k].reshape(pixels), memory[count - 1 - k].reshape(pixels)
+        weight = weights[k]
+        cv2.addWeighted(own, weight, partner, 1.0 - weight, 0.0, buffer.reshape(pixels))
+        return buffer
+
+    if plan.boxes is None:
+        return blended
+    boxes = plan.boxes.tolist()
+
+    def pasted(k: int) -> np.ndarray:
+        top, left, box_h, box_w = boxes[k]
+        if not (box_h and box_w):
+            return memory[k]
+        buffer[...] = memory[k]
+        box = (slice(top, top + box_h), slice(left, left + box_w))
+        where = box if interleaved else (slice(None), *box)
+        buffer[where] = memory[count - 1 - k][where]
+        return buffer
+
+    return pasted
 
 
 def paste_by_masks(images: torch.Tensor, boxes: np.ndarray, layout: str) -> torch.Tensor:
@@ -163,13 +214,24 @@ class MixExecutor(ops.Executor):
         self.layout = check_layout(layout)
         self._draws = UniformDraws(seed)
 
-    def mix(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def mix(
+        self, images: torch.Tensor, labels: torch.Tensor, normalize: Any = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Mix ``images`` and ``labels``; see :func:`mix_batch` and :func:`soft_targets`.
+        With ``normalize`` (a :class:`fastdata.gpu.Normalize`), return
+        ``normalize(mixed images)``: on a uint8 CPU batch each mixed image goes straight
+        into the normalized output, the mixed batch is never written.
 
         Raises:
-            TypeError: ``images`` or ``labels`` is not a tensor.
+            TypeError: ``images`` or ``labels`` is not a tensor, or ``normalize`` is not a
+                ``Normalize``.
             ValueError: ``images`` is not 4-D, or ``labels`` does not fit it.
         """
+        if normalize is not None and not callable(getattr(normalize, "normalize_images_of", None)):
+            raise TypeError(
+                "normalize must be a fastdata.gpu.Normalize or None, got "
+                f"{type(normalize).__name__}"
+            )
         if not isinstance(images, torch.Tensor) or not isinstance(labels, torch.Tensor):
             raise TypeError(
                 f"images and labels must be tensors, got {type(images).__name__} and "
@@ -186,7 +248,15 @@ class MixExecutor(ops.Executor):
         draws = self._draws.uniform(self.op.draw_rows(batch), self.op.draws_per_sample)
         plan = self.op.plan(draws, batch, int(height), int(width))
         targets = soft_targets(labels, self.op.num_classes, self.op.label_smoothing, images.device)
-        return mix_batch(images, targets, plan, self.layout)
+        if normalize is None:
+            return mix_batch(images, targets, plan, self.layout)
+        image_at = mixed_images(images, plan, self.layout)
+        if image_at is not None:
+            normalized = normalize.normalize_images_of(images, image_at)
+            if normalized is not None:
+                return normalized, mix_targets(targets, plan, images.device)
+        mixed, mixed_targets = mix_batch(images, targets, plan, self.layout)
+        return normalize(mixed), mixed_targets
 
     def manual_seed(self, seed: int) -> None:
         """Restart the random sequence from ``seed``."""

@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import cv2
+import numpy as np
 import torch
 from torch import nn
 
 from fastdata._fields import FieldBatch, as_field_batch
 from fastdata._layout import check_layout, resolve_layout
 from fastdata._roles import IMAGE
+from fastdata.gpu._normalize_tables import ImageSource, channel_tables, normalize_by_tables
 from fastdata.shards import load_manifest
 
 # torch.compiler.is_compiling appeared in torch 2.3; before it, eager code is always taken.
@@ -147,9 +149,10 @@ class Normalize(nn.Module):
     ``out = (x * value_range / 255 - mean) / std``, computed as one multiply-add
     ``x * scale + bias`` straight from the uint8 input, in float32, written in the output
     dtype and memory format by the same kernel (on CUDA the casts happen inside it: there is
-    no float copy of the batch, neither on the host nor on the device; on the CPU the batch
-    goes through in cache-sized chunks of images with the same float32 arithmetic, faster
-    than the one mixed-dtype kernel there, into memory of an earlier output that nothing
+    no float copy of the batch, neither on the host nor on the device; on the CPU each
+    output value is looked up in a table per channel of the 256 results of the same float32
+    arithmetic, image by image (memory neither planar nor interleaved per image goes
+    through in cache-sized chunks of images), into memory of an earlier output that nothing
     refers to any more, up to two batches of it kept: docs/benchmarks.md). ``mean`` and ``std``
     are buffers, so the module moves with ``.to(device)`` and is saved in ``state_dict``.
     Under ``torch.compile`` inductor fuses the same expression into one kernel.
@@ -215,6 +218,7 @@ class Normalize(nn.Module):
         self.layout = check_layout(layout, auto=True)
         self.channels_last = bool(channels_last)
         self._cpu_outputs = _CpuOutputs()
+        self._cpu_tables: tuple[Any, np.ndarray] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -290,6 +294,26 @@ class Normalize(nn.Module):
             for name in batch.names(IMAGE):
                 values[name] = self.forward(values[name])
             return FieldBatch(values, dict(batch.roles))
+        return self._normalize(images)
+
+    def normalize_images_of(
+        self, images: torch.Tensor, image_at: ImageSource
+    ) -> torch.Tensor | None:
+        """Normalize the batch whose ``k``-th uint8 image ``image_at(k)`` makes, in the
+        memory of ``images[k]`` (same shape and layout): what a step before this one (a
+        mixing step) would write into a batch, made an image at a time and looked up at
+        once, so that batch is never written. ``None`` (nothing done) where the CPU lookup
+        tables do not take ``images``' memory or device; the caller then normalizes the
+        batch it makes.
+
+        Raises:
+            TypeError, ValueError: As :meth:`forward`.
+        """
+        return self._normalize(images, image_at)
+
+    def _normalize(
+        self, images: torch.Tensor, image_at: ImageSource | None = None
+    ) -> torch.Tensor | None:
         if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8:
             got = images.dtype if isinstance(images, torch.Tensor) else type(images).__name__
             raise TypeError(f"images must be a uint8 tensor, got {got}")
@@ -315,18 +339,33 @@ class Normalize(nn.Module):
         # float32 statistics even if the module was cast (e.g. by model.half()).
         scale = self.std.float().reciprocal().view(1, channels, 1, 1)
         bias = (-self.mean.float()).view(1, channels, 1, 1) * scale
+        if image_at is not None and (_is_compiling() or images.device.type != "cpu"):
+            return None
         if _is_compiling():
             # Dynamo cannot trace a channels_last `out=`; inductor fuses this into one kernel.
             out = torch.addcmul(bias, images, scale).to(self.dtype)
             return out.contiguous(memory_format=memory_format)
         if images.device.type == "cpu":
             out = self._cpu_outputs.empty(images.shape, self.dtype, memory_format)
+            if normalize_by_tables(images, out, self._tables(scale, bias), image_at):
+                return out
+            if image_at is not None:
+                return None
             return _normalize_on_cpu(images, out, scale.flatten(), bias.flatten())
         out = torch.empty(
             images.shape, dtype=self.dtype, device=images.device, memory_format=memory_format
         )
         # One kernel: reads uint8, computes in float32, writes `dtype` in the asked layout.
         return torch.addcmul(bias, images, scale, out=out)
+
+    def _tables(self, scale: torch.Tensor, bias: torch.Tensor) -> np.ndarray:
+        """The per-channel lookup tables of ``scale`` and ``bias`` in the output dtype,
+        kept until the statistics change (the CPU buffers are compared by value)."""
+        key = (self.dtype, tuple(scale.flatten().tolist()), tuple(bias.flatten().tolist()))
+        cached = self._cpu_tables
+        if cached is None or cached[0] != key:
+            cached = self._cpu_tables = (key, channel_tables(scale, bias, self.dtype))
+        return cached[1]
 
     def extra_repr(self) -> str:
         mean, std = self._described  # as built (a CUDA buffer's .tolist() syncs)

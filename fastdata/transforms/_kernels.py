@@ -33,8 +33,9 @@ Kernel = Callable[
 ]
 
 
-# PIL's L weights: integer sums up to 255 * 65536 < 2**24, exact in float32.
-LUMA_WEIGHTS = np.array([[19595, 38470, 7471]], np.float32)
+# PIL's L weights over 65536 and the 0.5 of its rounding, one row of cv2.transform: every
+# product and partial sum is a multiple of 2**-16 below 256, exact in float32.
+LUMA_WEIGHTS = np.array([[19595, 38470, 7471, 32768]], np.float32) / np.float32(65536.0)
 
 
 def luma(images: np.ndarray) -> np.ndarray:
@@ -45,8 +46,6 @@ def luma(images: np.ndarray) -> np.ndarray:
         rgb = images[k].astype(np.float32)  # cv2.transform keeps the input's depth
         sums: np.ndarray = cv2.transform(rgb, LUMA_WEIGHTS).reshape(images.shape[1:3])
         sums = sums.astype(np.float32, copy=False)
-        sums += 32768.0
-        sums *= 1.0 / 65536.0  # a power of two: exact
         out[k] = np.floor(sums, out=sums)
     return out
 

@@ -31,23 +31,32 @@ def _check_channels(channels: int) -> None:
 
 
 def _run_array(step: Step, images: np.ndarray, masks: list[np.ndarray]) -> None:
-    """Run one step's kernel on its samples of the batch, in place."""
+    """Run one step's kernel on its samples of the batch, in place: once per run of
+    consecutive samples, on views of the batch (gathering scattered samples into a copy
+    and writing them back cost two more passes over their pixels than the kernels of a
+    policy's steps spend on them)."""
     kernel = CPU_KERNELS[step.kernel]
     moved = masks if step.kernel in MOVING_KERNELS else []
     index = step.index
     if not len(index):
         return
-    # indices are increasing and unique: a run of consecutive ones is a slice (a view)
-    contiguous = int(index[-1]) - int(index[0]) + 1 == len(index)
-    rows: slice | np.ndarray = slice(int(index[0]), int(index[-1]) + 1) if contiguous else index
-    part = images[rows]
-    mask_parts = [mask[rows] for mask in moved]
-    out, mask_outs = kernel(part, step.params, step.options, mask_parts)
-    if not contiguous or out is not part:
-        images[rows] = out
-    for mask, mask_part, mask_out in zip(moved, mask_parts, mask_outs, strict=True):
-        if not contiguous or mask_out is not mask_part:
-            mask[rows] = mask_out
+    # indices are increasing and unique: breaks between runs of consecutive ones
+    breaks = np.flatnonzero(np.diff(index) != 1) + 1
+    starts = [0, *breaks.tolist()]
+    stops = [*breaks.tolist(), len(index)]
+    first = index[starts].tolist()
+    whole = len(starts) == 1
+    for low, high, row in zip(starts, stops, first, strict=True):
+        rows = slice(row, row + high - low)
+        params = step.params if whole else {k: v[low:high] for k, v in step.params.items()}
+        part = images[rows]
+        mask_parts = [mask[rows] for mask in moved]
+        out, mask_outs = kernel(part, params, step.options, mask_parts)
+        if out is not part:
+            images[rows] = out
+        for mask, mask_part, mask_out in zip(moved, mask_parts, mask_outs, strict=True):
+            if mask_out is not mask_part:
+                mask[rows] = mask_out
 
 
 def _steps_of(steps: Sequence[Step], start: int, stop: int) -> list[Step]:

@@ -300,3 +300,53 @@ def test_repr_reads_no_buffer_back(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(torch.Tensor, "tolist", no_read_back)
     assert "mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375]" in repr(normalize)
+
+
+def _every_level(channels: int) -> torch.Tensor:
+    """``(3, C, 16, 16)`` uint8: every level 0-255 in every channel, shuffled per image."""
+    generator = torch.Generator().manual_seed(2)
+    planes = [torch.randperm(256, generator=generator) for _ in range(3 * channels)]
+    return torch.stack(planes).to(torch.uint8).view(3, channels, 16, 16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("channels", [1, 3, 4])
+def test_cpu_tables_give_the_fused_expression_for_every_level(
+    monkeypatch: pytest.MonkeyPatch,
+    dtype: torch.dtype,
+    channels_last: bool,
+    interleaved: bool,
+    channels: int,
+) -> None:
+    # planar or interleaved uint8 in, contiguous or channels_last out: one table lookup per
+    # value (the chunked arithmetic is not run), the bytes of ``bias + x * scale``
+    def not_expected(*args: object) -> None:
+        raise AssertionError("the chunked arithmetic ran instead of the tables")
+
+    monkeypatch.setattr("fastdata.gpu.normalize._normalize_on_cpu", not_expected)
+    bchw = _every_level(channels)
+    mean, std = {1: (MEAN[:1], STD[:1]), 3: (MEAN, STD), 4: ([1.5, *MEAN], [0.7, *STD])}[channels]
+    given = bchw.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2) if interleaved else bchw
+    out = Normalize(mean, std, dtype=dtype, channels_last=channels_last, layout="CHW")(given)
+    scale = torch.tensor(std).reciprocal().view(1, -1, 1, 1)
+    bias = -torch.tensor(mean).view(1, -1, 1, 1) * scale
+    expected = torch.addcmul(bias, bchw.float(), scale).to(dtype)
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    assert out.dtype == dtype and out.is_contiguous(memory_format=memory_format)
+    assert torch.equal(out, expected)
+
+
+def test_cpu_memory_the_tables_skip_is_normalized_by_arithmetic() -> None:
+    # a strided view (every other column) is neither planar nor interleaved per image
+    bchw = _every_level(3)[..., ::2]
+    out = Normalize(MEAN, STD, layout="CHW")(bchw)
+    scale = torch.tensor(STD).reciprocal().view(1, 3, 1, 1)
+    bias = -torch.tensor(MEAN).view(1, 3, 1, 1) * scale
+    assert torch.equal(out, torch.addcmul(bias, bchw.float(), scale))
+    normalize = Normalize(MEAN, STD, layout="CHW")
+    first = normalize(bchw).clone()
+    normalize.mean.add_(1.0)  # new statistics: new tables
+    assert not torch.equal(normalize(bchw.contiguous()), first)
+    torch.testing.assert_close(normalize(bchw.contiguous()), first - scale.expand_as(first))

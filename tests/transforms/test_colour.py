@@ -15,7 +15,7 @@ import torch
 from PIL import Image, ImageEnhance, ImageOps
 
 from fastdata import gpu, ops, transforms
-from fastdata.transforms._kernels import CPU_KERNELS
+from fastdata.transforms._kernels import CPU_KERNELS, luma
 
 TOLERANCE = 1  # levels per pixel, the documented bound against the references
 
@@ -274,3 +274,15 @@ def test_colour_descriptions_are_values_and_executors_hold_them() -> None:
     assert gpu.DeviceRandomSolarize.from_op(solarize).op is solarize
     with pytest.raises(TypeError, match=r"RandomSolarize runs a fastdata\.ops\.RandomSolarize"):
         transforms.RandomSolarize.from_op(ops.RandomInvert())
+
+
+def test_luma_is_pils_l_for_every_rgb_triple() -> None:
+    # all 2**24 colours: the float32 transform with the rounding half in its offset column
+    # gives PIL's integer ``(19595 R + 38470 G + 7471 B + 32768) >> 16`` everywhere
+    levels = np.arange(256, dtype=np.int64)
+    red, green, blue = np.meshgrid(levels, levels, levels, indexing="ij")
+    rgb = np.stack([red, green, blue], axis=-1).reshape(1, 4096, 4096, 3)
+    expected = (19595 * rgb[..., 0] + 38470 * rgb[..., 1] + 7471 * rgb[..., 2] + 32768) >> 16
+    assert np.array_equal(luma(rgb.astype(np.uint8)), expected)
+    image = np.random.default_rng(0).integers(0, 256, (7, 5, 3), dtype=np.uint8)
+    assert np.array_equal(luma(image[None])[0], np.asarray(Image.fromarray(image).convert("L")))

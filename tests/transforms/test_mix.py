@@ -217,3 +217,59 @@ def test_cutmix_paste_by_box_masks_equals_pasting_sample_by_sample(layout: str) 
     pasted, _ = mix_batch(images, targets, plan, layout)
     assert not torch.equal(pasted, images)
     assert torch.equal(paste_by_masks(images, boxes, layout), pasted)
+
+
+def _memory(images: torch.Tensor, memory: str) -> torch.Tensor:
+    """``images`` ``(B, C, H, W)`` in the given memory (``"HWC"``: a ``(B, H, W, C)``
+    tensor)."""
+    if memory == "planar":
+        return images
+    if memory == "channels_last":
+        return images.contiguous(memory_format=torch.channels_last)
+    if memory == "HWC":
+        return images.permute(0, 2, 3, 1).contiguous()
+    return images.transpose(2, 3).contiguous().transpose(2, 3)  # strided: no fused path
+
+
+@pytest.mark.parametrize("memory", ["planar", "channels_last", "HWC", "strided"])
+@pytest.mark.parametrize("mode", ["batch", "elem"])
+@pytest.mark.parametrize("mixer", [MixUp, CutMix])
+@pytest.mark.parametrize("channels_last_out", [False, True])
+def test_mixing_with_normalize_gives_normalize_of_the_mixed_batch(
+    memory: str, mode: str, mixer: type, channels_last_out: bool
+) -> None:
+    # mixed and normalized image by image (OpenCV's tables), the same bytes as the two steps
+    images, labels = _batch(9)
+    given = _memory(images, memory)
+    layout = "HWC" if memory == "HWC" else "CHW"
+    normalize = gpu.Normalize(
+        [120.0, 110.0, 100.0], [60.0, 55.0, 50.0], layout=layout, channels_last=channels_last_out
+    )
+    mixed, targets = mixer(0.8, 10, mode=mode, layout=layout, seed=3)(given, labels)
+    fused, fused_targets = mixer(0.8, 10, mode=mode, layout=layout, seed=3)(
+        given, labels, normalize=normalize
+    )
+    expected = normalize(mixed)
+    assert fused.stride() == expected.stride()
+    assert torch.equal(fused, expected)
+    assert torch.equal(fused_targets, targets)
+
+
+def test_mixing_with_normalize_writes_no_mixed_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    def not_expected(*args: object) -> None:
+        raise AssertionError("the mixed batch was written")
+
+    monkeypatch.setattr(_mixing, "mix_batch", not_expected)
+    images, labels = _batch(8)
+    normalize = gpu.Normalize([120.0, 110.0, 100.0], [60.0, 55.0, 50.0])
+    mix = RandomChoice([MixUp(0.8, 10, seed=1), CutMix(1.0, 10, seed=2)], seed=0)
+    for _ in range(4):
+        out, targets = mix(images.contiguous(memory_format=torch.channels_last), labels, normalize)
+        assert out.dtype == torch.float32 and targets.shape == (8, 10)
+    floats = images.float()  # not uint8: mixed, then normalized as a batch
+    with pytest.raises(AssertionError, match="the mixed batch was written"):
+        MixUp(0.8, 10)(floats, labels, normalize=normalize)
+    with pytest.raises(
+        TypeError, match=r"normalize must be a fastdata\.gpu\.Normalize or None, got function"
+    ):
+        MixUp(0.8, 10)(images, labels, normalize=lambda x: x)  # type: ignore[arg-type]

@@ -22,7 +22,9 @@ from fastdata._ops_policy import (
     TRIVIAL_AUGMENT_OPS,
     rand_augment_values,
 )
+from fastdata._ops_steps import Step
 from fastdata.transforms._kernels import CPU_KERNELS, opencv_matrix
+from fastdata.transforms._steps import run_steps
 
 stats = pytest.importorskip("scipy.stats")
 
@@ -358,3 +360,26 @@ def test_policies_are_values_executors_rebuild() -> None:
     assert ops.RandAugment(num_ops=0).draws_per_sample == 0
     images = np.stack([_photo(8, 8)] * 2)
     assert np.array_equal(transforms.RandAugment(num_ops=0)(images.copy()), images)
+
+
+def test_steps_run_on_views_of_scattered_samples(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a step's samples 1, 2, 5 and 7: the kernel runs once per run of consecutive samples,
+    # on views of the batch (no gathered copy written back), with its parameters and masks
+    seen: list[tuple[bool, list[float]]] = []
+    add_shift = CPU_KERNELS["brightness"]
+
+    def recording(images, params, options, masks):  # type: ignore[no-untyped-def]
+        seen.append((images.base is not None, params["factor"].tolist()))
+        return add_shift(images, params, options, masks)
+
+    monkeypatch.setitem(CPU_KERNELS, "brightness", recording)
+    batch = np.random.default_rng(0).integers(0, 256, (8, 6, 5, 3), dtype=np.uint8)
+    factors = np.array([0.5, 1.5, 0.25, 2.0], np.float32)
+    step = Step("brightness", np.array([1, 2, 5, 7]), {"factor": factors})
+    expected = batch.copy()
+    for position, sample in enumerate([1, 2, 5, 7]):
+        one = {"factor": factors[position : position + 1]}
+        add_shift(expected[sample : sample + 1], one, {}, [])
+    run_steps([step], batch, [], None, 1)
+    assert seen == [(True, [0.5, 1.5]), (True, [0.25]), (True, [2.0])]
+    assert np.array_equal(batch, expected)

@@ -31,6 +31,7 @@ import os
 import random
 import re
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -102,29 +103,50 @@ class RemoteShard:
 
 # Descriptors that hold a lock on a cache file. flock locks belong to the open file, which
 # a fork shares with the child: the child closes its copies at once, or a shard the parent
-# released would stay locked (never evicted) for as long as the child lives.
+# released would stay locked (never evicted) for as long as the child lives. A descriptor
+# is opened and recorded (closed and forgotten) under `_fds_lock`, which a fork takes
+# first: a fork between the two (a download thread of the parent runs while the DataLoader
+# forks its workers) left the child an unrecorded copy of the folder's lock, taken by the
+# parent a moment later, and the lock held for good (every process then waited on it).
 _locking_fds: set[int] = set()
+_fds_lock = threading.Lock()
 
 
 def _close_inherited_fds() -> None:
+    global _fds_lock  # noqa: PLW0603 (a new one: the parent's is held across the fork)
     for fd in list(_locking_fds):
         with contextlib.suppress(OSError):
             os.close(fd)
     _locking_fds.clear()
+    _fds_lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_close_inherited_fds)
+def _before_fork() -> None:
+    _fds_lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _fds_lock.release()
+
+
+os.register_at_fork(
+    before=_before_fork,
+    after_in_parent=_after_fork_in_parent,
+    after_in_child=_close_inherited_fds,
+)
 
 
 def _open_locking(path: Path, flags: int, mode: int = 0o644) -> int:
-    fd = os.open(path, flags, mode)
-    _locking_fds.add(fd)
+    with _fds_lock:
+        fd = os.open(path, flags, mode)
+        _locking_fds.add(fd)
     return fd
 
 
 def _close_locking(fd: int) -> None:
-    _locking_fds.discard(fd)
-    os.close(fd)
+    with _fds_lock:
+        _locking_fds.discard(fd)
+        os.close(fd)
 
 
 class HeldShard:

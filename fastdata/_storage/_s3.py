@@ -127,11 +127,12 @@ class S3Store:
         try:
             body = self._get(key, verify=False)
             yield from _chunks(body)
+            _release_connection(body)
         except Exception as exc:
             raise self.error("read", f"s3://{self.bucket}/{key}", exc) from None
         finally:
             if body is not None:
-                body.close()
+                body.close()  # a connection not given back (a body left unread) is closed
 
     def size(self, key: str) -> int | None:
         def head() -> int | None:
@@ -262,6 +263,21 @@ def _chunks(body: Any) -> Iterator[memoryview]:
         if not count:
             return
         yield buffer[:count]
+
+
+def _release_connection(body: Any) -> None:
+    """Give the connection of a body read to its end back to the client's pool. Read
+    straight from the socket (:func:`_chunks`), the body bypasses urllib3's reader, which
+    does that at the end of a body: closing it then closed the connection, and each GET
+    paid a new one (a TCP handshake, behind a store's latency)."""
+    raw = getattr(body, "_raw_stream", None)
+    socket_file = getattr(raw, "_fp", None)
+    release = getattr(raw, "release_conn", None)
+    isclosed = getattr(socket_file, "isclosed", None)
+    # only a response read to its end (http.client closes it there): the connection is
+    # then ready for the next request
+    if callable(release) and callable(isclosed) and isclosed():
+        release()
 
 
 def _code(exc: Any) -> str:

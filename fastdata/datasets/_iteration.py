@@ -24,7 +24,7 @@ the iterator state that confirms it, and the sampler warns at its next step when
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -57,11 +57,15 @@ class EpochIterator(Iterator[int]):
     hand each batch out (torchdata).
     """
 
-    def __init__(self, sampler: IteratedSampler, indices: np.ndarray) -> None:
+    def __init__(
+        self, sampler: IteratedSampler, indices: np.ndarray, started: Iterator[int] | None = None
+    ) -> None:
         self._sampler = sampler
         self._source = indices
-        # Made at the first step (after a load). A dataset in object storage downloads the
-        # shards of this order ahead of their use: its read_ahead yields these indices.
+        # Made at the first step (after a load), or ``started`` (see StartedReadAhead). A
+        # dataset in object storage downloads the shards of this order ahead of their use:
+        # its read_ahead yields these indices.
+        self._started = started
         self._indices: Iterator[int] | None = None
         self._position = 0  # indices handed out
 
@@ -74,9 +78,12 @@ class EpochIterator(Iterator[int]):
             if sampler._unconfirmed_load:
                 raise ValueError(unreported_position_error())
             read_ahead = getattr(sampler.dataset, "read_ahead", None)
-            self._indices = (
-                iter(self._source.tolist()) if read_ahead is None else read_ahead(self._source)
-            )
+            if self._started is not None:
+                self._indices, self._started = self._started, None
+            elif read_ahead is None:
+                self._indices = iter(self._source.tolist())
+            else:
+                self._indices = read_ahead(self._source)
         sampler._check_saved_position()
         if self._position >= len(self._source):
             raise StopIteration
@@ -113,6 +120,66 @@ class EpochIterator(Iterator[int]):
         if self._indices is not None:
             raise ValueError("load_state_dict() must come before the iterator's first step")
         sampler._unconfirmed_load = False
+
+
+class StartedReadAhead:
+    """An epoch's read-ahead started before its iteration (by ``set_epoch``,
+    ``load_state_dict`` and the loader's iteration), so that the first shards of a remote
+    set download while the loader starts its worker processes and they draw their first
+    batches (they were fetched only once the workers had started, 0.3-0.5 s later). The
+    iteration takes it over when its order is this one (``key``: the epoch and the resumed
+    positions), else it is closed."""
+
+    def __init__(
+        self, key: tuple[int, str], indices: np.ndarray, stream: Generator[int, None, None]
+    ) -> None:
+        self.key = key
+        self.indices = indices
+        self._stream: Generator[int, None, None] | None = stream
+        self._first: int | None = None
+
+    @classmethod
+    def start(
+        cls, dataset: Any, key: tuple[int, str], indices: np.ndarray
+    ) -> StartedReadAhead | None:
+        """The read-ahead of ``indices`` through ``dataset.read_ahead``, its first step
+        taken (which starts the downloads of the shards the order reads first); ``None``
+        when the dataset reads nothing ahead or the order is empty."""
+        read_ahead = getattr(dataset, "read_ahead", None)
+        if read_ahead is None or len(indices) == 0:
+            return None
+        stream = read_ahead(indices)
+        if not isinstance(stream, Generator):  # a plain iterator: nothing started
+            return None
+        started = cls(key, indices, stream)
+        started._first = next(stream)
+        return started
+
+    def take(self, key: tuple[int, str]) -> Iterator[int] | None:
+        """The started stream when ``key`` is its order's (yielding all of it, the first
+        index included); else ``None``, and it is closed."""
+        stream, self._stream = self._stream, None
+        if stream is None:
+            return None
+        if key != self.key:
+            stream.close()  # lets go of the shards it holds in the cache
+            return None
+        return _resumed(self._first, stream)
+
+    def close(self) -> None:
+        """Let go of what it started (shards held in the cache)."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
+
+
+def _resumed(first: int | None, stream: Generator[int, None, None]) -> Iterator[int]:
+    try:
+        if first is not None:
+            yield first
+        yield from stream
+    finally:
+        stream.close()
 
 
 def foreign_loader_error(num_replicas: int) -> str:

@@ -157,6 +157,7 @@ class ResumableDataLoader(DataLoader):
         self._pass = record
         if sampler is not None:
             sampler._attach(self, record.consumed)
+            sampler._start_read_ahead()  # downloads start before the workers do
         handing = _Handing(super().__iter__(), record)
         if self._batch_decode is None:
             return handing

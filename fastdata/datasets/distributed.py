@@ -36,6 +36,7 @@ from torch.utils.data import DistributedSampler
 from fastdata.datasets._iteration import (
     HANDED_OUT,
     EpochIterator,
+    StartedReadAhead,
     foreign_loader_error,
     unreported_save_warning,
 )
@@ -217,6 +218,7 @@ class ShardAwareDistributedSampler(DistributedSampler):
         self._unconfirmed_load = False  # a loaded state awaits its iterator's confirmation
         self._consumer: Callable[[], Ranges | None] | None = None  # a loader's exact count
         self._consumer_owner: weakref.ref[object] | None = None
+        self._started: StartedReadAhead | None = None  # the next iteration's read-ahead
 
     # -- torch Sampler ------------------------------------------------------------------
     def __len__(self) -> int:
@@ -242,14 +244,42 @@ class ShardAwareDistributedSampler(DistributedSampler):
                 raise ValueError(foreign_loader_error(self.num_replicas))
             self._consumer = self._consumer_owner = None  # not the loader's iteration
         done = self._resume or []
+        started, self._started = self._started, None
+        key = self._order_key()
+        indices = started.indices if started and started.key == key else self._next_indices()
         self._resume = None
         self._skipped = done
         self._yielded = 0
-        indices = self.rank_indices()
-        if done:
-            indices = indices[remaining_positions(self.num_samples, done)]
         self._stream = indices
-        return EpochIterator(self, indices)
+        return EpochIterator(self, indices, started.take(key) if started else None)
+
+    def _order_key(self) -> tuple[int, str]:
+        """What the next iteration's order depends on besides the settings."""
+        return self.epoch, repr(self._resume)
+
+    def _next_indices(self) -> np.ndarray:
+        """The indices the next iteration yields (this rank's epoch less a loaded state's
+        consumed positions)."""
+        indices = self.rank_indices()
+        if self._resume:
+            indices = indices[remaining_positions(self.num_samples, self._resume)]
+        return indices
+
+    def _start_read_ahead(self) -> None:
+        """Start the next iteration's read-ahead now (``set_epoch``, ``load_state_dict``
+        and the loader, before its workers start): a dataset in object storage begins
+        downloading the shards its order reads first. The iteration takes it over; a
+        change of order drops it."""
+        key = self._order_key()
+        if self._started is not None and self._started.key == key:
+            return  # started already
+        self._drop_read_ahead()
+        self._started = StartedReadAhead.start(self.dataset, key, self._next_indices())
+
+    def _drop_read_ahead(self) -> None:
+        started, self._started = self._started, None
+        if started is not None:
+            started.close()
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next iteration yields (call on every rank)."""
@@ -260,6 +290,7 @@ class ShardAwareDistributedSampler(DistributedSampler):
             self._consumer = self._consumer_owner = None
             self._unconfirmed_load = False
         self.epoch = epoch
+        self._start_read_ahead()  # a remote set: the epoch's first shards start downloading
 
     # -- the order ----------------------------------------------------------------------
     def rank_indices(self, epoch: int | None = None) -> np.ndarray:
@@ -431,6 +462,7 @@ class ShardAwareDistributedSampler(DistributedSampler):
         self._consumer = self._consumer_owner = None
         self._unconfirmed_save = 0
         self._unconfirmed_load = state.get("position") == HANDED_OUT
+        self._start_read_ahead()  # the resumed order's first shards
 
     def _pending_resume(self) -> Ranges:
         """Positions of the epoch the next iteration skips (set by :meth:`load_state_dict`)."""
@@ -468,6 +500,7 @@ class ShardAwareDistributedSampler(DistributedSampler):
         # a closure over a loader, and a weak reference: not picklable, not needed
         state["_consumer"] = state["_consumer_owner"] = None
         state["_stream"] = None  # the main process's record of what it yields
+        state["_started"] = None  # a generator of this process, holding its downloads
         return state
 
 

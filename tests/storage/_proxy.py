@@ -1,10 +1,12 @@
 """A small HTTP proxy that injects faults between the S3 client and a local S3 server.
 
 Each request is forwarded to the upstream server and answered on a fresh connection
-(``Connection: close``), unless the fault chosen for it says otherwise: added latency, a
-dropped connection (closed with no response), a 503 ``SlowDown``, a truncated body (the
-full ``Content-Length`` announced, half the bytes sent) or a corrupted body (one byte
-flipped, length kept). Faults apply to GETs of shard files only when ``match`` says so.
+(``Connection: close``; with ``keep_alive``, on the client's connection, kept open as a
+store such as S3 keeps it: moto's server closes each one), unless the fault chosen for it
+says otherwise: added latency, a dropped connection (closed with no response), a 503
+``SlowDown``, a truncated body (the full ``Content-Length`` announced, half the bytes sent)
+or a corrupted body (one byte flipped, length kept). Faults apply to GETs of shard files
+only when ``match`` says so.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class FaultProxy:
             a later damage the plan hands that path is sent clean.
         hold: When set to an event, the requests that ``match`` accepts wait for it before
             they are answered; ``held`` counts those waiting now.
+        keep_alive: Answer without closing the client's connection (faults still close it).
+        connections: How many TCP connections clients opened to the proxy.
     """
 
     def __init__(self, upstream: str, match: Callable[[str, str], bool] | None = None) -> None:
@@ -47,11 +51,15 @@ class FaultProxy:
         self.faults_sent: Counter[str] = Counter()
         self.hold: threading.Event | None = None
         self.held = 0
+        self.keep_alive = False
+        self.connections = 0
         self._lock = threading.Lock()
         proxy = self
 
         class Handler(socketserver.StreamRequestHandler):
             def handle(self) -> None:
+                with proxy._lock:
+                    proxy.connections += 1
                 proxy._handle(self.rfile, self.connection)
 
         self._server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
@@ -152,7 +160,10 @@ class FaultProxy:
                     head += f"{name}: {value}\r\n"
             length_header = response.getheader("Content-Length", "0")
             announced = length_header if method == "HEAD" else str(len(payload))
-            head += f"Content-Length: {announced}\r\nConnection: close\r\n\r\n"
+            keep_open = self.keep_alive and fault is None
+            head += f"Content-Length: {announced}\r\n"
+            head += "Connection: keep-alive\r\n\r\n" if keep_open else "Connection: close\r\n\r\n"
             connection.sendall(head.encode("latin-1") + sent)
-            connection.close()
-            return
+            if not keep_open:
+                connection.close()
+                return

@@ -8,6 +8,7 @@ import pytest
 
 from fastdata._storage import RemoteLocation, object_store, parse_location
 from fastdata._storage._s3 import S3Store
+from tests.storage._proxy import FaultProxy
 
 _MIB = 1 << 20
 
@@ -64,3 +65,20 @@ def test_a_client_reads_the_environment_when_it_is_made(
     S3Store(bucket)
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
     assert S3Store(bucket)._client.meta.endpoint_url == "http://127.0.0.1:9"
+
+
+def test_a_streamed_download_returns_its_connection_to_the_pool(
+    bucket: str, proxy: FaultProxy
+) -> None:
+    """A body read to its end gives its connection back for the next request: one TCP
+    connection for a row of downloads from a store that keeps connections open (each GET
+    that closed its connection paid a new one: a handshake, behind a store's latency)."""
+    data = os.urandom(_MIB + 5)
+    store = _store(bucket)
+    store.write_bytes("objects/shard.bin", data)
+    proxy.keep_alive = True
+    before = proxy.connections
+    for _ in range(5):
+        assert b"".join(bytes(chunk) for chunk in store.stream("objects/shard.bin")) == data
+    assert proxy.gets["/" + bucket + "/objects/shard.bin"] == 5
+    assert proxy.connections - before == 1

@@ -1,11 +1,16 @@
 """The peer rows of ``bench_storage.py``: LitData, MosaicML streaming and webdataset.
 
-Each peer gets the same decoded 224x224 photos as fastdata's raw shards (the ``image``
-field of the local set, as uint8 arrays), written in its own format in shards of about
-the same size, uploaded to the same bucket, and read back through the same latency proxy
-with its own loader, cache folder and cache limit. A reader is a function
-``(settings) -> (build_s, epochs)`` where ``epochs`` yields, for each of two epochs, an
-iterator of the sample keys of each batch; the bench times and checks it.
+Each peer gets the same samples as fastdata's shards, written in its own format in shards
+of about the same size, uploaded to the same bucket, and read back through the same latency
+proxy with its own loader, cache folder and cache limit. From raw shards (``encoding
+"raw"``) a sample is the decoded 224x224 photo (the ``image`` field of the local set, a
+uint8 array); from JPEG shards (``"jpeg"``) it is the very JPEG bytes of fastdata's
+``image`` field, which the peer's dataset decodes in its loader's workers with
+``cv2.imdecode``, as a user of that peer would write it (a ``__getitem__`` override for
+LitData and MosaicML streaming, a ``map_tuple`` stage for webdataset), so every row
+decodes the same bytes. A reader is a function ``(settings) -> (build_s, epochs)`` where
+``epochs`` yields, for each of two epochs, an iterator of the sample keys of each batch;
+the bench times and checks it.
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import cv2
 import numpy as np
 
 from fastdata import ShardDataset
+from fastdata.shards import load_manifest
 
 PEERS = (("litdata", "litdata"), ("streaming", "mosaicml-streaming"),
          ("webdataset", "webdataset"))  # fmt: skip
@@ -37,6 +44,7 @@ class PeerSettings:
     cache: Path
     limit_bytes: int | None
     workers: int
+    encoding: str = "raw"
     batch_size: int = 64
 
 
@@ -44,10 +52,41 @@ Reader = Callable[[PeerSettings], tuple[float, Iterator[Iterator[list[str]]]]]
 
 
 def samples(local: Path) -> Iterator[tuple[str, np.ndarray]]:
-    """``(key, image)`` of every sample of the local fastdata set, in storage order."""
-    dataset = ShardDataset(local, ("image",), layout="HWC")
+    """``(key, image)`` of every sample of the local fastdata set, in storage order: the
+    decoded uint8 ``(H, W, C)`` array of a raw set, the encoded uint8 bytes of a JPEG set."""
+    if load_manifest(local).field("image").kind == "encoded":
+        dataset = ShardDataset(local, ("image",), decode=False)
+    else:
+        dataset = ShardDataset(local, ("image",), layout="HWC")
     for index in range(len(dataset)):
-        yield f"{index:06d}", np.ascontiguousarray(dataset[index].numpy())
+        yield f"{index:06d}", np.ascontiguousarray(np.asarray(dataset[index]))
+
+
+def decode_jpeg(data: bytes | np.ndarray) -> np.ndarray:
+    """A JPEG's ``(H, W, 3)`` uint8 pixels, as a peer's user decodes them."""
+    buffer = np.frombuffer(data, np.uint8) if isinstance(data, bytes) else np.asarray(data)
+    image = cv2.imdecode(buffer, cv2.IMREAD_COLOR)
+    if image is None:
+        raise ValueError("a sample's JPEG bytes do not decode")
+    return image
+
+
+def decoding(base: type, name: str) -> type:
+    """``base`` (a peer's dataset class) with ``__getitem__`` decoding the ``image`` JPEG;
+    registered in this module under ``name`` so that it pickles."""
+    existing = globals().get(name)
+    parent: Any = base
+    if isinstance(existing, type):
+        return existing
+
+    def __getitem__(self: Any, index: Any) -> Any:  # noqa: N807 - the override
+        sample: Any = parent.__getitem__(self, index)
+        sample["image"] = decode_jpeg(sample["image"])
+        return sample
+
+    subclass = type(name, (base,), {"__getitem__": __getitem__, "__module__": __name__})
+    globals()[name] = subclass
+    return subclass
 
 
 def upload_folder(folder: Path, bucket: str, prefix: str) -> None:
@@ -89,7 +128,12 @@ def read_litdata(settings: PeerSettings) -> tuple[float, Iterator[Iterator[list[
     extra: dict[str, Any] = {}
     if settings.limit_bytes is not None:
         extra["max_cache_size"] = settings.limit_bytes
-    dataset = StreamingDataset(
+    dataset_class = (
+        decoding(StreamingDataset, "LitDataDecoding")
+        if settings.encoding == "jpeg"
+        else StreamingDataset
+    )
+    dataset = dataset_class(
         Dir(path=str(settings.cache), url=f"s3://{settings.bucket}/{settings.prefix}"),
         shuffle=True,
         storage_options=options,
@@ -129,7 +173,12 @@ def read_streaming(settings: PeerSettings) -> tuple[float, Iterator[Iterator[lis
     os.environ["S3_ENDPOINT_URL"] = settings.endpoint
     clean_stale_shared_memory()
     started = time.perf_counter()
-    dataset = StreamingDataset(
+    dataset_class = (
+        decoding(StreamingDataset, "StreamingDecoding")
+        if settings.encoding == "jpeg"
+        else StreamingDataset
+    )
+    dataset = dataset_class(
         remote=f"s3://{settings.bucket}/{settings.prefix}",
         local=str(settings.cache),
         shuffle=True,
@@ -155,7 +204,10 @@ def write_webdataset(local: Path, out: Path, shard_bytes: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with wds.ShardWriter(str(out / "shard-%06d.tar"), maxsize=shard_bytes, verbose=0) as sink:
         for key, image in samples(local):
-            sink.write({"__key__": key, "npy": image})
+            if image.ndim == 1:  # a JPEG's bytes
+                sink.write({"__key__": key, "jpg": image.tobytes()})
+            else:
+                sink.write({"__key__": key, "npy": image})
 
 
 def read_webdataset(settings: PeerSettings) -> tuple[float, Iterator[Iterator[list[str]]]]:
@@ -185,13 +237,14 @@ def read_webdataset(settings: PeerSettings) -> tuple[float, Iterator[Iterator[li
     extra: dict[str, Any] = {"cache_dir": str(settings.cache)}
     if settings.limit_bytes is not None:
         extra["cache_size"] = settings.limit_bytes
-    dataset = (
-        wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=wds.split_by_node, **extra)
-        .shuffle(1000)
-        .decode()
-        .to_tuple("__key__", "npy")
-        .batched(settings.batch_size)
-    )
+    shuffled = wds.WebDataset(
+        urls, shardshuffle=len(urls), nodesplitter=wds.split_by_node, **extra
+    ).shuffle(1000)
+    if settings.encoding == "jpeg":
+        pairs = shuffled.to_tuple("__key__", "jpg").map_tuple(str, decode_jpeg)
+    else:
+        pairs = shuffled.decode().to_tuple("__key__", "npy")
+    dataset = pairs.batched(settings.batch_size)
     loader = DataLoader(dataset, batch_size=None, num_workers=settings.workers)
     build_s = time.perf_counter() - started
 

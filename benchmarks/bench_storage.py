@@ -1,6 +1,7 @@
 """Reading shards from an S3-protocol store: fastdata's cache against local disk and peers.
 
-One run: the same photos, preprocessed to raw 224x224 shards of about ``--shard-mb`` MiB,
+One run: the same photos, preprocessed to 224x224 shards of about ``--shard-mb`` MiB (raw
+pixels, or with ``--encoding jpeg`` JPEGs that every row decodes in its loader's workers),
 served by moto's S3 server on 127.0.0.1 (a separate process) behind a proxy that adds
 ``--latency-ms`` to every request. Each row reads two epochs with a DataLoader of
 ``--workers`` workers and reports, per epoch, images/s; client CPU ms per image (the row's
@@ -12,12 +13,17 @@ recorded as failed, with the epoch and images it had reached), so a run always f
 
 Rows: ``local`` (the same set on disk), ``fastdata-s3`` (no limit), ``fastdata-s3-capped``
 (``cache_limit`` a quarter of the set), then each peer installed (LitData, MosaicML
-streaming, webdataset), uncapped and capped at the same quarter, reading the same decoded
-photos written in its own format (see ``_storage_peers.py``); a missing one is skipped with
-one line. Install the peers in a venv of their own (torch pinned), never as dependencies.
-Figures measured on a shared machine are indicative; compare rows of one run. Rerun with:
+streaming, webdataset), uncapped and capped at the same quarter, reading the same samples
+written in its own format (see ``_storage_peers.py``); a missing one is skipped with one
+line. From JPEG shards fastdata reads ``ShardDataset(url, ("image", "path"), decode=True)``
+and each peer stores the very JPEG bytes of fastdata's shards and decodes each sample with
+``cv2.imdecode`` in its own dataset, as its users would write it; the row names then end in
+``-jpeg`` and the figures go to the ``storage-jpeg`` topic. Install the peers in a venv of
+their own (torch pinned), never as dependencies. Figures measured on a shared machine are
+indicative; compare rows of one run. Rerun with:
 
-    python benchmarks/bench_storage.py [--num-images 4000] [--latency-ms 20] [--publish]
+    python benchmarks/bench_storage.py [--num-images 4000] [--latency-ms 20]
+        [--encoding raw|jpeg] [--publish]
 """
 
 from __future__ import annotations
@@ -163,10 +169,17 @@ def tree_cpu_s() -> float:
 
 
 def fastdata_reader(
-    path: str, limit: int | None, workers: int, cache: Path | None, window_shards: int = 4
+    path: str,
+    limit: int | None,
+    workers: int,
+    cache: Path | None,
+    *,
+    window_shards: int = 4,
+    encoding: str = "raw",
 ) -> Any:
     started = time.perf_counter()
-    dataset = ShardDataset(path, ("image", "path"), cache_dir=cache, cache_limit=limit)
+    decoding: dict[str, Any] = {"decode": True} if encoding == "jpeg" else {}
+    dataset = ShardDataset(path, ("image", "path"), cache_dir=cache, cache_limit=limit, **decoding)
     build_s = time.perf_counter() - started
     sampler = ShardAwareDistributedSampler(
         dataset, num_replicas=1, rank=0, seed=0, window_shards=window_shards
@@ -196,12 +209,13 @@ def _row_process(spec: dict[str, Any], results: Any, progress: Any) -> None:
     try:
         if spec["kind"] == "fastdata":
             build_s, epochs, expected = fastdata_reader(
-                spec["path"], spec["limit"], spec["workers"], spec["cache"], spec["window_shards"]
-            )
+                spec["path"], spec["limit"], spec["workers"], spec["cache"],
+                window_shards=spec["window_shards"], encoding=spec["encoding"],
+            )  # fmt: skip
         else:
             settings = _storage_peers.PeerSettings(
                 _BUCKET, spec["prefix"], spec["endpoint"], spec["cache"], spec["limit"],
-                spec["workers"],
+                spec["workers"], spec["encoding"],
             )  # fmt: skip
             build_s, epochs = _storage_peers.READERS[spec["peer"]](settings)
             expected = spec["num_samples"]
@@ -268,7 +282,7 @@ def run_row(spec: dict[str, Any], time_limit_s: float) -> dict[str, Any]:
     if "failed" in row:
         text = (text + " | " if text else "") + "FAILED: " + row["failed"]
     print(
-        f"{spec['name']:26s} build {row.get('build_s', float('nan')):6.2f} s | {text}"
+        f"{spec['name']:31s} build {row.get('build_s', float('nan')):6.2f} s | {text}"
         f" | cache peak {peaks.cache_bytes / 2**20:.1f} MiB"
         + (f" (limit {limit / 2**20:.1f})" if limit else "")
         + f" | RSS peak {peaks.rss_bytes / 2**20:.0f} MiB",
@@ -311,6 +325,7 @@ def peer_rows(
     """Peer rows, uncapped and capped; a peer not installed is skipped with one line.
     ``sizes``: the set's sample count and the capped rows' cache limit."""
     num_samples, quarter = sizes
+    tag = row_suffix(args.encoding)
     rows: list[dict[str, Any]] = []
     for module, package in _storage_peers.PEERS:
         if args.only and package not in args.only:
@@ -320,7 +335,7 @@ def peer_rows(
         except ImportError:
             print(f"{package}: skipped (not installed; pip install {package} in a venv with "
                   "torch pinned)")  # fmt: skip
-            rows.append({"name": package, "skipped": "not installed"})
+            rows.append({"name": package + tag, "skipped": "not installed"})
             continue
         started = time.perf_counter()
         prefix = _storage_peers.prepare(package, local, work, _BUCKET, int(args.shard_mb * 2**20))
@@ -329,7 +344,7 @@ def peer_rows(
         for suffix, limit in (("", None), ("-capped", quarter)):
             spec = {
                 "kind": "peer",
-                "name": package + suffix,
+                "name": package + suffix + tag,
                 "peer": package,
                 "prefix": prefix,
                 "endpoint": endpoint,
@@ -337,9 +352,15 @@ def peer_rows(
                 "limit": limit,
                 "workers": args.workers,
                 "num_samples": num_samples,
+                "encoding": args.encoding,
             }
             rows.append(run_row(spec, args.row_time_limit))
     return rows
+
+
+def row_suffix(encoding: str) -> str:
+    """What the row names of a run end in: nothing from raw shards, ``-jpeg`` from JPEG."""
+    return "" if encoding == "raw" else f"-{encoding}"
 
 
 def main() -> None:
@@ -355,6 +376,9 @@ def main() -> None:
                         "stopped and recorded as failed")  # fmt: skip
     parser.add_argument("--only", nargs="*", default=(),
                         help="rows to run: fastdata and/or peer names (default: all)")  # fmt: skip
+    parser.add_argument("--encoding", choices=("raw", "jpeg"), default="raw",
+                        help="how the shards store the photos: raw 224x224 pixels, or JPEGs "
+                        "that every row decodes in its loader's workers")  # fmt: skip
     add_publish_argument(parser)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fastdata-bench-storage-"))
@@ -362,7 +386,9 @@ def main() -> None:
     try:
         photos = make_photos(work / "photos", args.num_images)
         local = work / "local"
-        options = PreprocessOptions(sizes=(224,), shard_bytes=int(args.shard_mb * 2**20))
+        options = PreprocessOptions(
+            sizes=(224,), shard_bytes=int(args.shard_mb * 2**20), storage=args.encoding
+        )
         preprocess(photos, local, options, show_progress=False)
         manifest = load_manifest(local)
         with s3_server(args.latency_ms) as endpoint:
@@ -380,24 +406,32 @@ def main() -> None:
             print(f"{manifest.num_samples} images in {len(manifest.shards)} shards of "
                   f"~{args.shard_mb:g} MiB ({manifest.num_bytes / 2**20:.0f} MiB); "
                   f"preprocess to s3:// {upload_s:.1f} s; {args.latency_ms:g} ms per request; "
-                  f"{args.workers} workers")  # fmt: skip
+                  f"{args.workers} workers; {args.encoding} shards")  # fmt: skip
             quarter = max(manifest.num_bytes // 4, *(s.num_bytes for s in manifest.shards))
             ceiling = server_ceiling(url, manifest.num_samples)
             own = {"kind": "fastdata", "workers": args.workers, "limit": None, "cache": None,
-                   "window_shards": args.window_shards}  # fmt: skip
+                   "window_shards": args.window_shards, "encoding": args.encoding}  # fmt: skip
+            tag = row_suffix(args.encoding)
             rows = (
                 []
                 if args.only and "fastdata" not in args.only
                 else [
-                    run_row({**own, "name": "local", "path": str(local)}, args.row_time_limit),
                     run_row(
-                        {**own, "name": "fastdata-s3", "path": url, "cache": work / "cache-full"},
+                        {**own, "name": "local" + tag, "path": str(local)}, args.row_time_limit
+                    ),
+                    run_row(
+                        {
+                            **own,
+                            "name": "fastdata-s3" + tag,
+                            "path": url,
+                            "cache": work / "cache-full",
+                        },
                         args.row_time_limit,
                     ),
                     run_row(
                         {
                             **own,
-                            "name": "fastdata-s3-capped",
+                            "name": "fastdata-s3-capped" + tag,
                             "path": url,
                             "limit": quarter,
                             "cache": work / "cache-q",
@@ -408,7 +442,8 @@ def main() -> None:
             )
             rows.append(ceiling)
             rows += peer_rows(args, local, work, endpoint, (manifest.num_samples, quarter))
-        save("storage", {"settings": vars(args), "rows": rows}, publish=args.publish)
+        topic = "storage" + row_suffix(args.encoding)
+        save(topic, {"settings": vars(args), "rows": rows}, publish=args.publish)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch.utils.data import get_worker_info
 
-from fastdata.datasets._batch_memory import is_free, populate, storage_use_count
+from fastdata._batch_memory import is_free, populate, storage_use_count
 from fastdata.datasets._slots import WorkerSlots
 
 _SHARED_MIN_BYTES = 1 << 16  # smaller batches: a plain allocation is cheaper

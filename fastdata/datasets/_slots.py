@@ -11,7 +11,7 @@ shape, and the training process keeps each one mapped:
   byte. The flag is ``HELD`` while the segment is written, in flight or handed out; the
   training process alone sets it ``FREE``, and only once nothing refers to the memory there:
   no batch handed out, no view of one, no NumPy array or storage object made from one (the
-  counts of :func:`~fastdata.datasets._batch_memory.is_free`), no batch kept by the loader
+  counts of :func:`~fastdata._batch_memory.is_free`), no batch kept by the loader
   (received out of order). A segment whose memory was pickled for another process (a
   ``torch.multiprocessing`` queue), whose readers are out of sight, is never set ``FREE``.
   The worker alone sets it back to ``HELD`` when it takes the
@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import shared_cache
 
-from fastdata.datasets._batch_memory import is_free, populate
+from fastdata._batch_memory import is_free, populate
 
 _MARKER = b"fastdata:slot\x00\x01\x7f"  # 16 bytes
 _TOKEN_AT = len(_MARKER)  # 8 bytes, little-endian

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fastdata._batch_memory import is_free, storage_use_count
 from fastdata._fields import FieldBatch, as_field_batch
 from fastdata._layout import check_layout, resolve_layout
 from fastdata._roles import IMAGE
@@ -90,8 +91,6 @@ def _normalize_on_cpu(
     return out
 
 
-# The number of holders of a storage's memory (tensors, views, NumPy arrays through them).
-_storage_users: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count", None)
 # Batch outputs kept for reuse on the CPU: the previous one may still be in use (the
 # training step holds batch k while batch k + 1 is normalized), the one before is free.
 SPARE_CPU_OUTPUTS = 2
@@ -101,16 +100,17 @@ class _CpuOutputs:
     """Output memory reused once nothing refers to it. A fresh batch of float32 is tens of
     MB, which the C allocator maps anew for each call (above malloc's mmap threshold) and
     whose every page then faults on the first write: that cost more than the arithmetic
-    (docs/benchmarks.md). A storage is handed out again only when this pool holds its
-    last reference (no tensor, view or NumPy array uses it any more) and it was never
-    moved to shared memory (as a batch sent from a DataLoader worker is)."""
+    (docs/benchmarks.md). A memory is handed out again only when nothing but this pool
+    refers to it (:func:`fastdata._batch_memory.is_free`: no tensor, view, NumPy array or
+    storage object) and it was never moved to shared memory (as a batch sent from a
+    DataLoader worker is)."""
 
     def __init__(self) -> None:
-        self.storages: list[torch.UntypedStorage] = []
+        self.kept: list[torch.Tensor] = []  # a byte tensor over each output's memory
+        self._lock = threading.Lock()  # one thread at a time takes a memory
 
-    def _drop(self, storage: torch.UntypedStorage) -> None:
-        with contextlib.suppress(ValueError):  # another thread dropped it
-            self.storages.remove(storage)
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_CpuOutputs, ())  # memory is not state: a copy starts empty
 
     def empty(
         self, shape: torch.Size, dtype: torch.dtype, memory_format: torch.memory_format
@@ -118,28 +118,22 @@ class _CpuOutputs:
         """An uninitialised tensor of ``shape``, ``dtype`` and ``memory_format``."""
         layout = torch.empty(shape, dtype=dtype, device="meta", memory_format=memory_format)
         nbytes = layout.numel() * layout.element_size()
-        for storage in list(self.storages):
-            if storage.is_shared():  # sent to another process (a DataLoader worker's batch)
-                self._drop(storage)  # whose readers this count does not see: never reused
-                continue
-            if _storage_users is None or storage.nbytes() != nbytes:
-                continue
-            if _storage_users(storage._cdata) != 1:
-                continue  # still in use
-            try:
-                self.storages.remove(storage)  # taken: no other thread can take it now
-            except ValueError:
-                continue  # another thread took it
-            if _storage_users(storage._cdata) != 1:  # taken and handed out meanwhile
-                self.storages.append(storage)
-                continue
-            out = torch.empty(0, dtype=dtype).set_(storage, 0, layout.shape, layout.stride())
-            self.storages.append(storage)
-            return out
+        with self._lock:
+            # sent to another process (a DataLoader worker's batch), whose readers this
+            # count does not see: never reused
+            self.kept = [kept for kept in self.kept if not kept.is_shared()]
+            for index, kept in enumerate(self.kept):
+                if kept.numel() == nbytes and is_free(kept):
+                    self.kept.append(self.kept.pop(index))
+                    storage = kept.untyped_storage()
+                    return torch.empty(0, dtype=dtype).set_(
+                        storage, 0, layout.shape, layout.stride()
+                    )
         out = torch.empty(shape, dtype=dtype, memory_format=memory_format)
-        if _storage_users is not None:
-            self.storages.append(out.untyped_storage())
-            del self.storages[:-SPARE_CPU_OUTPUTS]
+        if storage_use_count is not None:
+            with self._lock:
+                self.kept.append(torch.empty(0, dtype=torch.uint8).set_(out.untyped_storage()))
+                del self.kept[:-SPARE_CPU_OUTPUTS]
         return out
 
 

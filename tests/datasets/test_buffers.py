@@ -16,7 +16,8 @@ import torch
 from torch.utils.data import DataLoader
 
 import fastdata.datasets._buffers as buffers_module
-from fastdata.datasets import ShardDataset, _batch_memory, passthrough_collate
+from fastdata import _batch_memory
+from fastdata.datasets import ShardDataset, passthrough_collate
 from fastdata.transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop
 from tests.datasets.conftest import Reference
 

@@ -122,7 +122,7 @@ def test_cpu_outputs_reuse_memory_nothing_refers_to(monkeypatch: pytest.MonkeyPa
     for batch in batches[:2]:
         out = channels_last(batch)
         assert out.is_contiguous(memory_format=torch.channels_last)
-    assert len(pickle.loads(pickle.dumps(normalize))._cpu_outputs.storages) == 0
+    assert len(pickle.loads(pickle.dumps(normalize))._cpu_outputs.kept) == 0
 
 
 def _normalized_batch(items: list[torch.Tensor]) -> torch.Tensor:
@@ -350,3 +350,14 @@ def test_cpu_memory_the_tables_skip_is_normalized_by_arithmetic() -> None:
     normalize.mean.add_(1.0)  # new statistics: new tables
     assert not torch.equal(normalize(bchw.contiguous()), first)
     torch.testing.assert_close(normalize(bchw.contiguous()), first - scale.expand_as(first))
+
+
+def test_cpu_output_memory_held_through_its_storage_object_is_never_written() -> None:
+    """A caller who keeps only ``out.untyped_storage()`` still holds the memory."""
+    normalize = Normalize(MEAN, STD, layout="CHW")
+    batches = [torch.full((4, 3, 8, 8), value, dtype=torch.uint8) for value in (10, 20, 30)]
+    storage = normalize(batches[0]).untyped_storage()
+    expected = bytes(storage)
+    for batch in batches[1:] * 2:
+        normalize(batch)  # outputs dropped at once
+    assert bytes(storage) == expected

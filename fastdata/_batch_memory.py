@@ -1,5 +1,6 @@
-"""What batch buffers build on: whether anything still refers to a tensor's memory, and
-faulting fresh shared memory in at once."""
+"""What reused batch memory builds on (the datasets' batch buffers, the CPU
+``Normalize``'s outputs): whether anything still refers to a tensor's memory, and faulting
+fresh shared memory in at once."""
 
 from __future__ import annotations
 

@@ -153,7 +153,12 @@ class ShardAwareDistributedSampler(DistributedSampler):
         drop_last: Drop the tail instead of padding (see above).
         window_shards: Shards whose samples are shuffled together. Larger mixes more
             (e.g. class-sorted shards), smaller reads fewer files at once; ``>=`` the shard
-            count is a full shuffle and gives up locality.
+            count is a full shuffle and gives up locality. A remote set's order keeps
+            twice the window in its cache (where the sampler hands samples out and where
+            the loader reads them) and a spare: when its ``cache_limit`` holds fewer
+            shards, the sampler shuffles as many as fit (at least 1) and warns once;
+            :attr:`window_shards` is then that number (the order, the same on every
+            rank, depends on ``cache_limit`` too).
         partition: ``"epoch"`` (default): the ranks split a new global order each epoch,
             the same whatever the world size. ``"fixed"``: each rank keeps the same
             samples every epoch and shuffles them among themselves (order then depends on
@@ -197,8 +202,9 @@ class ShardAwareDistributedSampler(DistributedSampler):
         self.shuffle = shuffle
         self.seed = int(seed)
         self.drop_last = drop_last
-        self.window_shards = window_shards
         self.partition = partition
+        self._window_wanted = window_shards
+        self.window_shards = self._window_for_cache(dataset, window_shards)
         self.epoch = 0
         self._starts = np.concatenate([[0], np.cumsum(self.shard_sizes, dtype=np.int64)])
         total = int(self._starts[-1])
@@ -219,6 +225,40 @@ class ShardAwareDistributedSampler(DistributedSampler):
         self._consumer: Callable[[], Ranges | None] | None = None  # a loader's exact count
         self._consumer_owner: weakref.ref[object] | None = None
         self._started: StartedReadAhead | None = None  # the next iteration's read-ahead
+
+    def _window_for_cache(self, dataset: object, wanted: int) -> int:
+        """``wanted``, or fewer shards when the dataset's capped cache (a remote set) cannot
+        hold the shards a shuffled order keeps in use: the order then reads no shard twice
+        an epoch. A pure function of the set and its ``cache_limit``, so every rank with
+        the same arguments draws the same order."""
+        room: Any = getattr(dataset, "cache_room", None)
+        if room is None or not self.shuffle or self.partition != "epoch":
+            return wanted  # unshuffled, or each rank's own permutation: windows change nothing
+        fitting = int(room.window_shards(wanted))
+        if fitting < wanted:
+            in_use = 2 * fitting + 1
+            outcome = (
+                f"so that the cache holds the {in_use} its order keeps in use"
+                if in_use <= room.shards
+                else f"and even so its order keeps {in_use} in use, more than the cache holds"
+            )
+            warnings.warn(
+                f"cache_limit ({room.limit_bytes} bytes) holds {room.shards} shard"
+                f"{'s' if room.shards > 1 else ''} of the set: the sampler shuffles {fitting} "
+                f"shard{'s' if fitting > 1 else ''} together instead of "
+                f"window_shards={wanted}, {outcome} (those shuffled together where the "
+                "sampler hands samples out, again where the loader reads them, and one "
+                "spare)"
+                + (
+                    " and no shard is downloaded twice an epoch"
+                    if in_use <= room.shards
+                    else ": shards are downloaded more than once an epoch"
+                )
+                + f"; allow {room.bytes_for(wanted)} bytes to shuffle {wanted} together",
+                UserWarning,
+                stacklevel=3,
+            )
+        return fitting
 
     # -- torch Sampler ------------------------------------------------------------------
     def __len__(self) -> int:
@@ -446,11 +486,19 @@ class ShardAwareDistributedSampler(DistributedSampler):
             mine = getattr(self, key)
             _check_type(key, state[key], mine)
             if state[key] != mine:
+                shrunk = (
+                    f" (its cache_limit lets it shuffle {mine} shard{'s' if mine > 1 else ''}"
+                    " together of the "
+                    f"{self._window_wanted} asked for: resume with the cache_limit of the "
+                    "saved run)"
+                    if key == "window_shards" and mine != self._window_wanted
+                    else ""
+                )
                 raise ValueError(
                     f"state was saved with {key}={state[key]!r}, this sampler has "
-                    f"{key}={mine!r}; a mid-epoch resume needs the same dataset (shard "
-                    "layout), world size and sampler settings (seed, shuffle, drop_last, "
-                    "window_shards, partition)"
+                    f"{key}={mine!r}{shrunk}; a mid-epoch resume needs the same dataset "
+                    "(shard layout, cache_limit of a remote set), world size and sampler "
+                    "settings (seed, shuffle, drop_last, window_shards, partition)"
                 )
         epoch = _checked_int("epoch", state["epoch"], 0, _MAX_EPOCH)
         head = _checked_int("num_consumed", state["num_consumed"], 0, self.num_samples)

@@ -13,6 +13,7 @@ from fastdata.errors import OnError
 
 if TYPE_CHECKING:
     from fastdata.decode import Decoder
+    from fastdata.shards.reader import CacheRoom
 
 
 class ShardDataset(BatchedDataset):
@@ -154,6 +155,14 @@ class ShardDataset(BatchedDataset):
         if isinstance(store, ShardStore):
             return store.reader.read_ahead(indices)
         return iter(list(indices))
+
+    @property
+    def cache_room(self) -> CacheRoom | None:
+        """What the cache of a remote set holds (``None``: a local set, or no
+        ``cache_limit``); :class:`ShardAwareDistributedSampler` shuffles no more shards
+        together than it holds twice over, with a spare."""
+        store = self.store
+        return store.reader.cache_room if isinstance(store, ShardStore) else None
 
     @property
     def class_names(self) -> list[str]:

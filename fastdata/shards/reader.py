@@ -7,6 +7,7 @@ import os
 import stat
 import warnings
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +167,36 @@ def _check_attributes(h5: h5py.File, info: ShardInfo) -> None:
             )
 
 
+@dataclass(frozen=True)
+class CacheRoom:
+    """What the capped cache of a remote set holds, counted in its largest shards: what a
+    sampler sizes its order by, so that :meth:`ShardReader.read_ahead` holds every shard
+    the order keeps in use.
+
+    :meth:`ShardReader.read_ahead` holds, besides one spare, the shards in use twice over
+    (where the sampler hands samples out and where the loader reads them, behind it): an
+    order that shuffles ``w`` shards together needs ``2 * w + 1`` shards of room, and the
+    rest of the cache is downloaded ahead.
+    """
+
+    limit_bytes: int
+    shard_bytes: int  # the largest shard
+
+    @property
+    def shards(self) -> int:
+        """Largest shards the limit holds (at least 1: a smaller limit is refused)."""
+        return self.limit_bytes // max(self.shard_bytes, 1)
+
+    def window_shards(self, wanted: int) -> int:
+        """The most shards, at most ``wanted``, an order may shuffle together for the
+        cache to hold them twice and a spare (at least 1)."""
+        return max(1, min(wanted, (self.shards - 1) // 2))
+
+    def bytes_for(self, window_shards: int) -> int:
+        """The limit that holds an order shuffling ``window_shards`` together."""
+        return (2 * window_shards + 1) * self.shard_bytes
+
+
 def _most_at_once(first_use: np.ndarray, last_use: np.ndarray) -> int:
     """The most shards an order reads at once: at some position, shards used before it
     and after it (each shard's first and last position given)."""
@@ -253,6 +284,16 @@ class ShardReader:
         self._warned_small_cache = False
 
     # -- basics ---------------------------------------------------------------------------
+    @property
+    def cache_room(self) -> CacheRoom | None:
+        """What the cache of a remote set holds (``None``: a local set, or no limit):
+        :class:`ShardAwareDistributedSampler` shuffles no more shards together than it
+        holds twice over, with a spare."""
+        limit = getattr(self.files, "limit_bytes", None)
+        if not self.files.remote or limit is None or not self.manifest.shards:
+            return None
+        return CacheRoom(limit, max(info.num_bytes for info in self.manifest.shards))
+
     def __len__(self) -> int:
         return int(self._starts[-1])
 
@@ -396,21 +437,21 @@ class ShardReader:
         # the loader reads a shard after the sampler handed it out, by about the samples of
         # the shards in use: a shard read ahead stays held that long after its last sample
         trailing = at_once * int(counts.max())
-        limit = getattr(self.files, "limit_bytes", None)
-        if limit is not None:
-            largest = max(info.num_bytes for info in self.manifest.shards)
+        cache = self.cache_room
+        if cache is not None:
+            limit, largest = cache.limit_bytes, cache.shard_bytes
             # The loader's processes read the shards in use behind the sampler's position
             # (by about a window: the batches they prefetch), and the sampler holds those
             # of its own position: both are held in the cache. With less room than that,
             # the window is negative: fewer of the shards of the sampler's position are
             # fetched ahead, and the loader downloads the rest when it reads them.
             # (one slot is left free: a reader process may still hold a shard it is done with)
-            room = limit // max(largest, 1) - 2 * at_once - 1
+            room = cache.shards - 2 * at_once - 1
             window = min(window, room)
             if room < 0 and not self._warned_small_cache:
                 self._warned_small_cache = True
                 warnings.warn(
-                    f"cache_limit ({limit} bytes) holds {limit // max(largest, 1)} shards of "
+                    f"cache_limit ({limit} bytes) holds {cache.shards} shards of "
                     f"{self.root}, fewer than the {2 * at_once + 1} this order reads at once "
                     f"({at_once} where the sampler hands samples out, {at_once} where the "
                     "loader reads them, one spare): shards are downloaded more than once an "

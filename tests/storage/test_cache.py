@@ -91,6 +91,15 @@ def _epochs(
     return seen
 
 
+def persistent_loader(
+    dataset: ShardDataset, sampler: ShardAwareDistributedSampler, num_workers: int
+) -> DataLoader:
+    """Batches of 4 from ``sampler``'s order, its workers (forked) kept between epochs."""
+    return DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=num_workers,
+                      collate_fn=passthrough_collate, persistent_workers=num_workers > 0,
+                      multiprocessing_context="fork" if num_workers else None)  # fmt: skip
+
+
 @pytest.mark.parametrize(("num_workers", "shards_in_cache"), [(0, 2), (2, 2), (2, 1)])
 def test_the_limit_holds_at_every_moment_and_every_sample_comes_once(
     bucket: str, tmp_path: Path, proxy: FaultProxy, num_workers: int, shards_in_cache: int
@@ -109,7 +118,7 @@ def test_the_limit_holds_at_every_moment_and_every_sample_comes_once(
     cache = tmp_path / "cache"
     watcher = UsageWatcher(cache)
     dataset = ShardDataset(url, cache_dir=cache, cache_limit=limit)
-    with pytest.warns(UserWarning, match="fewer than the 5 this order reads at once"):
+    with pytest.warns(UserWarning, match="fewer than the 3 this order reads at once"):
         seen = _epochs(dataset, 2, num_workers, window_shards=2, check=check)
     peak = watcher.stop()
     assert sorted(seen) == sorted(list(range(46)) * 2)
@@ -175,9 +184,7 @@ def test_a_cache_that_holds_the_window_downloads_each_shard_once_an_epoch(
     largest = max(info.num_bytes for info in load_manifest(local).shards)
     dataset = ShardDataset(url, cache_dir=tmp_path / "cache", cache_limit=6 * largest)
     sampler = ShardAwareDistributedSampler(dataset, num_replicas=1, rank=0, seed=3, window_shards=2)
-    loader = DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=num_workers,
-                        collate_fn=passthrough_collate, persistent_workers=num_workers > 0,
-                        multiprocessing_context="fork" if num_workers else None)  # fmt: skip
+    loader = persistent_loader(dataset, sampler, num_workers)
     for epoch in range(2):
         proxy.gets.clear()
         sampler.set_epoch(epoch)
@@ -287,24 +294,29 @@ def test_a_reader_holds_only_the_shards_of_the_batch_it_reads(bucket: str, tmp_p
 def test_a_cache_below_what_the_order_reads_at_once_is_warned_about_once(
     bucket: str, tmp_path: Path
 ) -> None:
-    """The sampler reads 4 shards at once: a cache of 5 cannot hold them where the sampler
-    hands them out and where the loader reads them. Every sample still comes once; the
-    user is told (once) why shards are downloaded again, and what to change."""
+    """An order that reads all 8 shards at once (a custom sampler's full shuffle; the
+    shard-aware sampler sizes its own to the cache): a cache of 5 cannot hold them where
+    the order hands them out and where the loader reads them. Every sample still comes
+    once; the user is told (once) why shards are downloaded again, and what to change."""
     local = write_set(tmp_path / "set", (8,) * 8)
     url = upload_folder(bucket, local, "small-cache")
     largest = max(info.num_bytes for info in load_manifest(local).shards)
     dataset = ShardDataset(url, cache_dir=tmp_path / "cache", cache_limit=5 * largest)
+    seen: list[int] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        seen = _epochs(dataset, 2, 0, window_shards=4)
+        for epoch in range(2):
+            order = torch.randperm(64, generator=torch.Generator().manual_seed(epoch)).tolist()
+            for index in dataset.read_ahead(order):
+                seen.extend(dataset.__getitems__([index])[1].tolist())
     assert sorted(seen) == sorted(list(range(64)) * 2)
     messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
     assert len(messages) == 1, messages
     assert messages[0] == (
-        f"cache_limit ({5 * largest} bytes) holds 5 shards of {url}, fewer than the 9 this "
-        "order reads at once (4 where the sampler hands samples out, 4 where the loader "
+        f"cache_limit ({5 * largest} bytes) holds 5 shards of {url}, fewer than the 17 this "
+        "order reads at once (8 where the sampler hands samples out, 8 where the loader "
         "reads them, one spare): shards are downloaded more than once an epoch, in the "
-        f"loader's time; allow at least {10 * largest} bytes, or shuffle fewer shards "
+        f"loader's time; allow at least {18 * largest} bytes, or shuffle fewer shards "
         "together (the sampler's window_shards)"
     )
 

@@ -7,7 +7,9 @@ served by moto's S3 server on 127.0.0.1 (a separate process) behind a proxy that
 ``--workers`` workers and reports, per epoch, images/s; client CPU ms per image (the row's
 process and every process it starts: workers, download helpers; the server and proxy are
 not counted); the cache folder's peak bytes (sampled every 10 ms) against its limit; the
-row's peak RSS; the time to build the dataset; and whether every sample came exactly once.
+row's peak RSS; the time to build the dataset; whether every sample came exactly once; and
+for fastdata's remote rows, the GETs of shard files the epoch made (counted by the proxy)
+and the most of any one shard.
 Each row runs in a process of its own, stopped after ``--row-time-limit`` seconds (then
 recorded as failed, with the epoch and images it had reached), so a run always finishes.
 
@@ -33,12 +35,14 @@ import contextlib
 import multiprocessing
 import os
 import queue
+import re
 import shutil
 import socket
 import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -62,6 +66,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from tests.storage._proxy import FaultProxy
 
 _BUCKET = "fastdata-bench"
+_SHARD_FILE = re.compile(r"/shard-(\d+)\.h5$")  # fastdata's shard files
 
 
 def make_photos(root: Path, count: int) -> Path:
@@ -90,16 +95,33 @@ def _serve(port: int) -> None:
     threading.Event().wait()
 
 
-def _serve_proxy(upstream: str, port_queue: Any, latency_s: float) -> None:
+class _SharedGets(Counter[str]):
+    """The proxy's GET counts, those of fastdata's shard files (``shard-<n>.h5``) also
+    written into ``counts[n]``, shared with the row processes."""
+
+    def __init__(self, counts: Any) -> None:
+        super().__init__()
+        self.counts = counts
+
+    def __setitem__(self, path: str, value: int) -> None:
+        super().__setitem__(path, value)
+        match = _SHARD_FILE.search(path)
+        if match is not None and int(match.group(1)) < len(self.counts):
+            self.counts[int(match.group(1))] += 1
+
+
+def _serve_proxy(upstream: str, port_queue: Any, latency_s: float, counts: Any) -> None:
     proxy = FaultProxy(upstream)
     proxy.latency_s = latency_s
+    proxy.gets = _SharedGets(counts)
     port_queue.put(proxy.port)
     threading.Event().wait()
 
 
 @contextlib.contextmanager
-def s3_server(latency_ms: float) -> Iterator[str]:
-    """An S3 server and a latency proxy, each in its own process; yields the proxy URL."""
+def s3_server(latency_ms: float, counts: Any) -> Iterator[str]:
+    """An S3 server and a latency proxy, each in its own process; yields the proxy URL.
+    The proxy adds each GET of fastdata's shard ``n`` to ``counts[n]`` (shared memory)."""
     context = multiprocessing.get_context("spawn")
     port = _free_port()
     server = context.Process(target=_serve, args=(port,), daemon=True)
@@ -110,7 +132,9 @@ def s3_server(latency_ms: float) -> Iterator[str]:
         time.sleep(0.05)
     ports = context.Queue()
     proxy = context.Process(
-        target=_serve_proxy, args=(f"127.0.0.1:{port}", ports, latency_ms / 1000), daemon=True
+        target=_serve_proxy,
+        args=(f"127.0.0.1:{port}", ports, latency_ms / 1000, counts),
+        daemon=True,
     )
     proxy.start()
     try:
@@ -201,7 +225,7 @@ def fastdata_reader(
     return build_s, (epoch(number) for number in range(2)), len(dataset)
 
 
-def _row_process(spec: dict[str, Any], results: Any, progress: Any) -> None:
+def _row_process(spec: dict[str, Any], results: Any, progress: Any, shard_gets: Any) -> None:
     """One row, in its own process: build, read two epochs, report."""
     # A spawned process inherits "spawn" as its default start method; loaders then start
     # their workers as on Linux by default (forked), not re-importing this script each.
@@ -222,6 +246,7 @@ def _row_process(spec: dict[str, Any], results: Any, progress: Any) -> None:
         rows = []
         for number, batches in enumerate(epochs):
             seen: list[str] = []
+            gets_before = np.asarray(shard_gets[:])
             cpu, clock = tree_cpu_s(), time.perf_counter()
             for keys in batches:
                 seen.extend(keys)
@@ -233,6 +258,10 @@ def _row_process(spec: dict[str, Any], results: Any, progress: Any) -> None:
                 "cpu_ms_per_image": round(1000 * cpu / max(len(seen), 1), 3),
                 "every_sample_once": len(set(seen)) == len(seen) == expected,
             })  # fmt: skip
+            if spec["kind"] == "fastdata" and spec["path"].startswith("s3://"):
+                gets = np.asarray(shard_gets[:]) - gets_before
+                rows[-1]["shard_downloads"] = int(gets.sum())  # GETs of shard files
+                rows[-1]["most_downloads_of_a_shard"] = int(gets.max())
         results.put({"build_s": round(build_s, 3), "epochs": rows})
     except BaseException as exc:  # reported as the row's outcome
         results.put({"failed": f"{type(exc).__name__}: {' '.join(str(exc).split())[-300:]}"})
@@ -241,13 +270,14 @@ def _row_process(spec: dict[str, Any], results: Any, progress: Any) -> None:
     os._exit(0)  # peers' loaders may leave non-daemon threads behind
 
 
-def run_row(spec: dict[str, Any], time_limit_s: float) -> dict[str, Any]:
-    """Run one row in a process of its own, killed after ``time_limit_s``."""
+def run_row(spec: dict[str, Any], time_limit_s: float, shard_gets: Any) -> dict[str, Any]:
+    """Run one row in a process of its own, killed after ``time_limit_s``; ``shard_gets``
+    counts the GETs of each fastdata shard (see :func:`s3_server`)."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     progress = context.Array("i", 2, lock=False)
     cache = spec["cache"]
-    process = context.Process(target=_row_process, args=(spec, results, progress))
+    process = context.Process(target=_row_process, args=(spec, results, progress, shard_gets))
     process.start()
     peaks = Peaks(cache, process.pid)
     outcome: dict[str, Any] | None = None
@@ -277,6 +307,7 @@ def run_row(spec: dict[str, Any], time_limit_s: float) -> dict[str, Any]:
     text = " | ".join(
         f"epoch {i + 1}: {e['images_per_s']:7.0f} img/s, {e['cpu_ms_per_image']:.2f} ms CPU/img"
         + ("" if e["every_sample_once"] else f" (SAMPLES WRONG: {e['images']})")
+        + _downloads_text(e)
         for i, e in enumerate(epochs)
     )
     if "failed" in row:
@@ -289,6 +320,13 @@ def run_row(spec: dict[str, Any], time_limit_s: float) -> dict[str, Any]:
         flush=True,
     )
     return row
+
+
+def _downloads_text(epoch: dict[str, Any]) -> str:
+    if "shard_downloads" not in epoch:
+        return ""
+    most = epoch["most_downloads_of_a_shard"]
+    return f", {epoch['shard_downloads']} shard GETs (at most {most} of one)"
 
 
 def server_ceiling(url: str, num_samples: int, threads: int = 8) -> dict[str, Any]:
@@ -320,7 +358,13 @@ def server_ceiling(url: str, num_samples: int, threads: int = 8) -> dict[str, An
 
 
 def peer_rows(
-    args: argparse.Namespace, local: Path, work: Path, endpoint: str, sizes: tuple[int, int]
+    args: argparse.Namespace,
+    local: Path,
+    work: Path,
+    endpoint: str,
+    sizes: tuple[int, int],
+    *,
+    shard_gets: Any,
 ) -> list[dict[str, Any]]:
     """Peer rows, uncapped and capped; a peer not installed is skipped with one line.
     ``sizes``: the set's sample count and the capped rows' cache limit."""
@@ -354,7 +398,7 @@ def peer_rows(
                 "num_samples": num_samples,
                 "encoding": args.encoding,
             }
-            rows.append(run_row(spec, args.row_time_limit))
+            rows.append(run_row(spec, args.row_time_limit, shard_gets))
     return rows
 
 
@@ -391,7 +435,10 @@ def main() -> None:
         )
         preprocess(photos, local, options, show_progress=False)
         manifest = load_manifest(local)
-        with s3_server(args.latency_ms) as endpoint:
+        shard_gets = multiprocessing.get_context("spawn").Array(
+            "q", len(manifest.shards), lock=False
+        )
+        with s3_server(args.latency_ms, shard_gets) as endpoint:
             os.environ.update(
                 AWS_ENDPOINT_URL=endpoint,
                 AWS_ACCESS_KEY_ID="bench",
@@ -412,36 +459,20 @@ def main() -> None:
             own = {"kind": "fastdata", "workers": args.workers, "limit": None, "cache": None,
                    "window_shards": args.window_shards, "encoding": args.encoding}  # fmt: skip
             tag = row_suffix(args.encoding)
-            rows = (
-                []
-                if args.only and "fastdata" not in args.only
-                else [
-                    run_row(
-                        {**own, "name": "local" + tag, "path": str(local)}, args.row_time_limit
-                    ),
-                    run_row(
-                        {
-                            **own,
-                            "name": "fastdata-s3" + tag,
-                            "path": url,
-                            "cache": work / "cache-full",
-                        },
-                        args.row_time_limit,
-                    ),
-                    run_row(
-                        {
-                            **own,
-                            "name": "fastdata-s3-capped" + tag,
-                            "path": url,
-                            "limit": quarter,
-                            "cache": work / "cache-q",
-                        },
-                        args.row_time_limit,
-                    ),
-                ]
-            )
+            rows = []
+            if not args.only or "fastdata" in args.only:
+                remote = {**own, "path": url}
+                for spec in (
+                    {**own, "name": "local" + tag, "path": str(local)},
+                    {**remote, "name": "fastdata-s3" + tag, "cache": work / "cache-full"},
+                    {**remote, "name": "fastdata-s3-capped" + tag, "limit": quarter,
+                     "cache": work / "cache-q"},
+                ):  # fmt: skip
+                    rows.append(run_row(spec, args.row_time_limit, shard_gets))
             rows.append(ceiling)
-            rows += peer_rows(args, local, work, endpoint, (manifest.num_samples, quarter))
+            rows += peer_rows(
+                args, local, work, endpoint, (manifest.num_samples, quarter), shard_gets=shard_gets
+            )
         topic = "storage" + row_suffix(args.encoding)
         save(topic, {"settings": vars(args), "rows": rows}, publish=args.publish)
     finally:

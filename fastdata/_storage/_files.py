@@ -66,6 +66,10 @@ class ShardFiles:
     def release_prefetched(self, sha256: str) -> None:
         """The shard :meth:`prefetch` got is used: let it go (nothing for local files)."""
 
+    def warm(self, file: str, num_bytes: int, sha256: str) -> None:
+        """Start getting the shard into a cache without holding it there (nothing to do
+        for local files)."""
+
     def read_bytes(self, file: str) -> bytes:
         """The file's whole current content, unchecked and uncached (for verification).
 
@@ -139,18 +143,34 @@ class CachedFiles(ShardFiles):
         The shard stays held (no process evicts it) until :meth:`release_prefetched`: a
         shard read ahead is never evicted before its use.
         """
-        if self._pid != os.getpid():  # forked: the parent's threads and lock are not here
-            self._prefetching, self._pool, self._pid = {}, None, os.getpid()
-            self._lock = threading.Lock()
+        self._check_process()
         with self._lock:
             if sha256 in self._prefetching:
                 future, count = self._prefetching[sha256]
                 self._prefetching[sha256] = (future, count + 1)
                 return
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(_PREFETCH_THREADS, "fastdata-prefetch")
-            shard = self._shard(file, num_bytes, sha256)
-            self._prefetching[sha256] = (self._pool.submit(self._prefetch, shard), 1)
+            future = self._submit(self._shard(file, num_bytes, sha256))
+            self._prefetching[sha256] = (future, 1)
+
+    def warm(self, file: str, num_bytes: int, sha256: str) -> None:
+        """Download the shard into the cache in a background thread, as :meth:`prefetch`,
+        and let it go once there (an order not iterated yet holds nothing: the cache may
+        evict it, least recently used last)."""
+        self._check_process()
+        with self._lock:
+            future = self._submit(self._shard(file, num_bytes, sha256))
+        future.add_done_callback(_release_result)
+
+    def _check_process(self) -> None:
+        if self._pid != os.getpid():  # forked: the parent's threads and lock are not here
+            self._prefetching, self._pool, self._pid = {}, None, os.getpid()
+            self._lock = threading.Lock()
+
+    def _submit(self, shard: RemoteShard) -> Future[HeldShard | None]:
+        """A download of ``shard`` into the cache in a background thread (under ``_lock``)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(_PREFETCH_THREADS, "fastdata-prefetch")
+        return self._pool.submit(self._prefetch, shard)
 
     def release_prefetched(self, sha256: str) -> None:
         """Let the cache evict the shard :meth:`prefetch` holds (once its download ends),

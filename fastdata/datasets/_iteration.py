@@ -128,7 +128,8 @@ class StartedReadAhead:
     set download while the loader starts its worker processes and they draw their first
     batches (they were fetched only once the workers had started, 0.3-0.5 s later). The
     iteration takes it over when its order is this one (``key``: the epoch and the resumed
-    positions), else it is closed."""
+    positions), else it is closed. Its first step only downloads (``read_ahead`` holds
+    the shards from its second step on): one never iterated keeps nothing in the cache."""
 
     def __init__(
         self, key: tuple[int, str], indices: np.ndarray, stream: Generator[int, None, None]

@@ -423,7 +423,10 @@ class ShardReader:
         fetched ahead. A shard read ahead stays held in the cache,
         never evicted, until the order has handed out its last sample and about as many
         samples as the shards in use hold (the loader reads behind the sampler): the
-        shards that remain held at the end are let go when the generator is closed.
+        shards that remain held at the end are let go when the generator is closed. The
+        first step (a sampler starts it at ``set_epoch``, before the loader iterates)
+        only downloads: the shards are held from the second step on, so an order that is
+        started and never iterated keeps nothing from eviction.
         """
         array = np.asarray(indices, dtype=np.int64)
         if not self.files.remote or array.size == 0:
@@ -470,15 +473,25 @@ class ShardReader:
             last_at[shard] = int(last)
         fetched = 0
         pending: set[str] = set()  # held by a prefetch of this order, not released yet
+        warmed: list[int] = []  # shards the first step downloaded without holding them
         try:
             for position, index in enumerate(array.tolist()):
+                if position == 1:  # the order is iterated: hold what its first step got
+                    for shard in warmed:
+                        info = self.manifest.shards[shard]
+                        self.files.prefetch(info.file, info.num_bytes, info.sha256)
+                        pending.add(info.sha256)
                 # the shards in use now and `window` more (fewer when the window is negative)
                 due = min(len(order), int(np.searchsorted(starts, position, "right")) + window)
                 while fetched < due:
                     if last_at[order[fetched]] >= position:  # not all handed out already
                         info = self.manifest.shards[order[fetched]]
-                        self.files.prefetch(info.file, info.num_bytes, info.sha256)
-                        pending.add(info.sha256)
+                        if position == 0:
+                            self.files.warm(info.file, info.num_bytes, info.sha256)
+                            warmed.append(order[fetched])
+                        else:
+                            self.files.prefetch(info.file, info.num_bytes, info.sha256)
+                            pending.add(info.sha256)
                     fetched += 1
                 for sha256 in done_at.get(position, ()):  # read by the loader by now
                     if sha256 in pending:

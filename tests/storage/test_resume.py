@@ -3,6 +3,8 @@ run would have seen, without downloading again what the cache holds."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 from pathlib import Path
 from typing import Any
 
@@ -66,12 +68,16 @@ def test_downloads_start_before_the_workers_and_each_shard_comes_once(
     local = write_set(tmp_path / "set")
     url = upload_folder(bucket, local, "early")
     expected = [labels.tolist() for _, labels in _loader(ShardDataset(local), 2)]
-    asked: list[str] = []
-    prefetch = CachedFiles.prefetch
+    asked: list[str] = []  # shards asked for ahead of their use: held or not
+    prefetch, warm = CachedFiles.prefetch, CachedFiles.warm
 
     def counted(self: CachedFiles, file: str, num_bytes: int, sha256: str) -> None:
         asked.append(file)
         prefetch(self, file, num_bytes, sha256)
+
+    def counted_warm(self: CachedFiles, file: str, num_bytes: int, sha256: str) -> None:
+        asked.append(file)
+        warm(self, file, num_bytes, sha256)
 
     asked_when_workers_start: list[list[str]] = []
     owner = ResumableDataLoader if kind == "dataset.loader" else DataLoader
@@ -82,6 +88,7 @@ def test_downloads_start_before_the_workers_and_each_shard_comes_once(
         return get_iterator(self)
 
     monkeypatch.setattr(CachedFiles, "prefetch", counted)
+    monkeypatch.setattr(CachedFiles, "warm", counted_warm)
     monkeypatch.setattr(owner, "_get_iterator", starting_workers)
     dataset = ShardDataset(url, cache_dir=tmp_path / "cache")
     if kind == "dataset.loader":
@@ -121,3 +128,33 @@ def test_a_started_read_ahead_is_dropped_when_the_order_changes(
     files = dataset.store.reader.files
     assert isinstance(files, CachedFiles)
     assert files._prefetching == {}  # every prefetch released
+
+
+def test_a_sampler_started_and_never_iterated_holds_no_shard(
+    bucket: str, tmp_path: Path, proxy: FaultProxy
+) -> None:
+    """``set_epoch`` starts downloading the epoch's first shards without holding them: a
+    sampler never iterated (a loader built and left aside, a framework that calls
+    ``set_epoch`` on every sampler) keeps nothing in the cache from eviction. Its
+    iteration then holds them, and downloads none of them again."""
+    local = write_set(tmp_path / "set")
+    url = upload_folder(bucket, local, "idle")
+    expected = [labels.tolist() for _, labels in _loader(ShardDataset(local), 0)]
+    cache = tmp_path / "cache"
+    dataset = ShardDataset(url, cache_dir=cache)
+    loader = _loader(dataset, 0)  # set_epoch(1): the read-ahead started
+    files = dataset.store.reader.files
+    assert isinstance(files, CachedFiles) and files._pool is not None
+    files._pool.shutdown(wait=True)  # its downloads are done, and what follows them
+    files._pool = None
+    shards = sorted(cache.glob("*.h5"))
+    assert len(shards) == 5
+    for path in shards:  # no process holds a shared lock on it: the cache may evict it
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    assert files._prefetching == {}
+    assert [labels.tolist() for _, labels in loader] == expected
+    assert sorted(n for p, n in proxy.gets.items() if p.endswith(".h5")) == [1] * 5

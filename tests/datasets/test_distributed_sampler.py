@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from fastdata.datasets import RAMDataset, ShardDataset, passthrough_collate
 from fastdata.datasets.distributed import ShardAwareDistributedSampler, shard_sizes_of
 from fastdata.shards import FieldSpec, Manifest, ShardReader, ShardWriter, save_manifest
+from fastdata.shards.reader import CacheRoom
 from tests.datasets.conftest import Reference
 
 SIZES = [7, 3, 10, 0, 5, 9, 4, 6, 8, 2]  # 54 samples, uneven shards, one empty
@@ -222,3 +224,53 @@ def test_fastdata_datasets_work_with_torch_distributed_sampler(raw_shards: Refer
             loader = DataLoader(dataset, 4, sampler=sampler, collate_fn=passthrough_collate)
             seen += [int(label) for batch in loader for label in batch]
         assert sorted(seen) == sorted(raw_shards.labels.tolist())
+
+
+class _CappedSet:
+    """What the sampler reads of a remote set behind a cache holding ``shards`` of its
+    largest shards (100 bytes each)."""
+
+    def __init__(self, shards: int) -> None:
+        self.shard_sizes = SIZES
+        self.cache_room = CacheRoom(limit_bytes=shards * 100 + 99, shard_bytes=100)
+
+
+@pytest.mark.parametrize(
+    ("shards", "window"), [(1, 1), (2, 1), (3, 1), (4, 1), (5, 2), (6, 2), (7, 3), (8, 3), (9, 4)]
+)
+def test_the_window_shrinks_to_twice_what_the_cache_holds_with_a_spare(
+    shards: int, window: int
+) -> None:
+    """The cache keeps twice the shards shuffled together and a spare: 2w + 1 <= shards
+    (at least one); the order is then exactly the one asked with that window, on every
+    rank."""
+    capped = _CappedSet(shards)
+    if window < 4:
+        with pytest.warns(UserWarning, match=rf"holds {shards} shards? of the set: the "
+                          rf"sampler shuffles {window} shards? together instead of "
+                          r"window_shards=4"):  # fmt: skip
+            samplers = [ShardAwareDistributedSampler(capped, 3, r, seed=4) for r in range(3)]
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            samplers = [ShardAwareDistributedSampler(capped, 3, r, seed=4) for r in range(3)]
+    for rank, sampler in enumerate(samplers):
+        assert sampler.window_shards == window
+        asked = ShardAwareDistributedSampler(SIZES, 3, rank, seed=4, window_shards=window)
+        assert sampler.rank_indices(2).tolist() == asked.rank_indices(2).tolist()
+
+
+def test_a_cache_below_three_shards_says_shards_come_again() -> None:
+    with pytest.warns(UserWarning, match=r"even so its order keeps 3 in use, more than the "
+                      r"cache holds .*: shards are downloaded more than once an epoch; allow "
+                      r"900 bytes to shuffle 4 together$"):  # fmt: skip
+        ShardAwareDistributedSampler(_CappedSet(2), 1, 0)
+
+
+@pytest.mark.parametrize("settings", [{"shuffle": False}, {"partition": "fixed"}])
+def test_an_order_without_shuffled_windows_keeps_its_window(settings: dict[str, object]) -> None:
+    """Unshuffled, or each rank permuting its own samples: the window shapes no reads."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sampler = ShardAwareDistributedSampler(_CappedSet(2), 1, 0, **settings)  # type: ignore[arg-type]
+    assert sampler.window_shards == 4

@@ -272,9 +272,13 @@ class RandomHorizontalFlip(GeometricTransform):
         """Probability that a sample is flipped."""
         return self.op.p
 
+    def flips(self, count: int) -> np.ndarray:
+        """Which of ``count`` samples are flipped, ``(count,)`` bool, from this
+        transform's draws."""
+        return self.op.flips(self.uniform(count, self.op.draws_per_sample))
+
     def geometry(self, heights: np.ndarray, widths: np.ndarray, batch: FieldBatch) -> Geometry:
-        draws = self.uniform(len(heights), self.op.draws_per_sample)
-        return Geometry.identity(heights, widths, self.op.flips(draws))
+        return Geometry.identity(heights, widths, self.flips(len(heights)))
 
 
 class _ThenFlip(GeometricTransform):
@@ -302,8 +306,7 @@ class _ThenFlip(GeometricTransform):
 
     def geometry(self, heights: np.ndarray, widths: np.ndarray, batch: FieldBatch) -> Geometry:
         geometry = self.first.geometry(heights, widths, batch)
-        sizes = geometry.out_sizes
-        flips = self.flip.geometry(sizes[:, 0], sizes[:, 1], batch).flips
+        flips = self.flip.flips(len(heights))
         return dataclasses.replace(geometry, flips=geometry.flips ^ flips)
 
     def fold(self, following: object) -> GeometricTransform | None:

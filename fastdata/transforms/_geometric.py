@@ -292,17 +292,34 @@ class _ThenFlip(GeometricTransform):
         # no description or draws of its own: its steps hold them
         self.first, self.flip = first, flip
         self.op = first.op
-        self.interpolation = first.interpolation
-        self.min_box_size = first.min_box_size
-        self.min_box_visibility = first.min_box_visibility
         self.min_input_side = first.min_input_side
         self.in_place = first.in_place
         self.keeps_size = first.keeps_size
         self.writes_out = first.writes_out
         self.moves_pixels = True
+        self._follow_first()
+
+    def _follow_first(self) -> None:
+        """Take the first step's kernel and box settings (a caller may change them)."""
+        self.interpolation = self.first.interpolation
+        self.min_box_size = self.first.min_box_size
+        self.min_box_visibility = self.first.min_box_visibility
 
     def output_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
         return self.first.output_size(size)
+
+    def apply_batch(
+        self,
+        batch: FieldBatch,
+        executor: Executor | None = None,
+        tasks: int = 1,
+        out: np.ndarray | None = None,
+    ) -> FieldBatch:
+        self._follow_first()
+        if not self.flip.min_box_size <= self.min_box_size:  # changed since: two steps
+            batch = self.first.apply_batch(batch, executor, tasks, out)
+            return self.flip.apply_batch(batch, executor, tasks)
+        return super().apply_batch(batch, executor, tasks, out)
 
     def geometry(self, heights: np.ndarray, widths: np.ndarray, batch: FieldBatch) -> Geometry:
         geometry = self.first.geometry(heights, widths, batch)

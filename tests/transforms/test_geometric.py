@@ -251,3 +251,28 @@ def test_steps_that_do_not_fold_run_one_after_the_other() -> None:
     folded = Compose([RandomResizedCrop(24), RandomHorizontalFlip()])
     assert len(folded.transforms) == 2 and " then " in repr(folded._steps[0])
     assert folded.output_size((40, 36)) == (24, 24) and folded.writes_out
+
+
+def test_a_folded_step_follows_settings_changed_after_compose() -> None:
+    """The crop's kernel and box settings changed once the Compose is built still apply;
+    a flip made stricter than the crop then runs as its own step (the same result as the
+    two steps)."""
+    crop, flip = RandomResizedCrop(24, seed=1), RandomHorizontalFlip(seed=2)
+    folded = Compose([crop, flip])
+    crop.interpolation = cv2.INTER_NEAREST
+    reference = RandomResizedCrop(24, interpolation=cv2.INTER_NEAREST, seed=1)
+    want = RandomHorizontalFlip(seed=2)(reference(_fields(3)))
+    np.testing.assert_array_equal(folded(_fields(3))["image"], want["image"])
+    crop, flip = RandomResizedCrop(24, seed=1), RandomHorizontalFlip(seed=2)
+    folded = Compose([crop, flip])
+    flip.min_box_size = 6.0
+    strict = RandomHorizontalFlip(seed=2)
+    strict.min_box_size = 6.0
+    cropped = RandomResizedCrop(24, seed=1)(_fields(3))
+    cropped_boxes = sum(map(len, cropped["boxes"]))
+    want = strict(cropped)
+    got = folded(_fields(3))
+    np.testing.assert_array_equal(got["image"], want["image"])
+    assert sum(map(len, got["boxes"])) < cropped_boxes  # the flip's rule dropped some
+    for got_rows, want_rows in zip(got["boxes"], want["boxes"], strict=True):
+        np.testing.assert_array_equal(got_rows, want_rows)

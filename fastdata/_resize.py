@@ -39,6 +39,10 @@ _CENTRE_TAP = np.array([[0.0], [1.0], [0.0]], np.float32)
 # Below this weight of each outer tap (shrinks under ~1.33x) the filter would move a pixel
 # by at most about a level of 255: it is skipped, and the axis is sampled bilinearly.
 _SMALLEST_OUTER_TAP = 1 / 256
+# Shrinks up to this one have outer taps under that weight (the bound is at ~1.334x): no
+# filter, decided without making the Gaussian (the taps' cache, keyed by the shrink, misses
+# for nearly every random crop).
+_NEVER_FILTERED_UP_TO = 1.3
 _scratch = threading.local()  # per thread: the filtered source of resize_center_crop
 
 
@@ -54,6 +58,8 @@ def _low_pass_taps(scale: float) -> np.ndarray:
 
 def _filters(scale_x: float, scale_y: float) -> bool:
     """Whether a shrink by ``(scale_x, scale_y)`` (under 2x) is low-pass filtered."""
+    if max(scale_x, scale_y) <= _NEVER_FILTERED_UP_TO:  # most crops: no Gaussian to make
+        return False
     return (
         _low_pass_taps(scale_x) is not _IDENTITY_TAP or _low_pass_taps(scale_y) is not _IDENTITY_TAP
     )

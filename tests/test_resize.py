@@ -190,3 +190,17 @@ def test_a_low_pass_along_rows_only_gives_the_one_tap_column_filters_values() ->
             image, -1, taps, np.ones((1, 1), np.float32), borderType=cv2.BORDER_REFLECT_101
         )
         np.testing.assert_array_equal(kernel._low_pass(image, scale_x, 1.1, None), expected)
+
+
+def test_shrinks_up_to_1_3x_are_known_unfiltered_without_making_the_gaussian() -> None:
+    """The shortcut for small shrinks decides as the taps do, on both sides of it."""
+    import fastdata._resize as kernel  # noqa: PLC0415 - its private decision is checked
+
+    scales = np.concatenate([np.linspace(0.2, 1.4, 241), [kernel._NEVER_FILTERED_UP_TO]])
+    for scale_x in scales.tolist():
+        for scale_y in (0.5, 1.0, 1.2, 1.3, 1.34, 1.5):
+            by_taps = (
+                kernel._low_pass_taps(scale_x) is not kernel._IDENTITY_TAP
+                or kernel._low_pass_taps(scale_y) is not kernel._IDENTITY_TAP
+            )
+            assert kernel._filters(scale_x, scale_y) == by_taps, (scale_x, scale_y)

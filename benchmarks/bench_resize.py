@@ -6,8 +6,9 @@ encoded as JPEG (quality 90) in RAM. Two measurements, back to back in one run:
 
 - kernels: milliseconds per image of ``Resize(256)`` (shorter side to 256) with OpenCV
   ``INTER_AREA``, ``INTER_LINEAR`` (no antialiasing), fastdata's antialiased kernel
-  (``fastdata._resize``: 3-tap low-pass + bilinear, area from 2x) and PIL's antialiased
-  bilinear, with each one's mean absolute difference from PIL's (levels of 255);
+  (``fastdata._resize``: 3-tap low-pass + bilinear, area from 2.75x or at whole factors
+  from 2x) and PIL's antialiased bilinear, with each one's mean absolute difference from
+  PIL's (levels of 255);
 - loaders: images/s of ``RAMDataset`` + ``Resize(256)`` + ``CenterCrop(224)`` with the
   default kernel and with ``interpolation=INTER_AREA``, and of the bound: simplejpeg
   decode + bilinear resize to 256 + centre crop 224, in a plain loop; reported as ratios

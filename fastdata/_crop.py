@@ -176,7 +176,8 @@ def random_boxes(
     top, left = placed(heights, widths, box_h, box_w, draws[:, -2:])
     boxes = np.stack([top, left, box_h, box_w], axis=1)
     missed = ~fits.any(axis=1)
-    boxes[missed] = largest_centered_boxes(heights[missed], widths[missed], ratio)
+    if missed.any():  # rare: most batches have no image without a fitting try
+        boxes[missed] = largest_centered_boxes(heights[missed], widths[missed], ratio)
     return boxes
 
 

@@ -59,6 +59,10 @@ def soft_targets(
     return targets.scatter_(1, index, 1.0 - smoothing + off)
 
 
+# Blend weights that take all of one image (an unmixed sample, a lam drawn at an end):
+# OpenCV's blend gives exactly that image's bytes, here copied or handed on without it.
+_WHOLE_WEIGHTS = (0.0, 1.0)
+
 # CPU tensors of these dtypes have a NumPy view.
 NUMPY_DTYPES = (torch.uint8, torch.float16, torch.float32, torch.float64)
 
@@ -125,9 +129,11 @@ def mixed_images(images: torch.Tensor, plan: MixPlan, layout: str) -> ImageSourc
     weights = plan.lam.tolist()
 
     def blended(k: int) -> np.ndarray:  # as _blend: OpenCV's rounding, pixels x channels
+        weight = weights[k]
+        if weight in _WHOLE_WEIGHTS:  # all of one image: that image, as it is
+            return memory[k] if weight == 1.0 else memory[count - 1 - k]
         pixels = (-1, memory.shape[-1])
         own, partner = memory[k].reshape(pixels), memory[count - 1 - k].reshape(pixels)
-        weight = weights[k]
         cv2.addWeighted(own, weight, partner, 1.0 - weight, 0.0, buffer.reshape(pixels))
         return buffer
 
@@ -190,7 +196,10 @@ def _blend(images: torch.Tensor, lam: np.ndarray) -> torch.Tensor:
             out = np.empty_like(source)
             for i, weight in enumerate(lam.tolist()):
                 partner = source[count - 1 - i]
-                cv2.addWeighted(source[i], weight, partner, 1.0 - weight, 0.0, out[i])
+                if weight in _WHOLE_WEIGHTS:  # the blend's bytes, copied
+                    out[i] = source[i] if weight == 1.0 else partner
+                else:
+                    cv2.addWeighted(source[i], weight, partner, 1.0 - weight, 0.0, out[i])
             mixed = torch.from_numpy(out).view(memory.shape)
             return mixed.view(restore) if restore is not None else mixed.permute(0, 3, 1, 2)
     shape = (-1,) + (1,) * (images.dim() - 1)

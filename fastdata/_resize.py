@@ -1,17 +1,19 @@
 """The one antialiased resize kernel of uint8 images: preprocessing and the CPU
 transforms (``Resize``, ``RandomResizedCrop``) use it.
 
-An axis that shrinks by less than 2x (what is left after a JPEG's reduced-size decode, and
-the usual ``Resize(256)`` of a photo) gets a 3-tap Gaussian low-pass whose sigma is 0.9
-times the shrink less one (OpenCV's separable float filter, faster than its bit-exact
-``GaussianBlur``; skipped under ~1.33x, where it would move pixels by about a level), then
-bilinear sampling; a shrink of 2x or more is area-averaged; an image that grows is sampled
-bilinearly. Chosen by measurement (``benchmarks/bench_resize.py``; the figures are in
+An axis that shrinks (what is left after a JPEG's reduced-size decode, the usual
+``Resize(256)`` of a photo, a random crop of a photo resized to 224) gets a 3-tap Gaussian
+low-pass whose sigma is 0.9 times the shrink less one (OpenCV's separable float filter,
+faster than its bit-exact ``GaussianBlur``; skipped under ~1.33x, where it would move
+pixels by about a level), then bilinear sampling; a shrink of 2.75x or more, or of a whole
+factor from 2x on both axes, is area-averaged; an image that grows is sampled bilinearly.
+Chosen by measurement (``benchmarks/bench_resize.py``; the figures are in
 docs/benchmarks.md): OpenCV's ``INTER_AREA`` takes a slow generic path at non-integer
-factors, plain ``INTER_LINEAR`` aliases, and PIL's antialiased bilinear is slower
-still. Its pixels differ from PIL's antialiased bilinear resize by 1.1 levels of 255 on
-average (mean absolute difference) at ``Resize(256)`` of 500x375 photos, and within 3
-levels at every tested factor (``tests/test_resize.py``).
+factors (2-3x the low-pass and bilinear at 2-2.75x, which is also closer to PIL there),
+plain ``INTER_LINEAR`` aliases, and PIL's antialiased bilinear is slower still. Its pixels
+differ from PIL's antialiased bilinear resize by 1.1 levels of 255 on average (mean
+absolute difference) at ``Resize(256)`` of 500x375 photos, and within 3 levels at every
+tested factor (``tests/test_resize.py``).
 """
 
 from __future__ import annotations
@@ -23,11 +25,24 @@ import cv2
 import numpy as np
 
 _SIGMA_PER_EXTRA_SCALE = 0.9
-_AREA_FROM_SCALE = 2.0
+# From this shrink the 3-tap low-pass no longer keeps up with PIL's wider filter: area
+# averaging is closer (below it, about 2.9x on photos, the low-pass is closer and 2-3x
+# cheaper than OpenCV's area resize at a non-integer factor).
+_AREA_FROM_SCALE = 2.75
+# Whole factors from this on both axes take OpenCV's fast area path (several times the
+# low-pass's speed).
+_WHOLE_AREA_FROM_SCALE = 2
 _IDENTITY_TAP = np.ones((1, 1), np.float32)
+# A column kernel that keeps each row: the same values as _IDENTITY_TAP, but OpenCV's
+# separable filter with a 1-tap column kernel takes a path about twice as slow.
+_CENTRE_TAP = np.array([[0.0], [1.0], [0.0]], np.float32)
 # Below this weight of each outer tap (shrinks under ~1.33x) the filter would move a pixel
 # by at most about a level of 255: it is skipped, and the axis is sampled bilinearly.
 _SMALLEST_OUTER_TAP = 1 / 256
+# Shrinks up to this one have outer taps under that weight (the bound is at ~1.334x): no
+# filter, decided without making the Gaussian (the taps' cache, keyed by the shrink, misses
+# for nearly every random crop).
+_NEVER_FILTERED_UP_TO = 1.3
 _scratch = threading.local()  # per thread: the filtered source of resize_center_crop
 
 
@@ -43,8 +58,25 @@ def _low_pass_taps(scale: float) -> np.ndarray:
 
 def _filters(scale_x: float, scale_y: float) -> bool:
     """Whether a shrink by ``(scale_x, scale_y)`` (under 2x) is low-pass filtered."""
+    if max(scale_x, scale_y) <= _NEVER_FILTERED_UP_TO:  # most crops: no Gaussian to make
+        return False
     return (
         _low_pass_taps(scale_x) is not _IDENTITY_TAP or _low_pass_taps(scale_y) is not _IDENTITY_TAP
+    )
+
+
+def _area_averaged(height: int, width: int, out_height: int, out_width: int) -> bool:
+    """Whether ``(height, width)`` resized to ``(out_height, out_width)`` is area-averaged:
+    a shrink by :data:`_AREA_FROM_SCALE` or more on an axis, or by whole factors of at
+    least :data:`_WHOLE_AREA_FROM_SCALE` on both."""
+    scale_x, scale_y = width / out_width, height / out_height
+    if max(scale_x, scale_y) >= _AREA_FROM_SCALE:
+        return True
+    # (a remainder of 0 also means the axis does not grow)
+    return (
+        max(scale_x, scale_y) >= _WHOLE_AREA_FROM_SCALE
+        and width % out_width == 0
+        and height % out_height == 0
     )
 
 
@@ -52,11 +84,12 @@ def _low_pass(
     source: np.ndarray, scale_x: float, scale_y: float, dst: np.ndarray | None
 ) -> np.ndarray:
     """``source`` (2-D, or 3-D with channels) filtered by the low-pass of the shrinks."""
+    taps_y = _low_pass_taps(scale_y)
     return cv2.sepFilter2D(
         source,
         -1,
         _low_pass_taps(scale_x),
-        _low_pass_taps(scale_y),
+        _CENTRE_TAP if taps_y is _IDENTITY_TAP else taps_y,
         dst=dst,
         borderType=cv2.BORDER_REFLECT_101,
     )
@@ -95,7 +128,7 @@ def resize_image(
     h, w = image.shape[:2]
     scale_x, scale_y = w / width, h / height
     source, dst = _plane(image), None if out is None else _plane(out)
-    if max(scale_x, scale_y) >= _AREA_FROM_SCALE:
+    if _area_averaged(h, w, height, width):
         interpolation = cv2.INTER_AREA
     else:
         interpolation = cv2.INTER_LINEAR
@@ -137,7 +170,7 @@ def resize_center_crop(
     top, left, box_h, box_w = box
     scale_y, scale_x = h / resized_h, w / resized_w
     source = image
-    if max(scale_x, scale_y) < _AREA_FROM_SCALE and _filters(scale_x, scale_y):
+    if not _area_averaged(h, w, resized_h, resized_w) and _filters(scale_x, scale_y):
         # cv2.resize samples source row (i + 0.5) * scale - 0.5 and the next one; the
         # 3-tap filter reads one more on each side
         first_y = max(int((top + 0.5) * scale_y - 0.5) - 2, 0)

@@ -350,14 +350,17 @@ class Compose(BatchTransform):
             if transform.min_input_side is not None or not transform.keeps_size:
                 self.min_input_side = transform.min_input_side
                 break
+        # What runs: the transforms, a step folded with the one after it where it offers
+        # (a crop and the flip after it: one geometry, each flip made while in cache).
+        self._steps = _folded(self.transforms)
         # `out` goes to the last step that writes one when every later step keeps the size
         # (a flip after a crop flips `out` in place).
         self._out_step: int | None = None
-        for index in reversed(range(len(self.transforms))):
-            if self.transforms[index].writes_out:
+        for index in reversed(range(len(self._steps))):
+            if self._steps[index].writes_out:
                 self._out_step = index
                 break
-            if not self.transforms[index].keeps_size:
+            if not self._steps[index].keeps_size:
                 break
         self.writes_out = self._out_step is not None
 
@@ -367,7 +370,7 @@ class Compose(BatchTransform):
         return size
 
     def apply(self, images: Images, executor: Executor | None, tasks: int) -> Images:
-        for transform in self.transforms:
+        for transform in self._steps:
             images = transform.apply(images, executor, tasks)
         return images
 
@@ -378,7 +381,7 @@ class Compose(BatchTransform):
         tasks: int = 1,
         out: np.ndarray | None = None,
     ) -> FieldBatch:
-        for index, transform in enumerate(self.transforms):
+        for index, transform in enumerate(self._steps):
             given = out if out is not None and index == self._out_step else None
             batch = transform.apply_batch(batch, executor, tasks, given)
         return batch
@@ -392,7 +395,7 @@ class Compose(BatchTransform):
         out: np.ndarray | None = None,
     ) -> tuple[Images, list[Images]]:
         moved = list(masks)
-        for index, transform in enumerate(self.transforms):
+        for index, transform in enumerate(self._steps):
             if out is not None and index == self._out_step:
                 images, moved = transform.apply_all(images, moved, executor, tasks, out=out)
             else:
@@ -401,3 +404,17 @@ class Compose(BatchTransform):
 
     def __repr__(self) -> str:
         return f"Compose({self.transforms!r})"
+
+
+def _folded(transforms: Sequence[BatchTransform]) -> list[BatchTransform]:
+    """``transforms`` with each one folded into the step before it where that step's
+    ``fold`` offers one step for both (the same result)."""
+    steps: list[BatchTransform] = []
+    for transform in transforms:
+        fold = getattr(steps[-1], "fold", None) if steps else None
+        folded = fold(transform) if fold is not None else None
+        if folded is not None:
+            steps[-1] = folded
+        else:
+            steps.append(transform)
+    return steps

@@ -8,6 +8,7 @@ move every field by its role from it (images, masks, boxes).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from concurrent.futures import Executor
 
@@ -89,6 +90,21 @@ class GeometricTransform(OpTransform):
                 )
         geometry = self.geometry(heights, widths, batch)
         return apply_geometry(self, batch, geometry, executor=executor, tasks=tasks, out=out)
+
+    def fold(self, following: object) -> GeometricTransform | None:
+        """This transform and a :class:`RandomHorizontalFlip` that follows it as one step
+        (:class:`~fastdata.transforms.Compose` runs it): the same draws and the same
+        result, with each flip made right after its sample's resize, while the sample is
+        in cache, instead of in a second pass over the batch. ``None`` where the two do
+        not fold (another transform, or one that keeps boxes the flip would drop)."""
+        if (
+            type(following) is not RandomHorizontalFlip
+            or isinstance(self, RandomHorizontalFlip)  # two mirrors of a box: W - (W - x)
+            or type(self).apply_batch is not GeometricTransform.apply_batch
+            or not following.min_box_size <= self.min_box_size
+        ):
+            return None
+        return _ThenFlip(self, following)
 
     def apply_all(
         self,
@@ -256,6 +272,62 @@ class RandomHorizontalFlip(GeometricTransform):
         """Probability that a sample is flipped."""
         return self.op.p
 
+    def flips(self, count: int) -> np.ndarray:
+        """Which of ``count`` samples are flipped, ``(count,)`` bool, from this
+        transform's draws."""
+        return self.op.flips(self.uniform(count, self.op.draws_per_sample))
+
     def geometry(self, heights: np.ndarray, widths: np.ndarray, batch: FieldBatch) -> Geometry:
-        draws = self.uniform(len(heights), self.op.draws_per_sample)
-        return Geometry.identity(heights, widths, self.op.flips(draws))
+        return Geometry.identity(heights, widths, self.flips(len(heights)))
+
+
+class _ThenFlip(GeometricTransform):
+    """A geometric transform followed by a horizontal flip, as one geometry: the first's
+    draw, then the flip's draw for the first's output sizes. Its boxes are those of the two
+    steps: a flip after a crop keeps every box the crop kept when its ``min_box_size`` is
+    not larger (checked by :meth:`GeometricTransform.fold`), and mirrors each one once.
+    """
+
+    def __init__(self, first: GeometricTransform, flip: RandomHorizontalFlip) -> None:
+        # no description or draws of its own: its steps hold them
+        self.first, self.flip = first, flip
+        self.op = first.op
+        self.min_input_side = first.min_input_side
+        self.in_place = first.in_place
+        self.keeps_size = first.keeps_size
+        self.writes_out = first.writes_out
+        self.moves_pixels = True
+        self._follow_first()
+
+    def _follow_first(self) -> None:
+        """Take the first step's kernel and box settings (a caller may change them)."""
+        self.interpolation = self.first.interpolation
+        self.min_box_size = self.first.min_box_size
+        self.min_box_visibility = self.first.min_box_visibility
+
+    def output_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
+        return self.first.output_size(size)
+
+    def apply_batch(
+        self,
+        batch: FieldBatch,
+        executor: Executor | None = None,
+        tasks: int = 1,
+        out: np.ndarray | None = None,
+    ) -> FieldBatch:
+        self._follow_first()
+        if not self.flip.min_box_size <= self.min_box_size:  # changed since: two steps
+            batch = self.first.apply_batch(batch, executor, tasks, out)
+            return self.flip.apply_batch(batch, executor, tasks)
+        return super().apply_batch(batch, executor, tasks, out)
+
+    def geometry(self, heights: np.ndarray, widths: np.ndarray, batch: FieldBatch) -> Geometry:
+        geometry = self.first.geometry(heights, widths, batch)
+        flips = self.flip.flips(len(heights))
+        return dataclasses.replace(geometry, flips=geometry.flips ^ flips)
+
+    def fold(self, following: object) -> GeometricTransform | None:
+        return None  # a second flip mirrors the boxes again: it runs as its own step
+
+    def __repr__(self) -> str:
+        return f"{self.first!r} then {self.flip!r}"

@@ -180,3 +180,99 @@ def test_random_resized_crop_antialiases_with_the_shared_kernel() -> None:
 def test_interpolation_must_be_none_or_an_opencv_flag(transform: Callable[..., Any]) -> None:
     with pytest.raises(TypeError, match=r"interpolation must be None .* got 'area'"):
         transform(8, interpolation="area")
+
+
+def _fields(seed: int) -> dict[str, Any]:
+    """A batch of images, masks, boxes and box labels (random, some boxes past the edge)."""
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, (6, 40, 36, 3), np.uint8)
+    boxes, labels = [], []
+    for count in rng.integers(0, 5, 6).tolist():
+        corners = rng.uniform(-4, 40, (count, 2, 2)).astype(np.float32)
+        boxes.append(np.concatenate([corners.min(axis=1), corners.max(axis=1)], axis=1))
+        labels.append(rng.integers(0, 9, count))
+    masks = rng.integers(0, 4, (6, 40, 36), np.uint8)
+    return {"image": images, "mask": masks, "boxes": boxes, "labels": labels}
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        lambda seed: RandomResizedCrop(24, seed=seed),
+        lambda seed: RandomResizedCrop((20, 30), scale=(0.3, 1.0), seed=seed),
+        lambda seed: CenterCrop((30, 26)),
+        lambda seed: Resize((52, 44)),
+    ],
+)
+def test_a_flip_after_a_geometric_step_folds_into_it_with_the_same_result(
+    first: Callable[[int], Any],
+) -> None:
+    """Compose runs a geometric transform and the flip after it as one geometry (each
+    flip made right after its sample's resize): the same images, masks, boxes and box
+    labels as the two steps one after the other, from the same draws, with or without
+    the memory to write into; a second flip runs as a step of its own."""
+    for seed in range(12):
+        folded = Compose([first(seed), RandomHorizontalFlip(seed=seed + 50)])
+        assert len(folded._steps) == 1
+        expected = RandomHorizontalFlip(seed=seed + 50)(first(seed)(_fields(seed)))
+        got = folded(_fields(seed))
+        for name in ("image", "mask"):
+            np.testing.assert_array_equal(got[name], expected[name])
+        for name in ("boxes", "labels"):
+            for got_rows, expected_rows in zip(got[name], expected[name], strict=True):
+                np.testing.assert_array_equal(got_rows, expected_rows)
+        if folded.writes_out:  # a dataset hands it the batch's memory
+            fields = _fields(seed)
+            out = np.empty_like(np.asarray(got["image"]))
+            images, masks = Compose([first(seed), RandomHorizontalFlip(seed=seed + 50)]).apply_all(
+                fields["image"], [fields["mask"]], None, 1, out=out
+            )
+            assert images is out
+            np.testing.assert_array_equal(out, expected["image"])
+            np.testing.assert_array_equal(masks[0], expected["mask"])
+        twice = Compose([first(seed), RandomHorizontalFlip(seed=seed + 60), RandomHorizontalFlip()])
+        assert len(twice._steps) == 2
+        images = _fields(seed)["image"]
+        torch.manual_seed(seed)
+        in_twice = twice(images.copy())
+        torch.manual_seed(seed)
+        one_by_one = images.copy()
+        for step in (first(seed), RandomHorizontalFlip(seed=seed + 60), RandomHorizontalFlip()):
+            one_by_one = step(one_by_one)
+        np.testing.assert_array_equal(in_twice, one_by_one)
+
+
+def test_steps_that_do_not_fold_run_one_after_the_other() -> None:
+    assert len(Compose([RandomHorizontalFlip(), RandomResizedCrop(24)])._steps) == 2
+    assert len(Compose([RandomHorizontalFlip(), RandomHorizontalFlip()])._steps) == 2
+    strict_flip = RandomHorizontalFlip()
+    strict_flip.min_box_size = 4.0  # it would drop boxes the crop keeps: not folded
+    assert len(Compose([RandomResizedCrop(24), strict_flip])._steps) == 2
+    folded = Compose([RandomResizedCrop(24), RandomHorizontalFlip()])
+    assert len(folded.transforms) == 2 and " then " in repr(folded._steps[0])
+    assert folded.output_size((40, 36)) == (24, 24) and folded.writes_out
+
+
+def test_a_folded_step_follows_settings_changed_after_compose() -> None:
+    """The crop's kernel and box settings changed once the Compose is built still apply;
+    a flip made stricter than the crop then runs as its own step (the same result as the
+    two steps)."""
+    crop, flip = RandomResizedCrop(24, seed=1), RandomHorizontalFlip(seed=2)
+    folded = Compose([crop, flip])
+    crop.interpolation = cv2.INTER_NEAREST
+    reference = RandomResizedCrop(24, interpolation=cv2.INTER_NEAREST, seed=1)
+    want = RandomHorizontalFlip(seed=2)(reference(_fields(3)))
+    np.testing.assert_array_equal(folded(_fields(3))["image"], want["image"])
+    crop, flip = RandomResizedCrop(24, seed=1), RandomHorizontalFlip(seed=2)
+    folded = Compose([crop, flip])
+    flip.min_box_size = 6.0
+    strict = RandomHorizontalFlip(seed=2)
+    strict.min_box_size = 6.0
+    cropped = RandomResizedCrop(24, seed=1)(_fields(3))
+    cropped_boxes = sum(map(len, cropped["boxes"]))
+    want = strict(cropped)
+    got = folded(_fields(3))
+    np.testing.assert_array_equal(got["image"], want["image"])
+    assert sum(map(len, got["boxes"])) < cropped_boxes  # the flip's rule dropped some
+    for got_rows, want_rows in zip(got["boxes"], want["boxes"], strict=True):
+        np.testing.assert_array_equal(got_rows, want_rows)

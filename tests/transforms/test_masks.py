@@ -45,10 +45,14 @@ def _pattern(count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _assert_aligned(images: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> None:
     # 3 levels a pixel: a bilinear value and the nearest pixel's differ by at most 1.5 + 1.
+    # On the outermost rows and columns one level more: a shrink's low-pass reflects at
+    # the crop's edge, which moves a ramp's edge pixel inward by up to 0.6 of a pixel.
     assert images.shape[:3] == rows.shape == cols.shape
-    row_error = np.abs(images[..., 0].astype(int) - rows.astype(int)).max()
-    col_error = np.abs(images[..., 1].astype(int) - cols.astype(int)).max()
-    assert row_error <= 2 and col_error <= 2, (row_error, col_error)
+    row_error = np.abs(images[..., 0].astype(int) - rows.astype(int))
+    col_error = np.abs(images[..., 1].astype(int) - cols.astype(int))
+    inner = (slice(None), slice(1, -1), slice(1, -1))
+    assert row_error[inner].max() <= 2 and col_error[inner].max() <= 2, (row_error, col_error)
+    assert row_error.max() <= 3 and col_error.max() <= 3, (row_error.max(), col_error.max())
 
 
 def _flipped(cols: np.ndarray) -> np.ndarray:
@@ -107,7 +111,9 @@ def test_ram_dataset_masks_follow_the_transform() -> None:
     batch, labels, masks = dataset.__getitems__(list(range(8)))
     assert batch.shape == (8, 3, 24, 24) and masks.shape == (8, 24, 24)
     assert (batch[:, 2].amax(dim=(1, 2)) == labels).all()  # sample order kept
-    assert (batch[:, 1].int() - masks.int()).abs().max() <= 2
+    col_error = (batch[:, 1].int() - masks.int()).abs()
+    # the image's low-pass reflects the ramp at the crop's edge: one level more there
+    assert col_error[:, 1:-1, 1:-1].max() <= 2 and col_error.max() <= 3
     assert _flipped(masks.numpy()).any() and not _flipped(masks.numpy()).all()
 
 

@@ -273,3 +273,26 @@ def test_mixing_with_normalize_writes_no_mixed_batch(monkeypatch: pytest.MonkeyP
         TypeError, match=r"normalize must be a fastdata\.gpu\.Normalize or None, got function"
     ):
         MixUp(0.8, 10)(images, labels, normalize=lambda x: x)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("memory", ["planar", "channels_last", "HWC"])
+def test_blend_weights_of_zero_and_one_give_opencvs_bytes(memory: str) -> None:
+    """A sample that keeps all of itself (lam 1: unmixed) or takes all of its partner
+    (lam 0) skips the blend: the same bytes as OpenCV's blend, alone and normalized."""
+    images, _ = _batch(8, seed=5)
+    lam = np.array([1.0, 0.0, 0.3, 1.0, 0.0, 0.75, 1.0, 0.5])
+    layout = "HWC" if memory == "HWC" else "CHW"
+    given = _memory(images, memory)
+    targets = torch.eye(8)
+    mixed, _ = mix_batch(given, targets, MixPlan(lam, None), layout)
+    interleaved = images.permute(0, 2, 3, 1).numpy()
+    for k, weight in enumerate(lam.tolist()):
+        own, partner = interleaved[k], interleaved[7 - k]
+        expected = _mixing.cv2.addWeighted(own, weight, partner, 1.0 - weight, 0.0)
+        got = mixed[k] if layout == "HWC" else mixed[k].permute(1, 2, 0)
+        np.testing.assert_array_equal(got.numpy(), expected)
+    normalize = gpu.Normalize([120.0, 110.0, 100.0], [60.0, 55.0, 50.0], layout=layout)
+    image_at = _mixing.mixed_images(given, MixPlan(lam, None), layout)
+    assert image_at is not None
+    fused = normalize.normalize_images_of(given, image_at)
+    assert fused is not None and torch.equal(fused, normalize(mixed))

@@ -366,10 +366,14 @@ def test_crops_follow_the_sample_not_the_batching_or_the_executor(
     by_four = _crops_by_label(list(_resumable(root, make, num_workers=0)))
     by_three = _crops_by_label(list(_resumable(root, make, num_workers=2, batch_size=3)))
     assert by_four.keys() == by_three.keys() == {100 + i for i in range(COUNT)}
-    for label, image in by_four.items():
-        assert torch.equal(image, by_three[label]), label
-    # the same boxes as the "cpu" decoder run per sample by the dataset (in its workers)
     decoder = make(random_crop=True, seed=2)
+    # the same boxes; on a GPU the batched resize may round a level apart in another batch
+    # (its matmuls sum over regions padded to the batch's largest), another box far more
+    tolerance = 0 if decoder.device.type == "cpu" else 1
+    for label, image in by_four.items():
+        difference = (image.int() - by_three[label].int()).abs().max()
+        assert int(difference) <= tolerance, label
+    # the same boxes as the "cpu" decoder run per sample by the dataset (in its workers)
     if decoder.backend == "batched-cpu":  # same pixels too: the same decode and resize
         per_sample = _crops_by_label(list(_resumable(root, _per_sample_cpu, num_workers=2)))
         for label, image in by_four.items():

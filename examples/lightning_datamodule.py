@@ -16,6 +16,10 @@ What makes it correct:
   ``state_dict()`` in every checkpoint, and a mid-epoch checkpoint resumes the epoch where
   it stopped (no sample repeated or skipped, worker processes or not).
 - ``len(sampler)`` is the epoch's per-rank count, so later epochs are full after a resume.
+- ``WholeEpochAfterEpochStartCheckpoint``: Lightning (2.x) writes the finished epoch's batch
+  counters into a checkpoint saved at the start of the next epoch (``on_train_epoch_start``),
+  and a run resumed from it ends that epoch after one batch, whatever the loader; the
+  callback clears them when such a checkpoint is loaded, so the epoch is read whole.
 
 Requires ``pip install lightning``.
 """
@@ -61,6 +65,35 @@ class ShardDataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )
+
+
+class WholeEpochAfterEpochStartCheckpoint(L.Callback):
+    """Resume a checkpoint saved at the start of an epoch with that epoch whole.
+
+    Saved in ``on_train_epoch_start`` (before the epoch's first batch), a checkpoint holds
+    the batch counters of the epoch before, complete; Lightning resumed from it counts them
+    as batches of the new epoch and ends it after one batch (the loader's state, which
+    says that nothing of the new epoch was consumed, is right). On loading such a
+    checkpoint this sets those counters to an epoch not started.
+    """
+
+    def on_load_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        fit = checkpoint.get("loops", {}).get("fit_loop")
+        if not fit or "epoch_progress" not in fit or "epoch_loop.batch_progress" not in fit:
+            return
+        epochs = fit["epoch_progress"]["total"]
+        # Lightning's own test for "restarted on epoch start": the epoch made ready, not started
+        at_epoch_start = (
+            epochs["started"] == epochs["ready"] - 1
+            and epochs["processed"] == epochs["started"]
+            and epochs["completed"] == epochs["processed"]
+        )
+        if at_epoch_start:
+            batches = fit["epoch_loop.batch_progress"]
+            batches["current"] = dict.fromkeys(batches["current"], 0)
+            batches["is_last_batch"] = False
 
 
 class TinyClassifier(L.LightningModule):
@@ -120,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     data = ShardDataModule(args.shards, args.batch_size, args.num_workers)
     model = TinyClassifier(data.num_classes, record=args.record)
-    callbacks: list[L.Callback] = []
+    callbacks: list[L.Callback] = [WholeEpochAfterEpochStartCheckpoint()]
     if args.checkpoint_every:
         callbacks.append(
             ModelCheckpoint(
@@ -137,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         max_epochs=args.epochs,
         max_steps=args.max_steps,
         callbacks=callbacks,
-        enable_checkpointing=bool(callbacks),
+        enable_checkpointing=bool(args.checkpoint_every),
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,

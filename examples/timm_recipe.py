@@ -2,8 +2,9 @@
 
 RandomResizedCrop + flip + RandAugment (``rand-m9-mstd0.5``) + RandomErasing 0.25 run on
 uint8 batches in the DataLoader's workers (``--augment-on cpu``) or on the device after
-the copy (``--augment-on device``); MixUp/CutMix with soft labels mix each collated batch;
-the loss is cross-entropy against the soft labels (timm's ``SoftTargetCrossEntropy``).
+the copy (``--augment-on device``); MixUp/CutMix with soft labels mix each collated batch
+and normalize it in the same call (``mix(images, labels, normalize=normalize)``); the loss
+is cross-entropy against the soft labels (timm's ``SoftTargetCrossEntropy``).
 
 Make a shard set first, e.g. ``python tools/make_sample_dataset.py sample --num-images 400``
 then ``fastdata preprocess sample out/ --size 64``. Then::
@@ -21,7 +22,14 @@ import torch
 from torch import nn
 
 from fastdata.datasets import ShardDataset
-from fastdata.gpu import DeviceRandAugment, DeviceRandomErasing, Normalize, to_device
+from fastdata.gpu import (
+    DeviceCutMix,
+    DeviceMixUp,
+    DeviceRandAugment,
+    DeviceRandomErasing,
+    Normalize,
+    to_device,
+)
 from fastdata.transforms import (
     Compose,
     CutMix,
@@ -61,8 +69,10 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
     on_device = nn.Sequential(
         DeviceRandAugment.from_op(randaugment.op), DeviceRandomErasing.from_op(erasing.op)
     )
+    # the transforms mix batches wherever they are; the device modules are the same kernel
+    mixup, cutmix = (DeviceMixUp, DeviceCutMix) if args.augment_on == "device" else (MixUp, CutMix)
     mix = RandomChoice(
-        [MixUp(alpha=0.8, num_classes=num_classes), CutMix(alpha=1.0, num_classes=num_classes)]
+        [mixup(alpha=0.8, num_classes=num_classes), cutmix(alpha=1.0, num_classes=num_classes)]
     )
     normalize = Normalize(mean=[124, 116, 104], std=[58, 57, 57]).to(device)
     model = nn.Sequential(
@@ -80,8 +90,9 @@ def main(argv: Sequence[str] | None = None) -> list[float]:
         for batch, labels in to_device(loader, device):  # (B, 3, S, S) uint8, (B,) int64
             if args.augment_on == "device":
                 batch = on_device(batch)  # noqa: PLW2901 - uint8 in, uint8 out
-            images, soft_labels = mix(batch, labels)  # soft_labels: (B, classes) float32
-            logits = model(normalize(images))
+            # mixed and normalized in one call: float32 images, (B, classes) soft labels
+            images, soft_labels = mix(batch, labels, normalize=normalize)
+            logits = model(images)
             loss = torch.sum(-soft_labels * torch.log_softmax(logits, dim=1), dim=1).mean()
             optimizer.zero_grad()
             loss.backward()

@@ -57,12 +57,15 @@ def kept_rows(field: Any, kept: torch.Tensor, total: int, position: int) -> Any:
 
 class EncodedBatch(NamedTuple):
     """A batch to decode: its encoded images, the fields that follow them (one entry per
-    sample each), and what each image is in a :class:`~fastdata.DecodeError` (``None``:
-    the decoder's ``"batch item k"``)."""
+    sample each), what each image is in a :class:`~fastdata.DecodeError` (``None``: the
+    decoder's ``"batch item k"``), and ``(epoch, dataset indices)`` of its samples, which
+    key their crop draws (``None``: the decoder's stream; see
+    :meth:`~fastdata.decode.Decoder.decode`)."""
 
     encoded: Sequence[Any]
     fields: list[Any]
     sources: list[str] | None = None
+    keys: tuple[int, list[int]] | None = None
 
 
 class DecodedFields(NamedTuple):
@@ -107,7 +110,7 @@ def decode_batch(
 
     ``policy``: how bad samples are handled (``None``: the decoder's ``on_error``)."""
     with _policy(decoder, policy):
-        decoded = decoder.decode(batch.encoded, sources=batch.sources)
+        decoded = decoder.decode(batch.encoded, sources=batch.sources, keys=batch.keys)
     return _follow(decoded, batch)
 
 
@@ -134,6 +137,11 @@ def _sources(reading: _Reading) -> Iterator[list[str] | None]:
         yield reading.waiting[-1].sources if reading.waiting else None
 
 
+def _keys(reading: _Reading) -> Iterator[tuple[int, list[int]] | None]:
+    while True:  # as _sources
+        yield reading.waiting[-1].keys if reading.waiting else None
+
+
 def _decoded(
     decoder: Decoder,
     policy: OnError | None,
@@ -141,8 +149,8 @@ def _decoded(
     reading: _Reading,
 ) -> Iterator[DecodedBatch]:
     with _policy(decoder, policy):
-        encoded, sources = _encoded(batches, reading), _sources(reading)
-        yield from decoder.decode_stream(encoded, sources=sources)
+        encoded, sources, keys = _encoded(batches, reading), _sources(reading), _keys(reading)
+        yield from decoder.decode_stream(encoded, sources=sources, keys=keys)
 
 
 class DecodedBatches(Iterator[DecodedFields]):

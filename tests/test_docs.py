@@ -192,6 +192,7 @@ def test_augment_guide(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert scope["images"].shape == (64, 3, 224, 224) and scope["images"].dtype == torch.uint8
     assert scope["soft_labels"].shape == (64, 1000)
     assert scope["batch"].shape == (16, 3, 64, 64) and scope["soft"].shape == (16, 1000)
+    assert scope["model_input"].dtype == torch.float32 and scope["mixed_soft"].shape == (16, 1000)
     assert scope["cropped"].shape == (2, 96, 96, 3) and len(scope["moved"]["boxes"]) == 2
     assert scope["on_device"]["image"].shape == (2, 3, 96, 96)
     assert scope["padded_boxes"].shape == (2, 1, 4) and scope["counts"][1] == 0

@@ -189,7 +189,8 @@ class BatchedDataset(Dataset):
         worker that is refused (``RuntimeError``) unless the batch comes from
         :meth:`loader`, which decodes it after the workers.
 
-        A seeded batch transform draws per sample from ``(seed, epoch, index)`` when
+        A seeded batch transform (or decoder's random crop) draws per sample from
+        ``(seed, epoch, index)`` when
         ``indices`` carries the epoch it belongs to (an ``epoch`` attribute: the batches
         of ``dataset.loader(...)`` do), else from its stream (see
         :class:`~fastdata.transforms.BatchTransform`).
@@ -203,7 +204,8 @@ class BatchedDataset(Dataset):
         with self._buffers.worker_slots(_worker_slots(indices)):
             batch = self._read(array, single=False, epoch=epoch if isinstance(epoch, int) else None)
         if decodes_here and self.batch_decode is not None:
-            batch = self.batch_decode.decode(batch, array.tolist(), self.on_error)
+            known = epoch if isinstance(epoch, int) else None
+            batch = self.batch_decode.decode(batch, array.tolist(), self.on_error, known)
         return mark_collated(pack_ragged(batch) if len(batch) > 1 else batch[0])
 
     def loader(
@@ -220,8 +222,9 @@ class BatchedDataset(Dataset):
         ``"dali"``, an output on a device), the workers (if any) read the encoded bytes
         and the loader decodes each batch in this process, scheduling the next one on the
         decoder while the loop uses this one (a batch read ahead is not counted as
-        consumed in ``state_dict()``). Its crops follow the decoder's seed in batch order,
-        as :class:`~fastdata.decode.DecodingLoader` draws them.
+        consumed in ``state_dict()``). A seeded decoder draws each sample's crop from
+        ``(seed, epoch, index)``, as the batch transforms draw: a resumed run, another
+        ``num_workers`` or ``batch_size`` gets the same crops.
 
         Args:
             batch_size: Samples per batch.

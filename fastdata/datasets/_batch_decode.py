@@ -109,14 +109,20 @@ class BatchDecode:
                 "and which decodes each batch after them, or use num_workers=0"
             )
 
-    def _split(self, batch: Any, indices: Sequence[int] | None) -> EncodedBatch:
+    def _split(self, batch: Any, indices: Sequence[int] | None, epoch: int | None) -> EncodedBatch:
+        """The batch read for samples ``indices`` of ``epoch`` (``None``: not known), to
+        decode: named by dataset index, its crops drawn from ``(seed, epoch, index)``."""
         batch = unmark_collated(batch)
         values = list(batch) if isinstance(batch, tuple) else [batch]
         encoded = values.pop(self.image)
-        sources = None if indices is None else [self._named(int(i)) for i in indices]
-        if sources is not None and len(sources) != len(encoded):
-            sources = None  # the dataset left samples out: named by batch item
-        return EncodedBatch(encoded, values, sources)
+        if indices is None or len(indices) != len(encoded):
+            # not known, or the dataset left samples out: named by batch item, drawn from
+            # the decoder's stream
+            return EncodedBatch(encoded, values)
+        samples = [int(i) for i in indices]
+        sources = [self._named(i) for i in samples]
+        keys = None if epoch is None else (epoch, samples)
+        return EncodedBatch(encoded, values, sources, keys)
 
     def _named(self, index: int) -> str:
         return f"dataset[{index}], {self.source(index)}"
@@ -135,22 +141,32 @@ class BatchDecode:
         return values if self.count > 1 else values[0]
 
     def decode(
-        self, batch: tuple[Any, ...], indices: Sequence[int], policy: OnError
+        self,
+        batch: tuple[Any, ...],
+        indices: Sequence[int],
+        policy: OnError,
+        epoch: int | None = None,
     ) -> tuple[Any, ...]:
         """Decode the fields the dataset read for samples ``indices`` (in ``fields``
-        order) now, bad samples handled by ``policy``."""
-        encoded = self._split(batch, indices)
+        order) now, bad samples handled by ``policy``; with the ``epoch`` they belong to,
+        a seeded decoder draws each crop from ``(seed, epoch, index)``, else from its
+        stream."""
+        encoded = self._split(batch, indices, epoch)
         return self._fields(decode_batch(self._decoder(), encoded, policy))
 
     def stream(
-        self, batches: Iterator[Any], indices: Callable[[], list[int] | None]
+        self,
+        batches: Iterator[Any],
+        indices: Callable[[], list[int] | None],
+        epoch: int | None,
     ) -> _JoinedBatches:
         """The loader's batches (encoded) decoded in order, ahead by one where the backend
-        schedules ahead; ``indices()`` gives the dataset indices of the batch just read."""
+        schedules ahead; ``indices()`` gives the dataset indices of the batch just read,
+        ``epoch`` the epoch they all belong to (their crops drawn as :meth:`decode` says)."""
 
         def encoded() -> Iterator[EncodedBatch]:
             for batch in batches:
-                yield self._split(batch, indices())
+                yield self._split(batch, indices(), epoch)
 
         batches_decoded = DecodedBatches(self._decoder(), encoded(), self.policy)
         return _JoinedBatches(batches_decoded, self._join)

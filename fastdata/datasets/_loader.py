@@ -93,6 +93,12 @@ class ResumableDataLoader(DataLoader):
                 return candidate
         return None
 
+    @property
+    def epoch(self) -> int | None:
+        """The epoch of the current iteration (of the last one once it ended; ``None``
+        before the first): the one its batches of indices carry."""
+        return self._epoch
+
     def set_epoch(self, epoch: int) -> None:
         """The epoch of the next iteration (passed on to the sampler's ``set_epoch``).
 
@@ -163,7 +169,7 @@ class ResumableDataLoader(DataLoader):
             return handing
         # Decoded here, the next batch possibly scheduled on the decoder before this one is
         # handed out: a batch read and not handed out yet is not consumed.
-        decoded = self._batch_decode.stream(handing, self.last_batch_indices)
+        decoded = self._batch_decode.stream(handing, self.last_batch_indices, self._epoch)
         record.held_back = decoded.read_ahead_count()
         return _Decoding(handing, decoded)
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from fastdata._codec import DEFAULT_MAX_PIXELS, check_pixels, image_size, resolve_max_pixels
-from fastdata._draws import UniformDraws
+from fastdata._draws import UniformDraws, batch_draws
 from fastdata._system import usable_cpus
 from fastdata.decode._geometry import crop_description, parse_size
 from fastdata.errors import DecodeError, OnError
@@ -70,19 +70,41 @@ def check_batch(encoded: Sequence[EncodedImage]) -> list[np.ndarray]:
     return [as_byte_array(item, i) for i, item in enumerate(encoded)]
 
 
-class CheckedBatch(list[np.ndarray]):
-    """A checked batch (1-D uint8 arrays, see :func:`check_batch`) and what its images
-    are, as the caller's users know them (:func:`item_source`)."""
+class SampleKeys(NamedTuple):
+    """What a batch's random crops are drawn from, per image: with a seed, image ``k``'s
+    draws depend on ``(seed, epoch, indices[k])`` alone (:func:`fastdata._draws.batch_draws`).
 
-    def __init__(self, buffers: Iterable[np.ndarray], sources: Sequence[str] | None) -> None:
+    Attributes:
+        epoch: The epoch the batch belongs to.
+        indices: ``(B,)`` int64 dataset indices of the batch's images, in batch order.
+    """
+
+    epoch: int
+    indices: np.ndarray
+
+
+class CheckedBatch(list[np.ndarray]):
+    """A checked batch (1-D uint8 arrays, see :func:`check_batch`), what its images are, as
+    the caller's users know them (:func:`item_source`), and what their crops are drawn from
+    (``None``: the decoder's stream, in batch order)."""
+
+    def __init__(
+        self,
+        buffers: Iterable[np.ndarray],
+        sources: Sequence[str] | None,
+        keys: SampleKeys | None = None,
+    ) -> None:
         super().__init__(buffers)
         self.sources = sources
+        self.keys = keys
 
     def subset(self, indices: Sequence[int]) -> CheckedBatch:
-        """The images at ``indices``, with their sources."""
-        sources = self.sources
+        """The images at ``indices``, with their sources and keys."""
+        sources, keys = self.sources, self.keys
         return CheckedBatch(
-            [self[i] for i in indices], None if sources is None else [sources[i] for i in indices]
+            [self[i] for i in indices],
+            None if sources is None else [sources[i] for i in indices],
+            None if keys is None else SampleKeys(keys.epoch, keys.indices[list(indices)]),
         )
 
 
@@ -113,6 +135,36 @@ def check_sources(sources: Sequence[str] | None, count: int) -> Sequence[str] | 
         if not isinstance(source, str):
             raise TypeError(f"sources must be a list of str, got a {type(source).__name__}")
     return sources
+
+
+def check_keys(keys: tuple[int, Sequence[int]] | None, count: int) -> SampleKeys | None:
+    """``keys`` for a batch of ``count`` images: ``None`` or ``(epoch, indices)``, one
+    dataset index per image.
+
+    Raises:
+        TypeError: ``keys`` is not such a pair of an int and a sequence of ints.
+        ValueError: ``indices`` does not hold one index per image.
+    """
+    if keys is None:
+        return None
+    problem = f"keys must be None or a pair (epoch, indices) of an int and ints, got {keys!r}"
+    if not isinstance(keys, tuple | list) or len(keys) != 2:
+        raise TypeError(problem)
+    epoch, indices = keys
+    array = None if isinstance(indices, str | bytes) else np.asarray(indices)
+    if (
+        isinstance(epoch, bool)
+        or not isinstance(epoch, int | np.integer)
+        or array is None
+        or array.ndim != 1
+        or (array.size > 0 and array.dtype.kind not in "iu")
+    ):
+        raise TypeError(problem)
+    if len(array) != count:
+        raise ValueError(
+            f"keys must hold one index per encoded image: {count} images, got {len(array)} indices"
+        )
+    return SampleKeys(int(epoch), array.astype(np.int64))
 
 
 def resolve_num_threads(num_threads: int | None) -> int:
@@ -196,16 +248,25 @@ class Decoder(ABC):
         """Channels of the output: 1 for grayscale, else 3."""
         return 1 if self.grayscale else 3
 
-    def _draws(self, count: int) -> np.ndarray:
-        """``(count, draws_per_sample)`` uniforms for the random crops (one column of zeros,
-        unused, if none)."""
+    def _draws(self, batch: Sequence[np.ndarray] | int) -> np.ndarray:
+        """``(B, draws_per_sample)`` uniforms for the random crops of ``batch`` (its images,
+        or their number; one column of zeros, unused, if no random crop). With a seed and
+        the batch's :class:`SampleKeys` (a :class:`CheckedBatch` given ``keys``), row ``k``
+        is drawn from ``(seed, epoch, indices[k])`` alone, as the datasets' CPU transforms
+        draw; otherwise from the decoder's stream, in batch order."""
+        count = batch if isinstance(batch, int) else len(batch)
         if self.random_crop is None:
             return np.zeros((count, 1))
-        return self._random.uniform(count, self.random_crop.draws_per_sample)
+        columns = self.random_crop.draws_per_sample
+        keys = batch.keys if isinstance(batch, CheckedBatch) else None
+        if keys is None:
+            return self._random.uniform(count, columns)
+        with batch_draws(keys.epoch, keys.indices):
+            return self._random.uniform(count, columns)
 
     def derive_seed(self) -> int:
-        """A seed for another decoder's draws, taken from this one's (advances them): how
-        workers decoding for this decoder get crops that follow its seed."""
+        """A seed for another decoder's draws, taken from this one's (advances its stream):
+        how workers decoding for this decoder get crops that follow its seed."""
         return int(self._random.uniform(1)[0, 0] * 2**62)
 
     def count_fallback(self, kind: str, message: str, count: int = 1) -> None:
@@ -230,7 +291,11 @@ class Decoder(ABC):
         return self.decode(encoded).images
 
     def decode(
-        self, encoded: Sequence[EncodedImage], *, sources: Sequence[str] | None = None
+        self,
+        encoded: Sequence[EncodedImage],
+        *,
+        sources: Sequence[str] | None = None,
+        keys: tuple[int, Sequence[int]] | None = None,
     ) -> DecodedBatch:
         """Decode a batch of encoded images.
 
@@ -239,6 +304,11 @@ class Decoder(ABC):
             sources: What each image is, as your users know it (e.g.
                 ``"dataset[123] (batch item 7)"``): a :class:`~fastdata.DecodeError` names
                 its image so. By default ``"batch item {i}"``.
+            keys: ``(epoch, indices)``, the dataset index of each image: with a ``seed``,
+                image ``k``'s random crop is drawn from ``(seed, epoch, indices[k])`` alone,
+                as the datasets' CPU transforms draw (whatever the batching, the order, or
+                the batches decoded before: a resumed run draws the same crops). ``None``:
+                from the decoder's stream, in batch order.
 
         Returns:
             The images that decoded, ``(K, C, H, W)`` uint8 on ``device`` in channels_last
@@ -247,11 +317,11 @@ class Decoder(ABC):
         Raises:
             DecodeError: A sample cannot be decoded (or is over ``max_pixels``) and
                 ``on_error="raise"``.
-            TypeError: ``encoded`` is not a list of encoded images, or ``sources`` not a
-                list of str.
-            ValueError: ``sources`` does not hold one name per image.
+            TypeError: ``encoded`` is not a list of encoded images, ``sources`` not a
+                list of str, or ``keys`` not an ``(epoch, indices)`` pair of ints.
+            ValueError: ``sources`` or ``keys`` does not hold one entry per image.
         """
-        buffers = _checked(encoded, sources)
+        buffers = _checked(encoded, sources, keys)
         allowed = self._within_max_pixels(buffers)
         if allowed is None:
             return self._decode(buffers)
@@ -262,20 +332,28 @@ class Decoder(ABC):
         batches: Iterable[Sequence[EncodedImage]],
         *,
         sources: Iterable[Sequence[str] | None] | None = None,
+        keys: Iterable[tuple[int, Sequence[int]] | None] | None = None,
     ) -> Iterator[DecodedBatch]:
         """Decode ``batches`` in order, one :class:`DecodedBatch` each (what
         :class:`~fastdata.decode.DecodingLoader` calls). Backends that can work ahead (DALI,
         nvJPEG) start a batch before the previous one is collected; by default each batch
         is decoded with :meth:`decode` when it is asked for.
 
-        ``sources``: one entry per batch, as :meth:`decode` takes (``None``: the default
-        names), each read right after its batch (so a generator may follow ``batches``)."""
+        ``sources`` and ``keys``: one entry per batch each, as :meth:`decode` takes them
+        (``None``: the default names; draws from the stream), each read right after its
+        batch (so a generator may follow ``batches``). The crop draws are taken in the
+        calling thread, in batch order, before a backend works ahead."""
         screened: deque[list[int] | None] = deque()
         names = iter(sources) if sources is not None else None
+        batch_keys = iter(keys) if keys is not None else None
 
         def within_limit() -> Iterator[CheckedBatch]:
             for encoded in batches:
-                buffers = _checked(encoded, next(names, None) if names is not None else None)
+                buffers = _checked(
+                    encoded,
+                    next(names, None) if names is not None else None,
+                    next(batch_keys, None) if batch_keys is not None else None,
+                )
                 allowed = self._within_max_pixels(buffers)
                 screened.append(allowed)
                 yield buffers if allowed is None else buffers.subset(allowed)
@@ -323,9 +401,14 @@ class Decoder(ABC):
         )
 
 
-def _checked(encoded: Sequence[EncodedImage], sources: Sequence[str] | None) -> CheckedBatch:
+def _checked(
+    encoded: Sequence[EncodedImage],
+    sources: Sequence[str] | None,
+    keys: tuple[int, Sequence[int]] | None = None,
+) -> CheckedBatch:
     buffers = check_batch(encoded)
-    return CheckedBatch(buffers, check_sources(sources, len(buffers)))
+    count = len(buffers)
+    return CheckedBatch(buffers, check_sources(sources, count), check_keys(keys, count))
 
 
 def _kept_in_batch(decoded: DecodedBatch, allowed: list[int]) -> DecodedBatch:

@@ -273,7 +273,7 @@ class CpuDecoder(Decoder):
 
     def _decode(self, buffers: list[np.ndarray]) -> DecodedBatch:
         count = len(buffers)
-        draws = self._draws(count)
+        draws = self._draws(buffers)
         batch = _batch_buffer((count, *self.size, self.channels), pinned=self._pinned)
         out = batch.numpy()
         # The geometry of the whole batch first, vectorised in this thread, so that the

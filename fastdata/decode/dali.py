@@ -253,7 +253,7 @@ class DaliDecoder(Decoder):
 
     def _plan(self, buffers: list[np.ndarray]) -> _Plan:
         """Plan a checked batch (which keeps the sources its errors name)."""
-        draws = self._draws(len(buffers))
+        draws = self._draws(buffers)
         headers = [jpeg_header(buf) for buf in buffers]
         accelerated = [
             i for i, h in enumerate(headers) if h is not None and h[2] in _ACCELERATED_COMPONENTS

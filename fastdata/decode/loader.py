@@ -121,16 +121,34 @@ class _DecodeInWorkers:
         return _WorkerBatch(decoded.images, decoded.fields, decoded.total, decoder.last_errors)
 
 
-def _item_sources(source: Iterable[Any], count: int) -> list[str] | None:
-    """How decode errors name the ``count`` samples of the batch ``source`` handed out
-    last: ``"dataset[i] (batch item k)"`` when it is a ``ResumableDataLoader`` that knows
-    the dataset index of each (``None``: they keep the decoder's ``"batch item k"``)."""
+def _item_indices(source: Iterable[Any], count: int) -> list[int] | None:
+    """The dataset indices of the ``count`` samples of the batch ``source`` handed out
+    last, when it is a ``ResumableDataLoader`` that knows them (else ``None``)."""
     if not isinstance(source, ResumableDataLoader):
         return None
     indices = source.last_batch_indices()
     if indices is None or len(indices) != count:  # the dataset left samples out
         return None
+    return indices
+
+
+def _item_sources(source: Iterable[Any], count: int) -> list[str] | None:
+    """How decode errors name the ``count`` samples of the batch ``source`` handed out
+    last: ``"dataset[i] (batch item k)"`` where :func:`_item_indices` knows them
+    (``None``: they keep the decoder's ``"batch item k"``)."""
+    indices = _item_indices(source, count)
+    if indices is None:
+        return None
     return [f"dataset[{index}] (batch item {item})" for item, index in enumerate(indices)]
+
+
+def _item_keys(source: Iterable[Any], count: int) -> tuple[int, list[int]] | None:
+    """``(epoch, dataset indices)`` of the batch ``source`` handed out last, which key
+    its crop draws, where :func:`_item_indices` knows them (``None``: the decoder's
+    stream)."""
+    indices = _item_indices(source, count)
+    epoch = source.epoch if isinstance(source, ResumableDataLoader) else None
+    return None if indices is None or epoch is None else (epoch, indices)
 
 
 def _named(error: DecodeError, sources: list[str] | None) -> DecodeError:
@@ -198,7 +216,21 @@ class DecodingLoader:
     sampler objects and worker options) is built whose ``collate_fn`` collates as the
     original did and then decodes with one thread per worker, seeded from the decoder's
     seed and each worker's seed. ``on_error`` still applies in this process. Elsewhere
-    (GPU decoders, no workers, other iterables) the batches are decoded here.
+    (GPU decoders, no workers, ``decode_in_workers=False``, other iterables) the batches
+    are decoded here.
+
+    Random crops of a seeded decoder: decoded here from a
+    :class:`~fastdata.datasets.ResumableDataLoader` (``dataset.loader(...)``), which says
+    each batch's epoch and dataset indices, each sample's crop is drawn from ``(seed,
+    epoch, index)`` alone, as the dataset's own ``decode=`` path and the batch transforms
+    draw: a resumed run, another ``num_workers`` or batch size gets the same crops. Over
+    other iterables they follow the decoder's seed in batch order (a rerun repeats them;
+    a resumed run does not). Decoded in the workers, the ``collate_fn`` sees encoded bytes
+    but no indices: the crops follow the worker seeds, which the DataLoader draws from
+    torch's generator each epoch (a rerun with a seeded generator repeats them; a resumed
+    run or another ``num_workers`` does not). For crops that survive a resume with the
+    ``cpu`` decoder and workers, give it to the dataset (``decode=decoder``), whose
+    workers decode each sample into its keyed crop.
 
     Args:
         batches: Any iterable of such batches, typically a ``torch.utils.data.DataLoader``.
@@ -231,7 +263,8 @@ class DecodingLoader:
     Resuming: over a :class:`~fastdata.datasets.ResumableDataLoader` (``dataset.loader(...)``),
     :meth:`state_dict` / :meth:`load_state_dict` resume mid-epoch exactly, workers or not:
     the batches read ahead and not yet yielded are not counted as consumed (the inner
-    loader's and the sampler's ``state_dict()`` agree).
+    loader's and the sampler's ``state_dict()`` agree); the samples are those of the
+    uninterrupted run, and so are their crops where they are keyed (see above).
     """
 
     def __init__(
@@ -329,7 +362,9 @@ class DecodingLoader:
         def encoded_batches() -> Iterator[EncodedBatch]:
             for position, batch in enumerate(batches):
                 encoded, fields = _split(batch, position)
-                yield EncodedBatch(encoded, fields, _item_sources(source, len(encoded)))
+                count = len(encoded)
+                sources, keys = _item_sources(source, count), _item_keys(source, count)
+                yield EncodedBatch(encoded, fields, sources, keys)
 
         decoded = DecodedBatches(self.decoder, encoded_batches())
         if isinstance(source, ResumableDataLoader):

@@ -268,7 +268,7 @@ class NvJpegDecoder(Decoder):
         )
 
     def _plan(self, buffers: list[np.ndarray]) -> _Plan:
-        draws = self._draws(len(buffers))
+        draws = self._draws(buffers)
         return _Plan(buffers, draws, [jpeg_header(buf) for buf in buffers])
 
     def _decode(self, buffers: list[np.ndarray]) -> DecodedBatch:

@@ -233,10 +233,22 @@ def test_the_datasets_on_error_holds_while_the_loader_streams(jpeg_files: list[P
     assert decoder.on_error is OnError.RAISE
 
 
-def _resumable(root: Path, make: Make, num_workers: int) -> ResumableDataLoader:
-    dataset = ShardDataset(root, decode=make(seed=2), on_error="skip")
+def _resumable(
+    root: Path, make: Make, num_workers: int, batch_size: int = 4
+) -> ResumableDataLoader:
+    gc.collect()  # the pipelines of decoders dropped here, not in the workers forked next
+    dataset = ShardDataset(root, decode=make(random_crop=True, seed=2), on_error="skip")
     sampler = ShardAwareDistributedSampler(dataset, num_replicas=1, rank=0, seed=4)
-    return dataset.loader(batch_size=4, sampler=sampler, num_workers=num_workers)
+    return dataset.loader(batch_size=batch_size, sampler=sampler, num_workers=num_workers)
+
+
+def _crops_by_label(batches: list[Any]) -> dict[int, torch.Tensor]:
+    """Each sample's decoded image, by its label."""
+    return {
+        int(label): image
+        for batch in batches
+        for image, label in zip(batch[0].cpu(), batch[1].cpu(), strict=True)
+    }
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -245,19 +257,28 @@ def test_state_dict_resumes_exactly_without_the_batch_read_ahead(
     tmp_path: Path, with_bad_file: list[Path], make: Make, num_workers: int
 ) -> None:
     root = _shards(tmp_path / "shards", with_bad_file)
-    whole = _labels(list(_resumable(root, make, num_workers)))
-    assert sorted(whole) == [100 + i for i in range(COUNT) if i != BAD]
+    whole = list(_resumable(root, make, num_workers))
+    assert sorted(_labels(whole)) == [100 + i for i in range(COUNT) if i != BAD]
     first = _resumable(root, make, num_workers)
     batches = iter(first)
-    head = _labels([next(batches) for _ in range(2)])
+    head = [next(batches) for _ in range(2)]
     state = first.state_dict()
     assert (state["sampler"]["num_consumed"], state["num_batches"]) == (8, 2)
     assert first.sampler.state_dict() == state["sampler"]  # the sampler agrees
     del batches
 
+    # A new decoder, whose stream starts afresh: the random crops are drawn per sample
+    # from (seed, epoch, index), as the CPU transforms draw, so the resumed run gets the
+    # uninterrupted run's images, crops included.
     resumed = _resumable(root, make, num_workers)
     resumed.load_state_dict(pickle.loads(pickle.dumps(state)))
-    assert head + _labels(list(resumed)) == whole
+    _assert_same_batches(head + list(resumed), whole)
+    # the next epoch draws other crops of the same samples
+    loader = _resumable(root, make, num_workers)
+    loader.sampler.set_epoch(1)
+    first_epoch, second_epoch = _crops_by_label(whole), _crops_by_label(list(loader))
+    assert first_epoch.keys() == second_epoch.keys()
+    assert any(not torch.equal(first_epoch[k], second_epoch[k]) for k in first_epoch)
 
 
 @pytest.mark.parametrize("make", DECODERS)
@@ -335,3 +356,56 @@ def test_a_cpu_decoder_to_cuda_decodes_in_the_training_process(jpeg_files: list[
     want = create_decoder("cpu", size=SIZE, num_threads=1, seed=1)
     assert batches[0][0].device.type == "cuda"
     assert torch.equal(batches[0][0].cpu(), want([p.read_bytes() for p in jpeg_files[:4]]))
+
+
+@pytest.mark.parametrize("make", DECODERS)
+def test_crops_follow_the_sample_not_the_batching_or_the_executor(
+    tmp_path: Path, jpeg_files: list[Path], make: Make
+) -> None:
+    root = _shards(tmp_path / "shards", jpeg_files)
+    by_four = _crops_by_label(list(_resumable(root, make, num_workers=0)))
+    by_three = _crops_by_label(list(_resumable(root, make, num_workers=2, batch_size=3)))
+    assert by_four.keys() == by_three.keys() == {100 + i for i in range(COUNT)}
+    decoder = make(random_crop=True, seed=2)
+    # the same boxes; on a GPU the batched resize may round a level apart in another batch
+    # (its matmuls sum over regions padded to the batch's largest), another box far more
+    tolerance = 0 if decoder.device.type == "cpu" else 1
+    for label, image in by_four.items():
+        difference = (image.int() - by_three[label].int()).abs().max()
+        assert int(difference) <= tolerance, label
+    # the same boxes as the "cpu" decoder run per sample by the dataset (in its workers)
+    if decoder.backend == "batched-cpu":  # same pixels too: the same decode and resize
+        per_sample = _crops_by_label(list(_resumable(root, _per_sample_cpu, num_workers=2)))
+        for label, image in by_four.items():
+            assert torch.equal(image, per_sample[label]), label
+
+
+def _per_sample_cpu(**settings: Any) -> Decoder:
+    return create_decoder("cpu", size=SIZE, num_threads=1, **settings)
+
+
+def test_decoding_loader_in_this_process_resumes_with_the_same_crops(
+    tmp_path: Path, jpeg_files: list[Path]
+) -> None:
+    root = _shards(tmp_path / "shards", jpeg_files)
+
+    def loader() -> DecodingLoader:
+        dataset = ShardDataset(root, decode=False)
+        sampler = ShardAwareDistributedSampler(dataset, num_replicas=1, rank=0, seed=4)
+        encoded = dataset.loader(batch_size=4, sampler=sampler, num_workers=1)
+        decoder = _per_sample_cpu(random_crop=True, seed=2)
+        return DecodingLoader(encoded, decoder, decode_in_workers=False)
+
+    whole = list(loader())
+    first = loader()
+    batches = iter(first)
+    head = [next(batches) for _ in range(2)]
+    state = first.state_dict()
+    del batches
+    resumed = loader()
+    resumed.load_state_dict(state)
+    _assert_same_batches(head + list(resumed), whole)
+    # and the crops of the dataset that decodes with that decoder itself
+    dataset_crops = _crops_by_label(list(_resumable(root, _batched_cpu, num_workers=0)))
+    for label, image in _crops_by_label(whole).items():
+        assert torch.equal(image, dataset_crops[label]), label

@@ -242,16 +242,19 @@ class ReadingAhead(CpuDecoder):
         batches: Iterable[Sequence[Any]],
         *,
         sources: Iterable[Sequence[str] | None] | None = None,
+        keys: Iterable[tuple[int, Sequence[int]] | None] | None = None,
     ) -> Iterator[DecodedBatch]:
         names = iter(sources) if sources is not None else None
+        batch_keys = iter(keys) if keys is not None else None
         pending = None
         for encoded in batches:
             named = next(names, None) if names is not None else None
+            keyed = next(batch_keys, None) if batch_keys is not None else None
             if pending is not None:
-                yield self.decode(pending[0], sources=pending[1])
-            pending = (encoded, named)
+                yield self.decode(pending[0], sources=pending[1], keys=pending[2])
+            pending = (encoded, named, keyed)
         if pending is not None:
-            yield self.decode(pending[0], sources=pending[1])
+            yield self.decode(pending[0], sources=pending[1], keys=pending[2])
 
 
 @pytest.fixture(scope="module")

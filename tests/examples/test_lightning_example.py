@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -98,3 +99,52 @@ def test_two_process_ddp_on_cpu_shards_once(shards: Path, tmp_path: Path) -> Non
         ranks = [seen[(epoch, 0)], seen[(epoch, 1)]]
         assert len(ranks[0]) == len(ranks[1]) == NUM_SAMPLES // 2  # not 1/4: no double sharding
         assert sorted(ranks[0] + ranks[1]) == list(range(NUM_SAMPLES))
+
+
+def _fit(
+    example: ModuleType,
+    shards: Path,
+    record: Path,
+    *,
+    callbacks: list[Any] | None = None,
+    ckpt_path: Path | None = None,
+    num_workers: int = 2,
+) -> None:
+    """Two epochs of the example's module, data and callbacks, as its ``main`` builds them."""
+    import lightning as L  # noqa: N812, PLC0415 - imported once importorskip passed
+
+    data = example.ShardDataModule(str(shards), batch_size=8, num_workers=num_workers)
+    model = example.TinyClassifier(data.num_classes, record=str(record))
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=2,
+        callbacks=[example.WholeEpochAfterEpochStartCheckpoint(), *(callbacks or [])],
+        enable_checkpointing=False,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_checkpoint_saved_at_epoch_start_resumes_the_whole_epoch(
+    example: ModuleType, shards: Path, tmp_path: Path, num_workers: int
+) -> None:
+    import lightning as L  # noqa: N812, PLC0415
+
+    checkpoint = tmp_path / "epoch-start.ckpt"
+
+    class SaveAtEpochStart(L.Callback):
+        def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+            if trainer.current_epoch == 1:
+                trainer.save_checkpoint(checkpoint)
+
+    first_file, resumed_file = tmp_path / "first.jsonl", tmp_path / "resumed.jsonl"
+    _fit(example, shards, first_file, callbacks=[SaveAtEpochStart()], num_workers=num_workers)
+    first = recorded(first_file)
+    _fit(example, shards, resumed_file, ckpt_path=checkpoint, num_workers=num_workers)
+    resumed = recorded(resumed_file)
+    assert set(resumed) == {(1, 0)}  # epoch 0 was done
+    assert resumed[(1, 0)] == first[(1, 0)]  # epoch 1 whole, in the same order

@@ -20,7 +20,6 @@ from fastdata._tables import (
     LEVELS,
     PARAMETER_LUTS,
     SEXTANT_SELECT,
-    SMOOTH,
     Params,
     blend,
     erase_noise,
@@ -90,7 +89,10 @@ def blend_into(image: np.ndarray, degenerate: np.ndarray, factor: float) -> None
     work -= low
     work *= np.float32(factor)
     work += low
-    np.clip(work, 0, 255, out=work)
+    if not 0.0 <= factor <= 1.0:
+        # between the two values the rounded sum stays in [0, 255]: rounding is monotonic
+        # and both ends are exact, so only an extrapolating factor needs the clip
+        np.clip(work, 0, 255, out=work)
     image[...] = work  # truncates, as astype(np.uint8) does
 
 
@@ -191,19 +193,24 @@ def hue(
     return images, masks
 
 
-SMOOTH_WEIGHTS = SMOOTH / np.float32(13.0)
-
-
 def smooth(images: np.ndarray) -> np.ndarray:
-    """PIL's ``ImageFilter.SMOOTH`` of each image: the 3x3 kernel ``SMOOTH / 13``, rounded,
-    the outer rows and columns kept.
+    """PIL's ``ImageFilter.SMOOTH`` of each image: the 3x3 kernel
+    ``[[1, 1, 1], [1, 5, 1], [1, 1, 1]] / 13``, rounded, the outer rows and columns kept.
 
-    OpenCV's uint8 filter rounds the float sum: exact, since a sum of integers over 13 is
-    never within 1/26 of a tie."""
-    out = images.copy()
-    for k in range(len(images)):
-        smoothed = cv2.filter2D(images[k], -1, SMOOTH_WEIGHTS, borderType=cv2.BORDER_REFLECT_101)
-        out[k, 1:-1, 1:-1] = smoothed.reshape(images.shape[1:])[1:-1, 1:-1]
+    The kernel is a 3x3 box sum plus four times the centre: a uint16 box filter and a shift,
+    exact; OpenCV's conversion of a thirteenth of it to uint8 rounds the float quotient,
+    exact too, since a sum of integers over 13 is never within 1/26 of a tie."""
+    out = np.empty_like(images)
+    for k, image in enumerate(images):
+        total = cv2.boxFilter(
+            image, cv2.CV_16U, (3, 3), normalize=False, borderType=cv2.BORDER_REPLICATE
+        ).reshape(image.shape)
+        centre = image.astype(np.uint16)
+        centre <<= 2
+        total += centre
+        cv2.convertScaleAbs(total, dst=out[k], alpha=1.0 / 13.0)
+        for edge in (np.s_[0], np.s_[-1], np.s_[:, 0], np.s_[:, -1]):
+            out[k][edge] = image[edge]
     return out
 
 

@@ -12,10 +12,11 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
-from PIL import Image, ImageEnhance, ImageOps
+from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
 from fastdata import gpu, ops, transforms
-from fastdata.transforms._kernels import CPU_KERNELS, luma
+from fastdata._tables import blend
+from fastdata.transforms._kernels import CPU_KERNELS, blend_into, luma, smooth
 
 TOLERANCE = 1  # levels per pixel, the documented bound against the references
 
@@ -286,3 +287,46 @@ def test_luma_is_pils_l_for_every_rgb_triple() -> None:
     assert np.array_equal(luma(rgb.astype(np.uint8)), expected)
     image = np.random.default_rng(0).integers(0, 256, (7, 5, 3), dtype=np.uint8)
     assert np.array_equal(luma(image[None])[0], np.asarray(Image.fromarray(image).convert("L")))
+
+
+def _extreme_images(
+    rng: np.random.Generator, height: int, width: int, channels: int
+) -> list[np.ndarray]:
+    """Noise, narrow-range noise, all black, all white and black/white checks."""
+    shape = (height, width, channels)
+    checks = (np.indices(shape).sum(axis=0) % 2 * 255).astype(np.uint8)
+    return [
+        rng.integers(0, 256, shape, dtype=np.uint8),
+        rng.integers(100, 140, shape, dtype=np.uint8),
+        np.zeros(shape, np.uint8),
+        np.full(shape, 255, np.uint8),
+        checks,
+    ]
+
+
+def test_smooth_is_pils_smooth_filter_on_every_size_and_extreme() -> None:
+    rng = np.random.default_rng(5)
+    for height, width in [(3, 3), (3, 17), (16, 3), (24, 32), (61, 45), (224, 224)]:
+        for channels in (1, 3):
+            for image in _extreme_images(rng, height, width, channels):
+                pil = Image.fromarray(image[..., 0] if channels == 1 else image)
+                expected = np.asarray(pil.filter(ImageFilter.SMOOTH)).reshape(image.shape)
+                assert np.array_equal(smooth(image[None])[0], expected), (height, width)
+    for height, width in [(1, 1), (1, 9), (2, 2), (7, 2)]:  # borders only: kept
+        image = rng.integers(0, 256, (1, height, width, 3), dtype=np.uint8)
+        assert np.array_equal(smooth(image), image)
+
+
+def test_blend_into_is_the_float32_blend_for_every_factor() -> None:
+    # the in-place blend (no clip between 0 and 1) against the tables' formula
+    rng = np.random.default_rng(6)
+    edges = [0.0, 1.0, 0.1, 0.5, 0.7, 0.9999999, 1.0000001, 1.9, 5.0]
+    factors = edges + rng.uniform(0, 1, 40).tolist() + rng.uniform(1, 3, 40).tolist()
+    images = _extreme_images(rng, 19, 23, 3)
+    for factor in factors:
+        for image in images:
+            for degenerate in images:
+                expected = blend(degenerate, image, np.float32(factor))
+                actual = image.copy()
+                blend_into(actual, degenerate, factor)
+                assert np.array_equal(actual, expected), factor

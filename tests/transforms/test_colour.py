@@ -330,3 +330,23 @@ def test_blend_into_is_the_float32_blend_for_every_factor() -> None:
                 actual = image.copy()
                 blend_into(actual, degenerate, factor)
                 assert np.array_equal(actual, expected), factor
+
+
+@pytest.mark.parametrize(
+    ("name", "reference"),
+    [("equalize", ImageOps.equalize), ("autocontrast", ImageOps.autocontrast)],
+)
+def test_histogram_kernels_match_pil_on_extreme_images(
+    name: str, reference: Callable[[Image.Image], Image.Image]
+) -> None:
+    rng = np.random.default_rng(7)
+    for height, width in [(1, 1), (5, 3), (24, 32), (64, 48)]:
+        for channels in (1, 3):
+            images = _extreme_images(rng, height, width, channels)
+            spread = rng.integers(0, 256, (height, width, channels), dtype=np.uint8)
+            spread[..., 0] = 9  # one constant channel beside varied ones
+            images.append(spread)
+            for image in images:
+                pil = Image.fromarray(image[..., 0] if channels == 1 else image)
+                expected = np.asarray(reference(pil)).reshape(image.shape)
+                assert np.array_equal(_kernel(name, image[None])[0], expected), (name, image)

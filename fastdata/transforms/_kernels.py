@@ -10,6 +10,7 @@ float64 where PIL builds them in Python.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,8 @@ from fastdata._tables import (
     blend,
     erase_noise,
     gaussian_taps,
+    posterize_luts,
+    solarize_add_luts,
     table,
 )
 
@@ -103,6 +106,45 @@ def _lut_kernel(build: Callable[[Params], np.ndarray]) -> Kernel:
         return apply_luts(images, build(params)), masks
 
     return kernel
+
+
+def posterize(
+    images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Keep the ``bits`` highest bits: a bitwise and with the mask that the table maps 255
+    to (several times faster than the lookup)."""
+    for k, keep in enumerate(posterize_luts(params["bits"])[:, 255].tolist()):
+        np.bitwise_and(images[k], np.uint8(keep), out=images[k])
+    return images, masks
+
+
+def solarize(
+    images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """``255 - x`` where ``x >= threshold``: a masked subtraction (the table's values)."""
+    for k, threshold in enumerate(params["threshold"].tolist()):
+        lowest = math.ceil(threshold)  # the least integer level at or above it
+        if lowest <= 0:
+            np.subtract(255, images[k], out=images[k])
+        elif lowest <= 255:
+            above = np.greater_equal(images[k], np.uint8(lowest))
+            np.subtract(255, images[k], out=images[k], where=above)
+    return images, masks
+
+
+def solarize_add(
+    images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """timm's ``solarize_add``: ``x + add`` below 128, a masked addition where ``add`` is
+    in [0, 128] (no sum passes 255 there), the table elsewhere."""
+    for k, add in enumerate(params["add"].tolist()):
+        if 0 <= add <= 128:
+            below = np.less(images[k], np.uint8(128))
+            # levels are integers: truncating x + add is adding its floor
+            np.add(images[k], np.uint8(math.floor(add)), out=images[k], where=below)
+        else:
+            apply_luts(images[k : k + 1], solarize_add_luts(np.array([add])))
+    return images, masks
 
 
 def contrast_means(images: np.ndarray) -> np.ndarray:
@@ -378,6 +420,9 @@ def erase(
 
 CPU_KERNELS: dict[str, Kernel] = {
     **{name: _lut_kernel(build) for name, build in PARAMETER_LUTS.items()},
+    "posterize": posterize,
+    "solarize": solarize,
+    "solarize_add": solarize_add,
     "contrast": contrast,
     "saturation": _each(saturation),
     "hue": _each(hue),

@@ -15,7 +15,7 @@ import torch
 from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
 from fastdata import gpu, ops, transforms
-from fastdata._tables import blend
+from fastdata._tables import PARAMETER_LUTS, blend
 from fastdata.transforms._kernels import CPU_KERNELS, blend_into, luma, smooth
 
 TOLERANCE = 1  # levels per pixel, the documented bound against the references
@@ -350,3 +350,29 @@ def test_histogram_kernels_match_pil_on_extreme_images(
                 pil = Image.fromarray(image[..., 0] if channels == 1 else image)
                 expected = np.asarray(reference(pil)).reshape(image.shape)
                 assert np.array_equal(_kernel(name, image[None])[0], expected), (name, image)
+
+
+def _every_level(channels: int) -> np.ndarray:
+    """``(2, 16, 16, channels)``: every level, in order and reversed."""
+    levels = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    one = np.repeat(levels[..., None], channels, axis=-1)
+    return np.stack([one, one[::-1, ::-1]])
+
+
+@pytest.mark.parametrize(
+    ("name", "key", "values"),
+    [
+        ("posterize", "bits", [0, 1, 2, 3, 4, 5, 6, 7, 8]),
+        ("solarize", "threshold", [-3.0, 0.0, 0.5, 1.0, 100.0, 127.2, 128.0, 255.0, 256.0, 300.0]),
+        ("solarize_add", "add", [0.0, 1.0, 54.9, 110.0, 128.0, 128.5, 200.0, -7.5]),
+    ],
+)
+def test_bitwise_kernels_equal_their_tables(name: str, key: str, values: list[float]) -> None:
+    # the masked arithmetic against the tables the device kernels look up, every level
+    for channels in (1, 3):
+        images = _every_level(channels)
+        for value in values:
+            per_sample = np.full(len(images), value, np.int64 if key == "bits" else np.float64)
+            luts = PARAMETER_LUTS[name]({key: per_sample})
+            expected = np.stack([lut[image] for lut, image in zip(luts, images, strict=True)])
+            assert np.array_equal(_kernel(name, images, **{key: value}), expected), value

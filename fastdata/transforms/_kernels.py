@@ -73,13 +73,18 @@ def _per_sample(values: np.ndarray, ndim: int) -> np.ndarray:
 
 
 def apply_luts(images: np.ndarray, luts: np.ndarray) -> np.ndarray:
-    """Map every value through its sample's table, in place: ``luts`` ``(N, 256)`` (all
-    channels) or ``(N, C, 256)`` uint8 (one per channel)."""
+    """Map every value through its sample's table, in place (any strides): ``luts``
+    ``(N, 256)`` (all channels) or ``(N, C, 256)`` uint8 (one per channel)."""
     channels = images.shape[-1]
     for k in range(len(images)):
         image = images[k] if channels > 1 else images[k, ..., 0]
-        table = luts[k] if luts.ndim == 2 else luts[k].T.reshape(1, 256, channels)
-        cv2.LUT(image, np.ascontiguousarray(table), dst=image)
+        table = np.ascontiguousarray(
+            luts[k] if luts.ndim == 2 else luts[k].T.reshape(1, 256, channels)
+        )
+        if image.flags.c_contiguous:
+            cv2.LUT(image, table, dst=image)
+        else:  # OpenCV writes only into contiguous memory
+            image[...] = cv2.LUT(image, table).reshape(image.shape)
     return images
 
 
@@ -118,30 +123,40 @@ def posterize(
     return images, masks
 
 
+def _level_mask(image: np.ndarray, low: int, value: int, below: bool) -> np.ndarray:
+    """``value`` where ``image`` (one sample, any layout) is ``> low`` (``<= low`` if
+    ``below``), else 0: uint8 of its shape (OpenCV's threshold on its 2-D view)."""
+    rows = image.reshape(image.shape[0], -1)  # a copy if ``image`` is strided: only read
+    kind = cv2.THRESH_BINARY_INV if below else cv2.THRESH_BINARY
+    return cv2.threshold(rows, low, value, kind)[1].reshape(image.shape)
+
+
 def solarize(
     images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
 ) -> tuple[np.ndarray, list[np.ndarray]]:
-    """``255 - x`` where ``x >= threshold``: a masked subtraction (the table's values)."""
+    """``255 - x`` where ``x >= threshold`` (the table's values): ``x`` xor 255 there, the
+    255s from a threshold (arithmetic masked by NumPy's ``where`` runs several times
+    slower than the lookup on photos)."""
     for k, threshold in enumerate(params["threshold"].tolist()):
         lowest = math.ceil(threshold)  # the least integer level at or above it
         if lowest <= 0:
             np.subtract(255, images[k], out=images[k])
         elif lowest <= 255:
-            above = np.greater_equal(images[k], np.uint8(lowest))
-            np.subtract(255, images[k], out=images[k], where=above)
+            np.bitwise_xor(images[k], _level_mask(images[k], lowest - 1, 255, False), out=images[k])
     return images, masks
 
 
 def solarize_add(
     images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
 ) -> tuple[np.ndarray, list[np.ndarray]]:
-    """timm's ``solarize_add``: ``x + add`` below 128, a masked addition where ``add`` is
-    in [0, 128] (no sum passes 255 there), the table elsewhere."""
+    """timm's ``solarize_add``: ``x + add`` below 128 (the table's values). Where ``add`` is
+    in [0, 128] no sum passes 255: ``add`` itself is thresholded in below 128 and added;
+    elsewhere the table."""
     for k, add in enumerate(params["add"].tolist()):
         if 0 <= add <= 128:
-            below = np.less(images[k], np.uint8(128))
             # levels are integers: truncating x + add is adding its floor
-            np.add(images[k], np.uint8(math.floor(add)), out=images[k], where=below)
+            step = _level_mask(images[k], 127, math.floor(add), True)
+            np.add(images[k], step, out=images[k])
         else:
             apply_luts(images[k : k + 1], solarize_add_luts(np.array([add])))
     return images, masks
@@ -279,10 +294,8 @@ def histograms(images: np.ndarray) -> np.ndarray:
     count, channels = len(images), images.shape[-1]
     hist = np.empty((count, channels, 256), np.int64)
     for k in range(count):
-        # contiguous planes: OpenCV counts one about twice as fast as an interleaved channel
-        planes = cv2.split(images[k]) if channels > 1 else [images[k, ..., 0]]
-        for channel, plane in enumerate(planes):
-            counts = cv2.calcHist([plane], [0], None, [256], [0, 256])
+        for channel in range(channels):
+            counts = cv2.calcHist([images[k]], [channel], None, [256], [0, 256])
             hist[k, channel] = counts.ravel()
     return hist
 

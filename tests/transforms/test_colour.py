@@ -376,3 +376,8 @@ def test_bitwise_kernels_equal_their_tables(name: str, key: str, values: list[fl
             luts = PARAMETER_LUTS[name]({key: per_sample})
             expected = np.stack([lut[image] for lut, image in zip(luts, images, strict=True)])
             assert np.array_equal(_kernel(name, images, **{key: value}), expected), value
+            # in place on a strided view of a wider batch, the columns between untouched
+            wide = np.zeros((2, 16, 32, channels), np.uint8)
+            wide[:, :, ::2] = images
+            CPU_KERNELS[name](wide[:, :, ::2], {key: per_sample}, {}, [])
+            assert np.array_equal(wide[:, :, ::2], expected) and not wide[:, :, 1::2].any()

@@ -163,10 +163,19 @@ def solarize_add(
 
 
 def contrast_means(images: np.ndarray) -> np.ndarray:
-    """PIL's contrast degenerate: the mean of ``L`` rounded, ``(N,)`` int64."""
-    gray = luma(images) if images.shape[-1] == 3 else images[..., 0]
-    means = gray.reshape(len(gray), -1).mean(axis=1, dtype=np.float64)
-    return np.floor(means + 0.5).astype(np.int64)
+    """PIL's contrast degenerate: the mean of ``L`` rounded, ``(N,)`` int64.
+
+    The floored ``L`` of an RGB image stays float32 (:func:`luma`'s exact values) and is
+    summed by OpenCV in float64, exact: the mean is the same double as NumPy's."""
+    count, height, width, channels = images.shape
+    totals = np.empty(count, np.float64)
+    for k in range(count):
+        if channels == 3:
+            sums = cv2.transform(images[k].astype(np.float32), LUMA_WEIGHTS)
+            totals[k] = cv2.sumElems(np.floor(sums, out=sums))[0]
+        else:
+            totals[k] = cv2.sumElems(images[k])[0]
+    return np.floor(totals / (height * width) + 0.5).astype(np.int64)
 
 
 def contrast(

@@ -16,7 +16,7 @@ from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
 from fastdata import gpu, ops, transforms
 from fastdata._tables import PARAMETER_LUTS, blend
-from fastdata.transforms._kernels import CPU_KERNELS, blend_into, luma, smooth
+from fastdata.transforms._kernels import CPU_KERNELS, blend_into, contrast_means, luma, smooth
 
 TOLERANCE = 1  # levels per pixel, the documented bound against the references
 
@@ -381,3 +381,20 @@ def test_bitwise_kernels_equal_their_tables(name: str, key: str, values: list[fl
             wide[:, :, ::2] = images
             CPU_KERNELS[name](wide[:, :, ::2], {key: per_sample}, {}, [])
             assert np.array_equal(wide[:, :, ::2], expected) and not wide[:, :, 1::2].any()
+
+
+def test_contrast_means_are_the_rounded_mean_of_pils_l() -> None:
+    rng = np.random.default_rng(8)
+    for channels in (1, 3):
+        images = np.stack(_extreme_images(rng, 31, 17, channels))
+        # means on and next to a half: 1x2 images of levels k and k + 1
+        halves = np.repeat(np.arange(255, dtype=np.uint8), 2).reshape(255, 1, 2, 1) + np.array(
+            [0, 1], np.uint8
+        ).reshape(1, 1, 2, 1)
+        halves = np.repeat(halves, channels, axis=-1)
+        for batch in (images, halves):
+            gray = luma(batch) if channels == 3 else batch[..., 0]
+            exact = gray.reshape(len(batch), -1).sum(axis=1, dtype=np.int64)
+            pixels = batch.shape[1] * batch.shape[2]
+            expected = (2 * exact + pixels) // (2 * pixels)  # floor(mean + 0.5) in integers
+            assert np.array_equal(contrast_means(batch), expected)

@@ -92,8 +92,12 @@ def blend_into(image: np.ndarray, degenerate: np.ndarray, factor: float) -> None
     """:func:`fastdata._tables.blend` of one sample written into ``image``, in place, with
     one float32 buffer (the same float32 operations in the same order: the same bytes).
     ``degenerate`` broadcasts against ``image``."""
-    work = image.astype(np.float32)
-    low = degenerate.astype(np.float32)
+    blend_floats_into(image, image.astype(np.float32), degenerate.astype(np.float32), factor)
+
+
+def blend_floats_into(image: np.ndarray, work: np.ndarray, low: np.ndarray, factor: float) -> None:
+    """:func:`blend_into` from float32 copies of the sample (``work``, overwritten) and of
+    the degenerate (``low``)."""
     work -= low
     work *= np.float32(factor)
     work += low
@@ -192,11 +196,14 @@ def saturation(
     """PIL's colour enhance: a blend with the image's ``L`` grey."""
     if images.shape[-1] != 3:
         return images, masks
-    gray = luma(images)
     for k, factor in enumerate(params["factor"].tolist()):
-        # grey in all three channels: arithmetic broadcasting a channel of 1 against 3
+        # one float32 copy serves the grey (:func:`luma`'s exact values) and the blend;
+        # the grey in all three channels: arithmetic broadcasting a channel of 1 against 3
         # runs NumPy's inner loop 3 values at a time, several times slower
-        blend_into(images[k], cv2.cvtColor(gray[k], cv2.COLOR_GRAY2RGB), factor)
+        work = images[k].astype(np.float32)
+        gray = cv2.transform(work, LUMA_WEIGHTS)
+        gray = cv2.cvtColor(np.floor(gray, out=gray), cv2.COLOR_GRAY2RGB)
+        blend_floats_into(images[k], work, gray, factor)
     return images, masks
 
 

@@ -398,3 +398,13 @@ def test_contrast_means_are_the_rounded_mean_of_pils_l() -> None:
             pixels = batch.shape[1] * batch.shape[2]
             expected = (2 * exact + pixels) // (2 * pixels)  # floor(mean + 0.5) in integers
             assert np.array_equal(contrast_means(batch), expected)
+
+
+def test_saturation_is_the_float32_blend_with_l_for_every_factor() -> None:
+    rng = np.random.default_rng(9)
+    images = np.stack(_extreme_images(rng, 21, 26, 3))
+    gray = np.repeat(luma(images)[..., None], 3, axis=-1)
+    factors = [0.0, 0.1, 0.5, 1.0, 1.0000001, 1.9, 5.0, *rng.uniform(0, 3, 30).tolist()]
+    for factor in factors:
+        expected = blend(gray, images, np.float32(factor))
+        assert np.array_equal(_kernel("saturation", images, factor=factor), expected), factor

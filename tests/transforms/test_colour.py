@@ -16,6 +16,7 @@ from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
 from fastdata import gpu, ops, transforms
 from fastdata._tables import PARAMETER_LUTS, blend
+from fastdata.gpu._kernels import DEVICE_KERNELS
 from fastdata.transforms._kernels import CPU_KERNELS, blend_into, contrast_means, luma, smooth
 
 TOLERANCE = 1  # levels per pixel, the documented bound against the references
@@ -408,3 +409,19 @@ def test_saturation_is_the_float32_blend_with_l_for_every_factor() -> None:
     for factor in factors:
         expected = blend(gray, images, np.float32(factor))
         assert np.array_equal(_kernel("saturation", images, factor=factor), expected), factor
+
+
+def test_hue_planes_equal_the_device_kernels_float32_formula() -> None:
+    # the CPU kernel works plane by plane; the device kernel on the CPU is the formula
+    rng = np.random.default_rng(10)
+    corners = np.array(list(np.ndindex(2, 2, 2)), np.uint8).reshape(1, 8, 1, 3) * 255
+    greys = np.repeat(np.arange(0, 256, 15, dtype=np.uint8)[None, :, None, None], 3, axis=-1)
+    batches = [np.stack(_extreme_images(rng, 13, 11, 3)), corners, greys]
+    shifts = [-0.5, -0.25, -1e-7, -1e-9, 0.0, 1e-7, 0.1, 0.5, *rng.uniform(-0.5, 0.5, 12).tolist()]
+    for images in batches:
+        planar = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
+        for shift in shifts:
+            factor = np.full(len(images), shift)
+            expected, _ = DEVICE_KERNELS["hue"](planar, {"factor": factor}, {}, [])
+            actual = _kernel("hue", images, factor=shift)
+            assert np.array_equal(actual, expected.permute(0, 2, 3, 1).numpy()), shift

@@ -411,17 +411,49 @@ def opencv_matrix(matrix: np.ndarray) -> np.ndarray:
 INTERPOLATION_FLAGS = {"nearest": cv2.INTER_NEAREST, "bilinear": cv2.INTER_LINEAR}
 
 
+def whole_pixel_shift(matrix: np.ndarray) -> tuple[int, int] | None:
+    """``(dx, dy)`` when the inverse map ``matrix`` (PIL's coordinates) only moves by whole
+    pixels (the output at ``(x, y)`` is the input at ``(x + dx, y + dy)``), else ``None``."""
+    linear, offset = matrix[:, :2], matrix[:, 2]
+    if (linear == np.eye(2)).all() and (offset == np.round(offset)).all():
+        return int(offset[0]), int(offset[1])
+    return None
+
+
+def shift_into(
+    target: np.ndarray, source: np.ndarray, shift: tuple[int, int], fill: np.ndarray | int
+) -> None:
+    """``target`` (``(H, W, ...)``) at ``(x, y)`` is ``source`` at ``(x + dx, y + dy)``,
+    ``fill`` where that is outside: what a warp by a whole-pixel shift gives, nearest or
+    bilinear (every sample point is a pixel centre), as two copies. ``target`` may be
+    ``source``."""
+    height, width = source.shape[:2]
+    dx, dy = shift
+    top, bottom = min(max(-dy, 0), height), max(min(height - dy, height), 0)
+    left, right = min(max(-dx, 0), width), max(min(width - dx, width), 0)
+    if bottom > top and right > left:  # NumPy copies overlapping views through a buffer
+        target[top:bottom, left:right] = source[top + dy : bottom + dy, left + dx : right + dx]
+    else:
+        top = bottom = left = right = 0
+    target[:top] = fill
+    target[bottom:] = fill
+    target[top:bottom, :left] = fill
+    target[top:bottom, right:] = fill
+
+
 def affine(
     images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     """Warp by inverse maps; outside pixels take ``fill`` (masks: nearest, 0).
 
     Bilinear RGB warps run on an RGBA copy: OpenCV's vectorised 4-channel path computes
-    the same fixed-point interpolation per channel as its 3-channel one, in half the time,
-    so the pixels are identical."""
+    the same interpolation per channel as its 3-channel one, in half the time, so the
+    pixels are identical. Whole-pixel shifts (TrivialAugmentWide's translations) are
+    copies: every sample point is a pixel centre, which both interpolations return as is."""
     height, width, channels = images.shape[1:]
     fill = options["fill"]
     border = tuple(float(v) for v in (fill * channels if len(fill) == 1 else fill))
+    fill_values = np.array(border, np.uint8) if channels > 1 else int(border[0])
     interpolation = INTERPOLATION_FLAGS[options["interpolation"]]
     flags = interpolation | cv2.WARP_INVERSE_MAP
     four = channels == 3 and interpolation == cv2.INTER_LINEAR
@@ -430,8 +462,14 @@ def affine(
     out = images if four else np.empty_like(images)
     mask_outs = [np.empty_like(mask) for mask in masks]
     for k, matrix in enumerate(params["matrix"]):
-        transform = opencv_matrix(matrix)
         target = out[k] if channels > 1 else out[k, ..., 0]
+        shift = whole_pixel_shift(matrix)
+        if shift is not None:
+            shift_into(target, images[k] if channels > 1 else images[k, ..., 0], shift, fill_values)
+            for mask, mask_out in zip(masks, mask_outs, strict=True):
+                shift_into(mask_out[k], mask[k], shift, 0)
+            continue
+        transform = opencv_matrix(matrix)
         if rgba is not None:
             cv2.cvtColor(images[k], cv2.COLOR_RGB2RGBA, dst=rgba[0])
             cv2.warpAffine(

@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 from fastdata import gpu, ops, transforms
+from fastdata._affine import translate_matrices
 from fastdata._ops_policy import (
     GEOMETRIC_OPS,
     MAX_LEVEL,
@@ -448,3 +449,33 @@ def test_policy_steps_give_each_sample_what_its_own_draws_give_it(op: ops.Operat
             assert params.keys() == expected.keys()
             for name, value in params.items():
                 assert np.array_equal(value, expected[name]), (sample, name)
+
+
+@pytest.mark.parametrize("interpolation", ["nearest", "bilinear"])
+@pytest.mark.parametrize("channels", [1, 3])
+def test_whole_pixel_shifts_equal_opencvs_warp(interpolation: str, channels: int) -> None:
+    # shifts copy pixels; OpenCV's warp by the same map is the reference, masks included
+    rng = np.random.default_rng(12)
+    height, width = 9, 13
+    images = rng.integers(0, 256, (1, height, width, channels), dtype=np.uint8)
+    mask = rng.integers(1, 9, (1, height, width), dtype=np.uint8)
+    fill = (7, 200, 31)[:channels]
+    flags = {"nearest": cv2.INTER_NEAREST, "bilinear": cv2.INTER_LINEAR}[interpolation]
+    for dx in (0, 1, -1, 5, -12, 13, -13, 20):
+        for dy in (0, 2, -3, 8, -9, 30):
+            matrix = translate_matrices(np.array([float(dx)]), np.array([float(dy)]))
+            transform = opencv_matrix(matrix[0])
+            expected = cv2.warpAffine(
+                images[0], transform, (width, height), flags=flags | cv2.WARP_INVERSE_MAP,
+                borderMode=cv2.BORDER_CONSTANT, borderValue=tuple(float(v) for v in fill),
+            ).reshape(images.shape[1:])  # fmt: skip
+            expected_mask = cv2.warpAffine(
+                mask[0], transform, (width, height), flags=cv2.INTER_NEAREST | cv2.WARP_INVERSE_MAP,
+                borderMode=cv2.BORDER_CONSTANT, borderValue=0,
+            )  # fmt: skip
+            options = {"interpolation": interpolation, "fill": fill}
+            out, (moved,) = CPU_KERNELS["affine"](
+                images.copy(), {"matrix": matrix}, options, [mask.copy()]
+            )
+            assert np.array_equal(out[0], expected), (dx, dy)
+            assert np.array_equal(moved[0], expected_mask), (dx, dy)

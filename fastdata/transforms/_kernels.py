@@ -414,9 +414,9 @@ INTERPOLATION_FLAGS = {"nearest": cv2.INTER_NEAREST, "bilinear": cv2.INTER_LINEA
 def whole_pixel_shift(matrix: np.ndarray) -> tuple[int, int] | None:
     """``(dx, dy)`` when the inverse map ``matrix`` (PIL's coordinates) only moves by whole
     pixels (the output at ``(x, y)`` is the input at ``(x + dx, y + dy)``), else ``None``."""
-    linear, offset = matrix[:, :2], matrix[:, 2]
-    if (linear == np.eye(2)).all() and (offset == np.round(offset)).all():
-        return int(offset[0]), int(offset[1])
+    (a, b, dx), (c, d, dy) = matrix.tolist()  # Python floats: a few comparisons per sample
+    if (a, b, c, d) == (1.0, 0.0, 0.0, 1.0) and dx.is_integer() and dy.is_integer():
+        return int(dx), int(dy)
     return None
 
 

@@ -1,9 +1,10 @@
 """The CPU kernels of the per-sample steps (:mod:`fastdata._ops_steps`): NumPy and OpenCV
 on a ``(N, H, W, C)`` uint8 slice of the batch (C 1 or 3), one function per kernel name.
 
-Each takes the slice, the step's per-sample parameters for it, its shared options and the
-mask slices (``(N, H, W)`` uint8, given to kernels that move pixels), and returns the new
-slice and masks (written in place where it can). Values follow PIL's definitions (see
+``CPU_KERNELS`` maps each name to its function: here, or in :mod:`._hsv` (hue) and
+:mod:`._warp` (affine). Each takes the slice, the step's per-sample parameters for it, its
+shared options and the mask slices (``(N, H, W)`` uint8, given to kernels that move
+pixels), and returns the new slice and masks (written in place where it can). Values follow PIL's definitions (see
 :mod:`fastdata._ops_colour`): blends in float32 truncated to uint8, lookup tables built in
 float64 where PIL builds them in Python.
 """
@@ -20,7 +21,6 @@ import numpy as np
 from fastdata._tables import (
     LEVELS,
     PARAMETER_LUTS,
-    SEXTANT_SELECT,
     Params,
     blend,
     erase_noise,
@@ -29,6 +29,8 @@ from fastdata._tables import (
     solarize_add_luts,
     table,
 )
+from fastdata.transforms._hsv import hue
+from fastdata.transforms._warp import affine
 
 Kernel = Callable[
     [np.ndarray, Params, dict[str, Any], list[np.ndarray]], tuple[np.ndarray, list[np.ndarray]]
@@ -217,77 +219,6 @@ def grayscale(
     return images, masks
 
 
-def rgb_to_hsv(
-    red: np.ndarray, green: np.ndarray, blue: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """torchvision's float HSV of float32 RGB planes in [0, 1] (any equal shapes): float32
-    hue, saturation and value planes.
-
-    Plane by plane: reducing or broadcasting over a last axis of 3 runs NumPy's inner loop
-    3 values at a time, tens of times slower; the float32 operations are the same."""
-    maxc = np.maximum(np.maximum(red, green), blue)
-    minc = np.minimum(np.minimum(red, green), blue)
-    equal = maxc == minc
-    span = maxc - minc
-    ones = np.ones_like(maxc)
-    sat = span / np.where(equal, ones, maxc)
-    divisor = np.where(equal, ones, span)
-    rc, gc, bc = ((maxc - plane) / divisor for plane in (red, green, blue))
-    not_red = maxc != red
-    is_green = maxc == green
-    hue = (bc - gc) * ~not_red
-    hue += (2.0 + rc - bc) * (is_green & not_red)
-    hue += (4.0 + gc - rc) * (not_red & ~is_green)
-    hue /= np.float32(6.0)
-    hue += np.float32(1.0)  # positive: fmod by 1 is the floor's rest
-    hue -= np.floor(hue)
-    return hue, sat, maxc
-
-
-# Per RGB channel, which of (v, p, q, t) each hue sextant takes, as lookup tables of the
-# sextant 0..6 (6, a hue of exactly one turn, is sextant 0).
-SEXTANT_LUTS = np.zeros((3, 256), np.uint8)
-SEXTANT_LUTS[:, :7] = SEXTANT_SELECT[:, np.arange(7) % 6]
-
-
-def hsv_to_rgb(hue: np.ndarray, sat: np.ndarray, val: np.ndarray) -> list[np.ndarray]:
-    """torchvision's RGB planes (float32) of float32 HSV planes (2-D, contiguous)."""
-    h6 = hue * np.float32(6.0)
-    sextant = np.floor(h6)
-    frac = h6 - sextant
-    sxf = sat * frac
-    one_minus_s = np.float32(1.0) - sat
-    q = np.clip((np.float32(1.0) - sxf) * val, 0.0, 1.0)
-    t = np.clip((sxf + one_minus_s) * val, 0.0, 1.0)
-    p = np.clip(one_minus_s * val, 0.0, 1.0)
-    sextants = sextant.astype(np.uint8)  # 0..6: hues are in [0, 1]
-    planes = []
-    for channel_picks in SEXTANT_LUTS:
-        pick = cv2.LUT(sextants, channel_picks)
-        plane = val.copy()
-        for chosen, source in ((1, p), (2, q), (3, t)):
-            cv2.copyTo(source, (pick == chosen).view(np.uint8), plane)
-        planes.append(plane)
-    return planes
-
-
-def hue(
-    images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
-) -> tuple[np.ndarray, list[np.ndarray]]:
-    """torchvision's hue shift: float HSV, hue rotated by ``factor`` turns."""
-    if images.shape[-1] != 3:
-        return images, masks
-    scale = np.float32(255.0 + 1.0 - 1e-3)
-    for k, shift in enumerate(params["factor"].astype(np.float32).tolist()):
-        planes = [images[k, ..., c].astype(np.float32) / np.float32(255.0) for c in range(3)]
-        hue, sat, val = rgb_to_hsv(*planes)
-        hue += np.float32(shift)
-        hue -= np.floor(hue)  # NumPy's remainder by 1, the same float32 values
-        for channel, plane in enumerate(hsv_to_rgb(hue, sat, val)):
-            images[k, ..., channel] = plane * scale  # truncates, as astype(np.uint8) does
-    return images, masks
-
-
 def smooth(images: np.ndarray) -> np.ndarray:
     """PIL's ``ImageFilter.SMOOTH`` of each image: the 3x3 kernel
     ``[[1, 1, 1], [1, 5, 1], [1, 1, 1]] / 13``, rounded, the outer rows and columns kept.
@@ -399,96 +330,6 @@ def blur(
         )
         images[k] = np.clip(np.rint(blurred), 0, 255).astype(np.uint8).reshape(images.shape[1:])
     return images, masks
-
-
-def opencv_matrix(matrix: np.ndarray) -> np.ndarray:
-    """An inverse map in PIL's coordinates (:mod:`fastdata._affine`) in OpenCV's, whose
-    origin is the top-left pixel's centre."""
-    linear, offset = matrix[:, :2], matrix[:, 2]
-    return np.concatenate([linear, (linear @ [0.5, 0.5] + offset - 0.5)[:, None]], axis=1)
-
-
-INTERPOLATION_FLAGS = {"nearest": cv2.INTER_NEAREST, "bilinear": cv2.INTER_LINEAR}
-
-
-def whole_pixel_shift(matrix: np.ndarray) -> tuple[int, int] | None:
-    """``(dx, dy)`` when the inverse map ``matrix`` (PIL's coordinates) only moves by whole
-    pixels (the output at ``(x, y)`` is the input at ``(x + dx, y + dy)``), else ``None``."""
-    (a, b, dx), (c, d, dy) = matrix.tolist()  # Python floats: a few comparisons per sample
-    if (a, b, c, d) == (1.0, 0.0, 0.0, 1.0) and dx.is_integer() and dy.is_integer():
-        return int(dx), int(dy)
-    return None
-
-
-def shift_into(
-    target: np.ndarray, source: np.ndarray, shift: tuple[int, int], fill: np.ndarray | int
-) -> None:
-    """``target`` (``(H, W, ...)``) at ``(x, y)`` is ``source`` at ``(x + dx, y + dy)``,
-    ``fill`` where that is outside: what a warp by a whole-pixel shift gives, nearest or
-    bilinear (every sample point is a pixel centre), as two copies. ``target`` may be
-    ``source``."""
-    height, width = source.shape[:2]
-    dx, dy = shift
-    top, bottom = min(max(-dy, 0), height), max(min(height - dy, height), 0)
-    left, right = min(max(-dx, 0), width), max(min(width - dx, width), 0)
-    if bottom > top and right > left:  # NumPy copies overlapping views through a buffer
-        target[top:bottom, left:right] = source[top + dy : bottom + dy, left + dx : right + dx]
-    else:
-        top = bottom = left = right = 0
-    target[:top] = fill
-    target[bottom:] = fill
-    target[top:bottom, :left] = fill
-    target[top:bottom, right:] = fill
-
-
-def affine(
-    images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
-) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Warp by inverse maps; outside pixels take ``fill`` (masks: nearest, 0).
-
-    Bilinear RGB warps run on an RGBA copy: OpenCV's vectorised 4-channel path computes
-    the same interpolation per channel as its 3-channel one, in half the time, so the
-    pixels are identical. Whole-pixel shifts (TrivialAugmentWide's translations) are
-    copies: every sample point is a pixel centre, which both interpolations return as is."""
-    height, width, channels = images.shape[1:]
-    fill = options["fill"]
-    border = tuple(float(v) for v in (fill * channels if len(fill) == 1 else fill))
-    fill_values = np.array(border, np.uint8) if channels > 1 else int(border[0])
-    interpolation = INTERPOLATION_FLAGS[options["interpolation"]]
-    flags = interpolation | cv2.WARP_INVERSE_MAP
-    four = channels == 3 and interpolation == cv2.INTER_LINEAR
-    rgba = np.empty((2, height, width, 4), np.uint8) if four else None
-    # the RGBA detour warps a copy: its result goes straight back into the batch
-    out = images if four else np.empty_like(images)
-    mask_outs = [np.empty_like(mask) for mask in masks]
-    for k, matrix in enumerate(params["matrix"]):
-        target = out[k] if channels > 1 else out[k, ..., 0]
-        shift = whole_pixel_shift(matrix)
-        if shift is not None:
-            shift_into(target, images[k] if channels > 1 else images[k, ..., 0], shift, fill_values)
-            for mask, mask_out in zip(masks, mask_outs, strict=True):
-                shift_into(mask_out[k], mask[k], shift, 0)
-            continue
-        transform = opencv_matrix(matrix)
-        if rgba is not None:
-            cv2.cvtColor(images[k], cv2.COLOR_RGB2RGBA, dst=rgba[0])
-            cv2.warpAffine(
-                rgba[0], transform, (width, height), dst=rgba[1], flags=flags,
-                borderMode=cv2.BORDER_CONSTANT, borderValue=(*border, 0.0),
-            )  # fmt: skip
-            cv2.cvtColor(rgba[1], cv2.COLOR_RGBA2RGB, dst=target)
-        else:
-            cv2.warpAffine(
-                images[k], transform, (width, height), dst=target, flags=flags,
-                borderMode=cv2.BORDER_CONSTANT, borderValue=border,
-            )  # fmt: skip
-        for mask, mask_out in zip(masks, mask_outs, strict=True):
-            mask_out[k] = cv2.warpAffine(
-                mask[k], transform, (width, height),
-                flags=cv2.INTER_NEAREST | cv2.WARP_INVERSE_MAP,
-                borderMode=cv2.BORDER_CONSTANT, borderValue=0,
-            )  # fmt: skip
-    return out, mask_outs
 
 
 def erase(

@@ -25,8 +25,9 @@ from fastdata._ops_policy import (
     rand_augment_values,
 )
 from fastdata._ops_steps import Step
-from fastdata.transforms._kernels import CPU_KERNELS, opencv_matrix
+from fastdata.transforms._kernels import CPU_KERNELS
 from fastdata.transforms._steps import run_steps
+from fastdata.transforms._warp import opencv_matrix
 
 stats = pytest.importorskip("scipy.stats")
 

@@ -6,7 +6,10 @@ batch), each op run alone on one thread in this process on batches of 64 rows of
 shards: CPU time per image and minor page faults per image (memory mapped afresh), best of
 ``--repeats`` passes. Then, in one more pass, RandAugment's kernels timed inside it: the
 time per image a kernel ran on, and per image of the batch (how often the policy draws
-it). One command::
+it). Last, each of RandAugment's 15 ops alone on every image of a cropped batch at the
+recipe's magnitude (best of ``--op-repeats``): CPU ms per batch, and that cost weighted by
+how often the policy draws the op (``num_ops * p / 15`` per image), the ops ranked by it.
+One command::
 
     PYTHONPATH=. python benchmarks/bench_augment_ops.py --num-images 1000
 """
@@ -30,6 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import add_publish_argument, save
 from bench_augment import MEAN, NUM_CLASSES, STD, sample_data
 
+from fastdata import ops
+from fastdata._ops_policy import RAND_AUGMENT_OPS, policy_steps, rand_augment_values
 from fastdata.datasets import ShardDataset
 from fastdata.gpu import Normalize
 from fastdata.transforms import (
@@ -41,10 +46,12 @@ from fastdata.transforms import (
     RandomResizedCrop,
     _kernels,
 )
+from fastdata.transforms._steps import run_steps
 
 
 def _timed_kernels() -> tuple[Counter[str], Counter[str]]:
-    """Wrap the CPU kernels to add their thread CPU time and image count per name."""
+    """Wrap the CPU kernels to add their thread CPU time and image count per name (until
+    :func:`_untimed_kernels`)."""
     seconds: Counter[str] = Counter()
     images: Counter[str] = Counter()
     for name, kernel in list(_kernels.CPU_KERNELS.items()):
@@ -60,6 +67,50 @@ def _timed_kernels() -> tuple[Counter[str], Counter[str]]:
     return seconds, images
 
 
+UNTIMED_KERNELS = dict(_kernels.CPU_KERNELS)
+
+
+def _untimed_kernels() -> None:
+    _kernels.CPU_KERNELS.update(UNTIMED_KERNELS)
+
+
+def op_costs(
+    batches: list[np.ndarray], policy: ops.RandAugment, repeats: int
+) -> dict[str, dict[str, float]]:
+    """Each of RandAugment's ops on every image of each ``(B, H, W, 3)`` uint8 batch at
+    ``policy``'s magnitude (signs alternating): best CPU ms per batch over ``repeats``
+    passes, and ms per image of a policy batch (the op's share: ``num_ops * p / 15``)."""
+    count, height, width = batches[0].shape[:3]
+    heights, widths = np.full(count, height), np.full(count, width)
+    level = np.full(count, policy.magnitude)
+    negate = np.arange(count) % 2 == 1
+    options = {"interpolation": policy.interpolation, "fill": policy.fill}
+    share = policy.num_ops * policy.p / len(RAND_AUGMENT_OPS)
+    costs = {}
+    for op_index, name in enumerate(RAND_AUGMENT_OPS):
+        values = rand_augment_values(name, level, negate, policy.increasing)
+        if name == "translate_x":
+            values = values * widths
+        elif name == "translate_y":
+            values = values * heights
+        chosen = np.full(count, op_index)
+        steps = policy_steps(RAND_AUGMENT_OPS, values, chosen, heights, widths, options)
+        best = float("inf")
+        for _ in range(repeats):
+            seconds = 0.0
+            for batch in batches:
+                images = batch.copy()
+                start = time.process_time()
+                run_steps(steps, images, [], None, 1)
+                seconds += time.process_time() - start
+            best = min(best, seconds / len(batches))
+        costs[name] = {
+            "ms_per_batch": 1e3 * best,
+            "ms_per_policy_image": 1e3 * best / count * share,
+        }
+    return dict(sorted(costs.items(), key=lambda item: -item[1]["ms_per_policy_image"]))
+
+
 def _faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
@@ -71,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--batches", type=int, default=8, help="batches per pass")
     parser.add_argument("--repeats", type=int, default=3, help="passes (best kept)")
+    parser.add_argument(
+        "--op-repeats", type=int, default=5, help="passes of each RandAugment op (best kept)"
+    )
     add_publish_argument(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -142,6 +196,16 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"| {name} | {figures['ms_per_image_run']:.3f} | {figures['ms_per_batch_image']:.3f} |"
         )
+    _untimed_kernels()
+    cropped_batches = []
+    for source in sources:
+        crop.apply_all(source, [], None, 1, cropped)
+        cropped_batches.append(cropped.copy())
+    per_op = op_costs(cropped_batches, policy.op, args.op_repeats)
+    print(f"\n| RandAugment op, all {batch} images | CPU ms per batch | ms per policy image |")
+    print("|---|---:|---:|")
+    for name, figures in per_op.items():
+        print(f"| {name} | {figures['ms_per_batch']:.2f} | {figures['ms_per_policy_image']:.4f} |")
     save(
         "augment_ops",
         {
@@ -151,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_ms_per_image": {k: 1e3 * v for k, v in seconds_per_image.items()},
             "page_faults_per_image": faults_per_image,
             "rand_augment_kernels": kernels,
+            "rand_augment_ops_on_every_image": per_op,
         },
         publish=args.publish,
     )

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -186,6 +187,39 @@ class RandomErasing(StepOperation):
         return [Step("erase", index, params, {"value": self.value})]
 
 
+def op_groups(chosen: np.ndarray, count: int) -> list[tuple[int, np.ndarray]]:
+    """``(op index, increasing int64 sample positions)`` for every op in ``range(count)``
+    that ``chosen`` (``(B,)``, -1 for none) picks, in op order: one stable sort, not a
+    comparison of the whole batch per op."""
+    order = np.argsort(chosen, kind="stable")
+    bounds = np.searchsorted(chosen[order], np.arange(count + 1)).tolist()
+    return [
+        (op_index, order[low:high].astype(np.int64))
+        for op_index, (low, high) in enumerate(itertools.pairwise(bounds))
+        if high > low
+    ]
+
+
+GEOMETRIC_OPS = ("rotate", "shear_x", "shear_y", "translate_x", "translate_y")
+
+
+def geometry_matrices(
+    name: str, value: np.ndarray, heights: np.ndarray, widths: np.ndarray
+) -> np.ndarray:
+    """Inverse maps of a policy's geometric op ``name`` (one of ``GEOMETRIC_OPS``) at
+    ``value`` (degrees, shear factors or pixels) for images of ``heights`` x ``widths``."""
+    zeros = np.zeros(len(value))
+    if name == "rotate":
+        return rotate_matrices(heights, widths, value)
+    if name == "shear_x":
+        return shear_matrices(value, zeros)
+    if name == "shear_y":
+        return shear_matrices(zeros, value)
+    if name == "translate_x":
+        return translate_matrices(value, zeros)
+    return translate_matrices(zeros, value)
+
+
 def policy_steps(  # noqa: PLR0917
     names: Sequence[str],
     values: np.ndarray,
@@ -195,37 +229,31 @@ def policy_steps(  # noqa: PLR0917
     affine_options: dict[str, Any],
 ) -> list[Step]:
     """Steps for one policy position: sample ``i`` takes ``names[chosen[i]]`` with
-    parameter ``values[i]`` (``chosen < 0``: nothing)."""
+    parameter ``values[i]`` (``chosen < 0``: nothing). The geometric ops of the position
+    share one ``affine`` step (each sample takes one op per position: their order does not
+    matter), so the kernel warps runs of neighbouring samples in one call."""
     steps = []
-    for op_index, name in enumerate(names):
-        index = where(chosen == op_index)
-        if not len(index) or name == "identity":
+    warped: list[tuple[np.ndarray, np.ndarray]] = []
+    for op_index, index in op_groups(chosen, len(names)):
+        name = names[op_index]
+        if name == "identity":
             continue
         value = values[index]
-        height, width = heights[index], widths[index]
-        zeros = np.zeros(len(index))
         if name in ("autocontrast", "equalize", "invert"):
             steps.append(Step(name, index))
-            continue
-        matrix = None
-        if name == "rotate":
-            matrix = rotate_matrices(height, width, value)
-        elif name == "shear_x":
-            matrix = shear_matrices(value, zeros)
-        elif name == "shear_y":
-            matrix = shear_matrices(zeros, value)
-        elif name == "translate_x":
-            matrix = translate_matrices(value, zeros)
-        elif name == "translate_y":
-            matrix = translate_matrices(zeros, value)
-        if matrix is not None:
-            steps.append(Step("affine", index, {"matrix": matrix}, affine_options))
-            continue
-        key = {"posterize": "bits", "solarize": "threshold", "solarize_add": "add"}.get(
-            name, "factor"
-        )
-        param = value.astype(np.int64) if name == "posterize" else value
-        steps.append(Step(name, index, {key: param}))
+        elif name in GEOMETRIC_OPS:
+            warped.append((index, geometry_matrices(name, value, heights[index], widths[index])))
+        else:
+            key = {"posterize": "bits", "solarize": "threshold", "solarize_add": "add"}.get(
+                name, "factor"
+            )
+            param = value.astype(np.int64) if name == "posterize" else value
+            steps.append(Step(name, index, {key: param}))
+    if warped:
+        index = np.concatenate([index for index, _ in warped])
+        matrix = np.concatenate([matrix for _, matrix in warped])
+        order = np.argsort(index, kind="stable")
+        steps.append(Step("affine", index[order], {"matrix": matrix[order]}, affine_options))
     return steps
 
 
@@ -370,16 +398,15 @@ class RandAugment(StepOperation):
         steps = []
         for position in range(self.num_ops):
             values = np.zeros(len(draws))
-            for op_index, name in enumerate(RAND_AUGMENT_OPS):
-                rows = chosen[:, position] == op_index
-                if rows.any():
-                    values[rows] = rand_augment_values(
-                        name, level[rows, position], negate[rows, position], self.increasing
-                    )
-                    if name == "translate_x":
-                        values[rows] *= widths[rows]
-                    elif name == "translate_y":
-                        values[rows] *= heights[rows]
+            for op_index, rows in op_groups(chosen[:, position], len(RAND_AUGMENT_OPS)):
+                name = RAND_AUGMENT_OPS[op_index]
+                values[rows] = rand_augment_values(
+                    name, level[rows, position], negate[rows, position], self.increasing
+                )
+                if name == "translate_x":
+                    values[rows] *= widths[rows]
+                elif name == "translate_y":
+                    values[rows] *= heights[rows]
             steps += policy_steps(
                 RAND_AUGMENT_OPS, values, chosen[:, position], heights, widths, options
             )

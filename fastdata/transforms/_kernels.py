@@ -1,15 +1,17 @@
 """The CPU kernels of the per-sample steps (:mod:`fastdata._ops_steps`): NumPy and OpenCV
 on a ``(N, H, W, C)`` uint8 slice of the batch (C 1 or 3), one function per kernel name.
 
-Each takes the slice, the step's per-sample parameters for it, its shared options and the
-mask slices (``(N, H, W)`` uint8, given to kernels that move pixels), and returns the new
-slice and masks (written in place where it can). Values follow PIL's definitions (see
+``CPU_KERNELS`` maps each name to its function: here, or in :mod:`._hsv` (hue) and
+:mod:`._warp` (affine). Each takes the slice, the step's per-sample parameters for it, its
+shared options and the mask slices (``(N, H, W)`` uint8, given to kernels that move
+pixels), and returns the new slice and masks (written in place where it can). Values follow PIL's definitions (see
 :mod:`fastdata._ops_colour`): blends in float32 truncated to uint8, lookup tables built in
 float64 where PIL builds them in Python.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -19,14 +21,16 @@ import numpy as np
 from fastdata._tables import (
     LEVELS,
     PARAMETER_LUTS,
-    SEXTANT_SELECT,
-    SMOOTH,
     Params,
     blend,
     erase_noise,
     gaussian_taps,
+    posterize_luts,
+    solarize_add_luts,
     table,
 )
+from fastdata.transforms._hsv import hue
+from fastdata.transforms._warp import affine
 
 Kernel = Callable[
     [np.ndarray, Params, dict[str, Any], list[np.ndarray]], tuple[np.ndarray, list[np.ndarray]]
@@ -71,13 +75,18 @@ def _per_sample(values: np.ndarray, ndim: int) -> np.ndarray:
 
 
 def apply_luts(images: np.ndarray, luts: np.ndarray) -> np.ndarray:
-    """Map every value through its sample's table, in place: ``luts`` ``(N, 256)`` (all
-    channels) or ``(N, C, 256)`` uint8 (one per channel)."""
+    """Map every value through its sample's table, in place (any strides): ``luts``
+    ``(N, 256)`` (all channels) or ``(N, C, 256)`` uint8 (one per channel)."""
     channels = images.shape[-1]
     for k in range(len(images)):
         image = images[k] if channels > 1 else images[k, ..., 0]
-        table = luts[k] if luts.ndim == 2 else luts[k].T.reshape(1, 256, channels)
-        cv2.LUT(image, np.ascontiguousarray(table), dst=image)
+        table = np.ascontiguousarray(
+            luts[k] if luts.ndim == 2 else luts[k].T.reshape(1, 256, channels)
+        )
+        if image.flags.c_contiguous:
+            cv2.LUT(image, table, dst=image)
+        else:  # OpenCV writes only into contiguous memory
+            image[...] = cv2.LUT(image, table).reshape(image.shape)
     return images
 
 
@@ -85,12 +94,19 @@ def blend_into(image: np.ndarray, degenerate: np.ndarray, factor: float) -> None
     """:func:`fastdata._tables.blend` of one sample written into ``image``, in place, with
     one float32 buffer (the same float32 operations in the same order: the same bytes).
     ``degenerate`` broadcasts against ``image``."""
-    work = image.astype(np.float32)
-    low = degenerate.astype(np.float32)
+    blend_floats_into(image, image.astype(np.float32), degenerate.astype(np.float32), factor)
+
+
+def blend_floats_into(image: np.ndarray, work: np.ndarray, low: np.ndarray, factor: float) -> None:
+    """:func:`blend_into` from float32 copies of the sample (``work``, overwritten) and of
+    the degenerate (``low``)."""
     work -= low
     work *= np.float32(factor)
     work += low
-    np.clip(work, 0, 255, out=work)
+    if not 0.0 <= factor <= 1.0:
+        # between the two values the rounded sum stays in [0, 255]: rounding is monotonic
+        # and both ends are exact, so only an extrapolating factor needs the clip
+        np.clip(work, 0, 255, out=work)
     image[...] = work  # truncates, as astype(np.uint8) does
 
 
@@ -103,11 +119,69 @@ def _lut_kernel(build: Callable[[Params], np.ndarray]) -> Kernel:
     return kernel
 
 
+def posterize(
+    images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Keep the ``bits`` highest bits: a bitwise and with the mask that the table maps 255
+    to (several times faster than the lookup)."""
+    for k, keep in enumerate(posterize_luts(params["bits"])[:, 255].tolist()):
+        np.bitwise_and(images[k], np.uint8(keep), out=images[k])
+    return images, masks
+
+
+def _level_mask(image: np.ndarray, low: int, value: int, below: bool) -> np.ndarray:
+    """``value`` where ``image`` (one sample, any layout) is ``> low`` (``<= low`` if
+    ``below``), else 0: uint8 of its shape (OpenCV's threshold on its 2-D view)."""
+    rows = image.reshape(image.shape[0], -1)  # a copy if ``image`` is strided: only read
+    kind = cv2.THRESH_BINARY_INV if below else cv2.THRESH_BINARY
+    return cv2.threshold(rows, low, value, kind)[1].reshape(image.shape)
+
+
+def solarize(
+    images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """``255 - x`` where ``x >= threshold`` (the table's values): ``x`` xor 255 there, the
+    255s from a threshold (arithmetic masked by NumPy's ``where`` runs several times
+    slower than the lookup on photos)."""
+    for k, threshold in enumerate(params["threshold"].tolist()):
+        lowest = math.ceil(threshold)  # the least integer level at or above it
+        if lowest <= 0:
+            np.subtract(255, images[k], out=images[k])
+        elif lowest <= 255:
+            np.bitwise_xor(images[k], _level_mask(images[k], lowest - 1, 255, False), out=images[k])
+    return images, masks
+
+
+def solarize_add(
+    images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """timm's ``solarize_add``: ``x + add`` below 128 (the table's values). Where ``add`` is
+    in [0, 128] no sum passes 255: ``add`` itself is thresholded in below 128 and added;
+    elsewhere the table."""
+    for k, add in enumerate(params["add"].tolist()):
+        if 0 <= add <= 128:
+            # levels are integers: truncating x + add is adding its floor
+            step = _level_mask(images[k], 127, math.floor(add), True)
+            np.add(images[k], step, out=images[k])
+        else:
+            apply_luts(images[k : k + 1], solarize_add_luts(np.array([add])))
+    return images, masks
+
+
 def contrast_means(images: np.ndarray) -> np.ndarray:
-    """PIL's contrast degenerate: the mean of ``L`` rounded, ``(N,)`` int64."""
-    gray = luma(images) if images.shape[-1] == 3 else images[..., 0]
-    means = gray.reshape(len(gray), -1).mean(axis=1, dtype=np.float64)
-    return np.floor(means + 0.5).astype(np.int64)
+    """PIL's contrast degenerate: the mean of ``L`` rounded, ``(N,)`` int64.
+
+    The floored ``L`` of an RGB image stays float32 (:func:`luma`'s exact values) and is
+    summed by OpenCV in float64, exact: the mean is the same double as NumPy's."""
+    count, height, width, channels = images.shape
+    totals = np.empty(count, np.float64)
+    for k in range(count):
+        if channels == 3:
+            sums = cv2.transform(images[k].astype(np.float32), LUMA_WEIGHTS)
+            totals[k] = cv2.sumElems(np.floor(sums, out=sums))[0]
+        else:
+            totals[k] = cv2.sumElems(images[k])[0]
+    return np.floor(totals / (height * width) + 0.5).astype(np.int64)
 
 
 def contrast(
@@ -124,11 +198,14 @@ def saturation(
     """PIL's colour enhance: a blend with the image's ``L`` grey."""
     if images.shape[-1] != 3:
         return images, masks
-    gray = luma(images)
     for k, factor in enumerate(params["factor"].tolist()):
-        # grey in all three channels: arithmetic broadcasting a channel of 1 against 3
+        # one float32 copy serves the grey (:func:`luma`'s exact values) and the blend;
+        # the grey in all three channels: arithmetic broadcasting a channel of 1 against 3
         # runs NumPy's inner loop 3 values at a time, several times slower
-        blend_into(images[k], cv2.cvtColor(gray[k], cv2.COLOR_GRAY2RGB), factor)
+        work = images[k].astype(np.float32)
+        gray = cv2.transform(work, LUMA_WEIGHTS)
+        gray = cv2.cvtColor(np.floor(gray, out=gray), cv2.COLOR_GRAY2RGB)
+        blend_floats_into(images[k], work, gray, factor)
     return images, masks
 
 
@@ -142,68 +219,24 @@ def grayscale(
     return images, masks
 
 
-def rgb_to_hsv(rgb: np.ndarray) -> np.ndarray:
-    """torchvision's float HSV of ``(..., 3)`` float32 RGB in [0, 1]."""
-    maxc, minc = rgb.max(axis=-1), rgb.min(axis=-1)
-    equal = maxc == minc
-    span = maxc - minc
-    ones = np.ones_like(maxc)
-    sat = span / np.where(equal, ones, maxc)
-    divisor = np.where(equal, ones, span)[..., None]
-    rc, gc, bc = np.moveaxis((maxc[..., None] - rgb) / divisor, -1, 0)
-    red, green = rgb[..., 0], rgb[..., 1]
-    not_red = maxc != red
-    is_green = maxc == green
-    hue = (bc - gc) * ~not_red
-    hue += (2.0 + rc - bc) * (is_green & not_red)
-    hue += (4.0 + gc - rc) * (not_red & ~is_green)
-    hue = np.fmod(hue / np.float32(6.0) + np.float32(1.0), np.float32(1.0))
-    return np.stack([hue, sat, maxc], axis=-1)
-
-
-def hsv_to_rgb(hsv: np.ndarray) -> np.ndarray:
-    """torchvision's RGB of ``(..., 3)`` float32 HSV."""
-    hue, sat, val = np.moveaxis(hsv, -1, 0)
-    h6 = hue * np.float32(6.0)
-    sextant = np.floor(h6)
-    frac = h6 - sextant
-    sxf = sat * frac
-    one_minus_s = np.float32(1.0) - sat
-    q = np.clip((np.float32(1.0) - sxf) * val, 0.0, 1.0)
-    t = np.clip((sxf + one_minus_s) * val, 0.0, 1.0)
-    p = np.clip(one_minus_s * val, 0.0, 1.0)
-    vpqt = np.stack([val, p, q, t], axis=-1)
-    select = SEXTANT_SELECT[:, np.remainder(sextant.astype(np.int64), 6)]  # (3, ...)
-    return np.take_along_axis(vpqt, np.moveaxis(select, 0, -1), axis=-1)
-
-
-def hue(
-    images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
-) -> tuple[np.ndarray, list[np.ndarray]]:
-    """torchvision's hue shift: float HSV, hue rotated by ``factor`` turns."""
-    if images.shape[-1] != 3:
-        return images, masks
-    hsv = rgb_to_hsv(images.astype(np.float32) / np.float32(255.0))
-    shift = _per_sample(params["factor"].astype(np.float32), 3)
-    hsv[..., 0] = np.remainder(hsv[..., 0] + shift, np.float32(1.0))
-    rgb = hsv_to_rgb(hsv)
-    images[...] = (rgb * np.float32(255.0 + 1.0 - 1e-3)).astype(np.uint8)
-    return images, masks
-
-
-SMOOTH_WEIGHTS = SMOOTH / np.float32(13.0)
-
-
 def smooth(images: np.ndarray) -> np.ndarray:
-    """PIL's ``ImageFilter.SMOOTH`` of each image: the 3x3 kernel ``SMOOTH / 13``, rounded,
-    the outer rows and columns kept.
+    """PIL's ``ImageFilter.SMOOTH`` of each image: the 3x3 kernel
+    ``[[1, 1, 1], [1, 5, 1], [1, 1, 1]] / 13``, rounded, the outer rows and columns kept.
 
-    OpenCV's uint8 filter rounds the float sum: exact, since a sum of integers over 13 is
-    never within 1/26 of a tie."""
-    out = images.copy()
-    for k in range(len(images)):
-        smoothed = cv2.filter2D(images[k], -1, SMOOTH_WEIGHTS, borderType=cv2.BORDER_REFLECT_101)
-        out[k, 1:-1, 1:-1] = smoothed.reshape(images.shape[1:])[1:-1, 1:-1]
+    The kernel is a 3x3 box sum plus four times the centre: a uint16 box filter and a shift,
+    exact; OpenCV's conversion of a thirteenth of it to uint8 rounds the float quotient,
+    exact too, since a sum of integers over 13 is never within 1/26 of a tie."""
+    out = np.empty_like(images)
+    for k, image in enumerate(images):
+        total = cv2.boxFilter(
+            image, cv2.CV_16U, (3, 3), normalize=False, borderType=cv2.BORDER_REPLICATE
+        ).reshape(image.shape)
+        centre = image.astype(np.uint16)
+        centre <<= 2
+        total += centre
+        cv2.convertScaleAbs(total, dst=out[k], alpha=1.0 / 13.0)
+        for edge in (np.s_[0], np.s_[-1], np.s_[:, 0], np.s_[:, -1]):
+            out[k][edge] = image[edge]
     return out
 
 
@@ -234,6 +267,19 @@ def histograms(images: np.ndarray) -> np.ndarray:
             counts = cv2.calcHist([images[k]], [channel], None, [256], [0, 256])
             hist[k, channel] = counts.ravel()
     return hist
+
+
+def channel_extremes(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(N, C)`` int64 per-channel minima and maxima of ``(N, H, W, C)`` images."""
+    count, height, width, channels = images.shape
+    low = np.empty((count, channels), np.int64)
+    high = np.empty((count, channels), np.int64)
+    for k in range(count):
+        # reduced over rows first: NumPy's contiguous inner loop, then the W x C rest
+        rows = images[k].reshape(height, width * channels)
+        low[k] = rows.min(axis=0).reshape(width, channels).min(axis=0)
+        high[k] = rows.max(axis=0).reshape(width, channels).max(axis=0)
+    return low, high
 
 
 def equalize_luts(hist: np.ndarray) -> np.ndarray:
@@ -269,10 +315,7 @@ def autocontrast(
     images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     """PIL's per-channel stretch of [min, max] to [0, 255]."""
-    present = histograms(images) > 0  # min and max per channel, from the histogram
-    low = np.argmax(present, axis=-1)
-    high = 255 - np.argmax(present[..., ::-1], axis=-1)
-    return apply_luts(images, autocontrast_luts(low, high)), masks
+    return apply_luts(images, autocontrast_luts(*channel_extremes(images))), masks
 
 
 def blur(
@@ -287,58 +330,6 @@ def blur(
         )
         images[k] = np.clip(np.rint(blurred), 0, 255).astype(np.uint8).reshape(images.shape[1:])
     return images, masks
-
-
-def opencv_matrix(matrix: np.ndarray) -> np.ndarray:
-    """An inverse map in PIL's coordinates (:mod:`fastdata._affine`) in OpenCV's, whose
-    origin is the top-left pixel's centre."""
-    linear, offset = matrix[:, :2], matrix[:, 2]
-    return np.concatenate([linear, (linear @ [0.5, 0.5] + offset - 0.5)[:, None]], axis=1)
-
-
-INTERPOLATION_FLAGS = {"nearest": cv2.INTER_NEAREST, "bilinear": cv2.INTER_LINEAR}
-
-
-def affine(
-    images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
-) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Warp by inverse maps; outside pixels take ``fill`` (masks: nearest, 0).
-
-    Bilinear RGB warps run on an RGBA copy: OpenCV's vectorised 4-channel path computes
-    the same fixed-point interpolation per channel as its 3-channel one, in half the time,
-    so the pixels are identical."""
-    height, width, channels = images.shape[1:]
-    fill = options["fill"]
-    border = tuple(float(v) for v in (fill * channels if len(fill) == 1 else fill))
-    interpolation = INTERPOLATION_FLAGS[options["interpolation"]]
-    flags = interpolation | cv2.WARP_INVERSE_MAP
-    four = channels == 3 and interpolation == cv2.INTER_LINEAR
-    rgba = np.empty((2, height, width, 4), np.uint8) if four else None
-    # the RGBA detour warps a copy: its result goes straight back into the batch
-    out = images if four else np.empty_like(images)
-    mask_outs = [np.empty_like(mask) for mask in masks]
-    for k, matrix in enumerate(params["matrix"]):
-        transform = opencv_matrix(matrix)
-        target = out[k] if channels > 1 else out[k, ..., 0]
-        if rgba is not None:
-            cv2.cvtColor(images[k], cv2.COLOR_RGB2RGBA, dst=rgba[0])
-            cv2.warpAffine(
-                rgba[0], transform, (width, height), dst=rgba[1], flags=flags,
-                borderMode=cv2.BORDER_CONSTANT, borderValue=(*border, 0.0),
-            )  # fmt: skip
-            cv2.cvtColor(rgba[1], cv2.COLOR_RGBA2RGB, dst=target)
-        else:
-            cv2.warpAffine(
-                images[k], transform, (width, height), dst=target, flags=flags,
-                borderMode=cv2.BORDER_CONSTANT, borderValue=border,
-            )  # fmt: skip
-        for mask, mask_out in zip(masks, mask_outs, strict=True):
-            mask_out[k] = cv2.warpAffine(
-                mask[k], transform, (width, height),
-                flags=cv2.INTER_NEAREST | cv2.WARP_INVERSE_MAP,
-                borderMode=cv2.BORDER_CONSTANT, borderValue=0,
-            )  # fmt: skip
-    return out, mask_outs
 
 
 def erase(
@@ -359,6 +350,9 @@ def erase(
 
 CPU_KERNELS: dict[str, Kernel] = {
     **{name: _lut_kernel(build) for name, build in PARAMETER_LUTS.items()},
+    "posterize": posterize,
+    "solarize": solarize,
+    "solarize_add": solarize_add,
     "contrast": contrast,
     "saturation": _each(saturation),
     "hue": _each(hue),

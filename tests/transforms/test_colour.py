@@ -12,10 +12,12 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
-from PIL import Image, ImageEnhance, ImageOps
+from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
 from fastdata import gpu, ops, transforms
-from fastdata.transforms._kernels import CPU_KERNELS, luma
+from fastdata._tables import PARAMETER_LUTS, blend
+from fastdata.gpu._kernels import DEVICE_KERNELS
+from fastdata.transforms._kernels import CPU_KERNELS, blend_into, contrast_means, luma, smooth
 
 TOLERANCE = 1  # levels per pixel, the documented bound against the references
 
@@ -286,3 +288,140 @@ def test_luma_is_pils_l_for_every_rgb_triple() -> None:
     assert np.array_equal(luma(rgb.astype(np.uint8)), expected)
     image = np.random.default_rng(0).integers(0, 256, (7, 5, 3), dtype=np.uint8)
     assert np.array_equal(luma(image[None])[0], np.asarray(Image.fromarray(image).convert("L")))
+
+
+def _extreme_images(
+    rng: np.random.Generator, height: int, width: int, channels: int
+) -> list[np.ndarray]:
+    """Noise, narrow-range noise, all black, all white and black/white checks."""
+    shape = (height, width, channels)
+    checks = (np.indices(shape).sum(axis=0) % 2 * 255).astype(np.uint8)
+    return [
+        rng.integers(0, 256, shape, dtype=np.uint8),
+        rng.integers(100, 140, shape, dtype=np.uint8),
+        np.zeros(shape, np.uint8),
+        np.full(shape, 255, np.uint8),
+        checks,
+    ]
+
+
+def test_smooth_is_pils_smooth_filter_on_every_size_and_extreme() -> None:
+    rng = np.random.default_rng(5)
+    for height, width in [(3, 3), (3, 17), (16, 3), (24, 32), (61, 45), (224, 224)]:
+        for channels in (1, 3):
+            for image in _extreme_images(rng, height, width, channels):
+                pil = Image.fromarray(image[..., 0] if channels == 1 else image)
+                expected = np.asarray(pil.filter(ImageFilter.SMOOTH)).reshape(image.shape)
+                assert np.array_equal(smooth(image[None])[0], expected), (height, width)
+    for height, width in [(1, 1), (1, 9), (2, 2), (7, 2)]:  # borders only: kept
+        image = rng.integers(0, 256, (1, height, width, 3), dtype=np.uint8)
+        assert np.array_equal(smooth(image), image)
+
+
+def test_blend_into_is_the_float32_blend_for_every_factor() -> None:
+    # the in-place blend (no clip between 0 and 1) against the tables' formula
+    rng = np.random.default_rng(6)
+    edges = [0.0, 1.0, 0.1, 0.5, 0.7, 0.9999999, 1.0000001, 1.9, 5.0]
+    factors = edges + rng.uniform(0, 1, 40).tolist() + rng.uniform(1, 3, 40).tolist()
+    images = _extreme_images(rng, 19, 23, 3)
+    for factor in factors:
+        for image in images:
+            for degenerate in images:
+                expected = blend(degenerate, image, np.float32(factor))
+                actual = image.copy()
+                blend_into(actual, degenerate, factor)
+                assert np.array_equal(actual, expected), factor
+
+
+@pytest.mark.parametrize(
+    ("name", "reference"),
+    [("equalize", ImageOps.equalize), ("autocontrast", ImageOps.autocontrast)],
+)
+def test_histogram_kernels_match_pil_on_extreme_images(
+    name: str, reference: Callable[[Image.Image], Image.Image]
+) -> None:
+    rng = np.random.default_rng(7)
+    for height, width in [(1, 1), (5, 3), (24, 32), (64, 48)]:
+        for channels in (1, 3):
+            images = _extreme_images(rng, height, width, channels)
+            spread = rng.integers(0, 256, (height, width, channels), dtype=np.uint8)
+            spread[..., 0] = 9  # one constant channel beside varied ones
+            images.append(spread)
+            for image in images:
+                pil = Image.fromarray(image[..., 0] if channels == 1 else image)
+                expected = np.asarray(reference(pil)).reshape(image.shape)
+                assert np.array_equal(_kernel(name, image[None])[0], expected), (name, image)
+
+
+def _every_level(channels: int) -> np.ndarray:
+    """``(2, 16, 16, channels)``: every level, in order and reversed."""
+    levels = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    one = np.repeat(levels[..., None], channels, axis=-1)
+    return np.stack([one, one[::-1, ::-1]])
+
+
+@pytest.mark.parametrize(
+    ("name", "key", "values"),
+    [
+        ("posterize", "bits", [0, 1, 2, 3, 4, 5, 6, 7, 8]),
+        ("solarize", "threshold", [-3.0, 0.0, 0.5, 1.0, 100.0, 127.2, 128.0, 255.0, 256.0, 300.0]),
+        ("solarize_add", "add", [0.0, 1.0, 54.9, 110.0, 128.0, 128.5, 200.0, -7.5]),
+    ],
+)
+def test_bitwise_kernels_equal_their_tables(name: str, key: str, values: list[float]) -> None:
+    # the masked arithmetic against the tables the device kernels look up, every level
+    for channels in (1, 3):
+        images = _every_level(channels)
+        for value in values:
+            per_sample = np.full(len(images), value, np.int64 if key == "bits" else np.float64)
+            luts = PARAMETER_LUTS[name]({key: per_sample})
+            expected = np.stack([lut[image] for lut, image in zip(luts, images, strict=True)])
+            assert np.array_equal(_kernel(name, images, **{key: value}), expected), value
+            # in place on a strided view of a wider batch, the columns between untouched
+            wide = np.zeros((2, 16, 32, channels), np.uint8)
+            wide[:, :, ::2] = images
+            CPU_KERNELS[name](wide[:, :, ::2], {key: per_sample}, {}, [])
+            assert np.array_equal(wide[:, :, ::2], expected) and not wide[:, :, 1::2].any()
+
+
+def test_contrast_means_are_the_rounded_mean_of_pils_l() -> None:
+    rng = np.random.default_rng(8)
+    for channels in (1, 3):
+        images = np.stack(_extreme_images(rng, 31, 17, channels))
+        # means on and next to a half: 1x2 images of levels k and k + 1
+        halves = np.repeat(np.arange(255, dtype=np.uint8), 2).reshape(255, 1, 2, 1) + np.array(
+            [0, 1], np.uint8
+        ).reshape(1, 1, 2, 1)
+        halves = np.repeat(halves, channels, axis=-1)
+        for batch in (images, halves):
+            gray = luma(batch) if channels == 3 else batch[..., 0]
+            exact = gray.reshape(len(batch), -1).sum(axis=1, dtype=np.int64)
+            pixels = batch.shape[1] * batch.shape[2]
+            expected = (2 * exact + pixels) // (2 * pixels)  # floor(mean + 0.5) in integers
+            assert np.array_equal(contrast_means(batch), expected)
+
+
+def test_saturation_is_the_float32_blend_with_l_for_every_factor() -> None:
+    rng = np.random.default_rng(9)
+    images = np.stack(_extreme_images(rng, 21, 26, 3))
+    gray = np.repeat(luma(images)[..., None], 3, axis=-1)
+    factors = [0.0, 0.1, 0.5, 1.0, 1.0000001, 1.9, 5.0, *rng.uniform(0, 3, 30).tolist()]
+    for factor in factors:
+        expected = blend(gray, images, np.float32(factor))
+        assert np.array_equal(_kernel("saturation", images, factor=factor), expected), factor
+
+
+def test_hue_planes_equal_the_device_kernels_float32_formula() -> None:
+    # the CPU kernel works plane by plane; the device kernel on the CPU is the formula
+    rng = np.random.default_rng(10)
+    corners = np.array(list(np.ndindex(2, 2, 2)), np.uint8).reshape(1, 8, 1, 3) * 255
+    greys = np.repeat(np.arange(0, 256, 15, dtype=np.uint8)[None, :, None, None], 3, axis=-1)
+    batches = [np.stack(_extreme_images(rng, 13, 11, 3)), corners, greys]
+    shifts = [-0.5, -0.25, -1e-7, -1e-9, 0.0, 1e-7, 0.1, 0.5, *rng.uniform(-0.5, 0.5, 12).tolist()]
+    for images in batches:
+        planar = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
+        for shift in shifts:
+            factor = np.full(len(images), shift)
+            expected, _ = DEVICE_KERNELS["hue"](planar, {"factor": factor}, {}, [])
+            actual = _kernel("hue", images, factor=shift)
+            assert np.array_equal(actual, expected.permute(0, 2, 3, 1).numpy()), shift

@@ -15,16 +15,19 @@ import torch
 from PIL import Image
 
 from fastdata import gpu, ops, transforms
-from fastdata._affine import rotate_matrices, shear_matrices, translate_matrices
+from fastdata._affine import translate_matrices
 from fastdata._ops_policy import (
+    GEOMETRIC_OPS,
     MAX_LEVEL,
     RAND_AUGMENT_OPS,
     TRIVIAL_AUGMENT_OPS,
+    geometry_matrices,
     rand_augment_values,
 )
 from fastdata._ops_steps import Step
-from fastdata.transforms._kernels import CPU_KERNELS, opencv_matrix
+from fastdata.transforms._kernels import CPU_KERNELS
 from fastdata.transforms._steps import run_steps
+from fastdata.transforms._warp import opencv_matrix
 
 stats = pytest.importorskip("scipy.stats")
 
@@ -69,16 +72,7 @@ CASES = [
 
 
 def _matrix(kind: str, value: float, height: int, width: int) -> np.ndarray:
-    one, zero = np.array([value]), np.array([0.0])
-    if kind == "rotate":
-        return rotate_matrices(np.array([height]), np.array([width]), one)
-    if kind == "shear_x":
-        return shear_matrices(one, zero)
-    if kind == "shear_y":
-        return shear_matrices(zero, one)
-    if kind == "translate_x":
-        return translate_matrices(one, zero)
-    return translate_matrices(zero, one)
+    return geometry_matrices(kind, np.array([value]), np.array([height]), np.array([width]))
 
 
 @pytest.mark.parametrize(("kind", "value", "reference"), CASES)
@@ -383,3 +377,106 @@ def test_steps_run_on_views_of_scattered_samples(monkeypatch: pytest.MonkeyPatch
     run_steps([step], batch, [], None, 1)
     assert seen == [(True, [0.5, 1.5]), (True, [0.25]), (True, [2.0])]
     assert np.array_equal(batch, expected)
+
+
+def _by_sample(steps: list[Step]) -> dict[int, list[tuple[str, dict[str, np.ndarray]]]]:
+    """Each sample's kernels and parameters, in the order the steps run them."""
+    out: dict[int, list[tuple[str, dict[str, np.ndarray]]]] = {}
+    for step in steps:
+        assert (np.diff(step.index) > 0).all()  # the executors walk increasing positions
+        for row, sample in enumerate(step.index.tolist()):
+            params = {name: value[row] for name, value in step.params.items()}
+            out.setdefault(sample, []).append((step.kernel, params))
+    return out
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        ops.RandAugment(2, 9, 0.5),
+        ops.RandAugment(3, 5, float("inf"), p=0.9, increasing=True),
+        ops.TrivialAugmentWide(),
+    ],
+    ids=repr,
+)
+def test_policy_steps_give_each_sample_what_its_own_draws_give_it(op: ops.Operation) -> None:
+    # grouped by op, the geometric ops of a position in one affine step: per sample the
+    # same kernels and parameters as the sample drawn alone
+    rng = np.random.default_rng(11)
+    count = 96
+    draws = rng.random((count, op.draws_per_sample))
+    heights, widths = rng.integers(20, 60, count), rng.integers(20, 60, count)
+    steps = op.steps(draws, heights, widths)
+    assert sum(step.kernel == "affine" for step in steps) <= getattr(op, "num_ops", 1)
+    batch = _by_sample(steps)
+    # each sample's kernels as its plan names them, apart from the grouping
+    if isinstance(op, ops.RandAugment):
+        chosen, _, level, negate = op.plan(draws)
+        names = [[RAND_AUGMENT_OPS[k] for k in row if k >= 0] for row in chosen.tolist()]
+        # and each applied op's parameter from timm's mapping, sample by sample
+        for sample, row in enumerate(chosen.tolist()):
+            applied = [(position, k) for position, k in enumerate(row) if k >= 0]
+            for (position, op_index), (_, params) in zip(
+                applied, batch.get(sample, []), strict=True
+            ):
+                name = RAND_AUGMENT_OPS[op_index]
+                picked = np.array([position])
+                value = rand_augment_values(
+                    name, level[sample, picked], negate[sample, picked], op.increasing
+                )
+                value = (
+                    value
+                    * {"translate_x": widths, "translate_y": heights}.get(name, np.ones(count))[
+                        sample
+                    ]
+                )
+                size = (heights[sample : sample + 1], widths[sample : sample + 1])
+                if name in GEOMETRIC_OPS:
+                    value = geometry_matrices(name, value, *size)
+                for actual in params.values():
+                    assert np.array_equal(actual, value[0]), (sample, name)
+    else:
+        picked = op.plan(draws)[0].tolist()
+        names = [[TRIVIAL_AUGMENT_OPS[k][0]] if k else [] for k in picked]
+    for sample, planned in enumerate(names):
+        kernels = ["affine" if name in GEOMETRIC_OPS else name for name in planned]
+        assert [kernel for kernel, _ in batch.get(sample, [])] == kernels
+    for sample in range(count):
+        rows = slice(sample, sample + 1)
+        alone = _by_sample(op.steps(draws[rows], heights[rows], widths[rows])).get(0, [])
+        together = batch.get(sample, [])
+        assert [kernel for kernel, _ in together] == [kernel for kernel, _ in alone]
+        for (_, params), (_, expected) in zip(together, alone, strict=True):
+            assert params.keys() == expected.keys()
+            for name, value in params.items():
+                assert np.array_equal(value, expected[name]), (sample, name)
+
+
+@pytest.mark.parametrize("interpolation", ["nearest", "bilinear"])
+@pytest.mark.parametrize("channels", [1, 3])
+def test_whole_pixel_shifts_equal_opencvs_warp(interpolation: str, channels: int) -> None:
+    # shifts copy pixels; OpenCV's warp by the same map is the reference, masks included
+    rng = np.random.default_rng(12)
+    height, width = 9, 13
+    images = rng.integers(0, 256, (1, height, width, channels), dtype=np.uint8)
+    mask = rng.integers(1, 9, (1, height, width), dtype=np.uint8)
+    fill = (7, 200, 31)[:channels]
+    flags = {"nearest": cv2.INTER_NEAREST, "bilinear": cv2.INTER_LINEAR}[interpolation]
+    for dx in (0, 1, -1, 5, -12, 13, -13, 20):
+        for dy in (0, 2, -3, 8, -9, 30):
+            matrix = translate_matrices(np.array([float(dx)]), np.array([float(dy)]))
+            transform = opencv_matrix(matrix[0])
+            expected = cv2.warpAffine(
+                images[0], transform, (width, height), flags=flags | cv2.WARP_INVERSE_MAP,
+                borderMode=cv2.BORDER_CONSTANT, borderValue=tuple(float(v) for v in fill),
+            ).reshape(images.shape[1:])  # fmt: skip
+            expected_mask = cv2.warpAffine(
+                mask[0], transform, (width, height), flags=cv2.INTER_NEAREST | cv2.WARP_INVERSE_MAP,
+                borderMode=cv2.BORDER_CONSTANT, borderValue=0,
+            )  # fmt: skip
+            options = {"interpolation": interpolation, "fill": fill}
+            out, (moved,) = CPU_KERNELS["affine"](
+                images.copy(), {"matrix": matrix}, options, [mask.copy()]
+            )
+            assert np.array_equal(out[0], expected), (dx, dy)
+            assert np.array_equal(moved[0], expected_mask), (dx, dy)

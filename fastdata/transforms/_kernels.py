@@ -4,9 +4,9 @@ on a ``(N, H, W, C)`` uint8 slice of the batch (C 1 or 3), one function per kern
 ``CPU_KERNELS`` maps each name to its function: here, or in :mod:`._hsv` (hue) and
 :mod:`._warp` (affine). Each takes the slice, the step's per-sample parameters for it, its
 shared options and the mask slices (``(N, H, W)`` uint8, given to kernels that move
-pixels), and returns the new slice and masks (written in place where it can). Values follow PIL's definitions (see
-:mod:`fastdata._ops_colour`): blends in float32 truncated to uint8, lookup tables built in
-float64 where PIL builds them in Python.
+pixels), and returns the new slice and masks (written in place where it can). Values follow
+PIL's definitions (see :mod:`fastdata._ops_colour`): blends in float32 truncated to uint8,
+lookup tables built in float64 where PIL builds them in Python.
 """
 
 from __future__ import annotations

@@ -4,8 +4,11 @@ release the GIL, so threads scale where worker processes would pay to ship the b
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
+from contextlib import contextmanager
+
+import cv2
 
 
 def parallel_for(
@@ -62,3 +65,18 @@ def parallel_for(
                 future.exception()
     for future in futures:
         future.result()
+
+
+@contextmanager
+def fork_safe_thread_pools() -> Iterator[None]:
+    """Held while forking worker processes: OpenCV runs on one thread here, so the children
+    inherit a pool of one thread (each worker is one of the parallel tasks: OpenCV's own
+    threads would only compete with the other workers for the cores) with no threads to
+    wait for (calling ``cv2.setNumThreads`` in a child forked after the pool has run
+    deadlocks); the previous setting is restored afterwards."""
+    previous = cv2.getNumThreads()
+    cv2.setNumThreads(1)
+    try:
+        yield
+    finally:
+        cv2.setNumThreads(previous)

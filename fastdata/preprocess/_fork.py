@@ -12,8 +12,8 @@ and a library that waits on its other threads hangs. The rules kept here:
 - never when CUDA is initialised in this process: a forked child cannot use it (CUDA
   raises "Cannot re-initialize CUDA in forked subprocess"), and a dataset returning CUDA
   tensors would need it;
-- OpenCV's thread pool is shrunk to one thread in this process while forking (calling
-  ``cv2.setNumThreads`` in a child forked after the pool has run deadlocks), and a child
+- OpenCV's thread pool is shrunk to one thread in this process while forking
+  (:func:`fastdata._threads.fork_safe_thread_pools`), and a child
   runs torch on one thread, as ``DataLoader`` workers do (torch's OpenMP pool, once used
   here, hangs the child's first parallel operation otherwise).
 """
@@ -22,10 +22,6 @@ from __future__ import annotations
 
 import multiprocessing
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-
-import cv2
 
 
 def cuda_is_initialised() -> bool:
@@ -56,18 +52,6 @@ def resolve_start_method(start_method: str) -> str:
     if start_method != "auto":
         return start_method
     return "spawn" if fork_refusal() else "fork"
-
-
-@contextmanager
-def fork_safe_thread_pools() -> Iterator[None]:
-    """Held while forking: OpenCV runs on one thread here, so the children inherit a pool
-    with no threads to wait for; the previous setting is restored afterwards."""
-    previous = cv2.getNumThreads()
-    cv2.setNumThreads(1)
-    try:
-        yield
-    finally:
-        cv2.setNumThreads(previous)
 
 
 def single_threaded_torch() -> None:

@@ -44,8 +44,9 @@ from typing import Any
 import cv2
 import numpy as np
 
+from fastdata._threads import fork_safe_thread_pools
 from fastdata.errors import PreprocessError
-from fastdata.preprocess._fork import fork_safe_thread_pools, single_threaded_torch
+from fastdata.preprocess._fork import single_threaded_torch
 from fastdata.preprocess._sources import SourceItem
 from fastdata.preprocess._task import SampleFailure, SampleResult, ShardJob, process_sample
 from fastdata.shards import FieldSpec

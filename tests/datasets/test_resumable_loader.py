@@ -9,6 +9,7 @@ import pickle
 from dataclasses import dataclass
 from typing import Any
 
+import cv2
 import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, get_worker_info
@@ -324,3 +325,34 @@ def test_last_batch_indices_are_those_of_the_batch_handed_out(
         assert loader.last_batch_indices() == list(batch)
         seen.extend(batch)
     assert seen != sorted(seen)  # shuffled: the indices are not the batch positions
+
+
+class OpenCVThreads(Dataset[int]):
+    """Sample ``i`` is the number of threads OpenCV runs on where it is read."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> int:
+        return cv2.getNumThreads()
+
+
+@pytest.mark.parametrize("persistent_workers", [False, True])
+def test_forked_workers_run_opencv_on_one_thread(persistent_workers: bool) -> None:
+    # Each worker is one of the parallel tasks: OpenCV's own pool in every worker would
+    # compete with the other workers for the cores. This process keeps its setting.
+    before = cv2.getNumThreads()
+    cv2.setNumThreads(2)
+    try:
+        loader = ResumableDataLoader(
+            OpenCVThreads(),
+            batch_size=2,
+            num_workers=2,
+            multiprocessing_context=_FORK,
+            persistent_workers=persistent_workers,
+        )
+        for _ in range(2):
+            assert [int(n) for batch in loader for n in batch] == [1, 1, 1, 1]
+            assert cv2.getNumThreads() == 2
+    finally:
+        cv2.setNumThreads(before)

@@ -164,8 +164,13 @@ class ShardAwareDistributedSampler(DistributedSampler):
             twice the window in its cache (where the sampler hands samples out and where
             the loader reads them) and a spare: when its ``cache_limit`` holds fewer
             shards, the sampler shuffles as many as fit (at least 1) and warns once;
-            :attr:`window_shards` is then that number (the order, the same on every
-            rank, depends on ``cache_limit`` too).
+            :attr:`window_shards` is then that number (the order depends on
+            ``cache_limit`` too). Under an initialized ``torch.distributed`` group the
+            ranks agree on it when the sampler is built (a collective: build it on every
+            rank): ranks of a host sharing a cache folder split its limit, and every
+            rank takes the smallest window, so that all draw one order. With
+            ``num_replicas`` and ``rank`` given by hand and no process group, give every
+            rank the same ``cache_limit`` (ranks sharing a folder, each its share).
         partition: ``"epoch"`` (default): the ranks split a new global order each epoch,
             the same whatever the world size. ``"fixed"``: each rank keeps the same
             samples every epoch and shuffles them among themselves (order then depends on

@@ -139,3 +139,37 @@ def test_without_a_process_group_each_rank_sizes_the_window_alone(
     with pytest.warns(UserWarning, match="the sampler shuffles 2 shards together"):
         sampler = ShardAwareDistributedSampler(dataset, 2, 1)
     assert sampler.window_shards == 2
+
+
+def test_a_state_saved_under_the_ranks_agreement_names_it_when_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The agreed window is part of the saved state: a sampler that shuffles another
+    number of shards together refuses it, saying where the window came from."""
+
+    def gather_as_if_both_ranks_were_this_one(gathered: list[object], mine: object) -> None:
+        gathered[:] = [mine, mine]
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "all_gather_object", gather_as_if_both_ranks_were_this_one)
+    with pytest.warns(UserWarning, match="shuffles 2 shards together"):
+        saved = ShardAwareDistributedSampler(_RemoteStandIn(), 2, 1).state_dict(5)
+    assert saved["window_shards"] == 2
+    with pytest.warns(UserWarning, match="shuffles 2 shards together"):
+        ShardAwareDistributedSampler(_RemoteStandIn(), 2, 0).load_state_dict(saved)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    with pytest.raises(ValueError, match="saved with window_shards=2, this sampler has window"):
+        ShardAwareDistributedSampler(_RemoteStandIn(), 2, 0).load_state_dict(saved)
+    roomy = _RemoteStandIn()
+    roomy.cache_folder = CacheFolder("/cache", 40, 10)  # 2 shards each: shuffles 1
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    expected = (
+        r"window_shards=1 \(the cache_limit of every rank \(shared by the ranks of a folder\) "
+        r"lets it shuffle 1 shard together of the 4 asked for"
+    )
+    with (
+        pytest.raises(ValueError, match=expected),
+        pytest.warns(UserWarning, match="shuffles 1 shard together"),
+    ):
+        ShardAwareDistributedSampler(roomy, 2, 0).load_state_dict(saved)

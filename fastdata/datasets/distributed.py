@@ -41,7 +41,14 @@ from fastdata.datasets._iteration import (
     unreported_save_warning,
 )
 from fastdata.datasets._positions import Ranges, consumed_ranges, remaining_positions
+from fastdata.datasets._rank_cache import (
+    agreed_window,
+    folder_shares,
+    gather_caches,
+    gathers_caches,
+)
 from fastdata.shards import Manifest, load_manifest
+from fastdata.shards.reader import CacheRoom
 
 # What a saved position means depends on every setting that shapes the order: a state
 # saved with other settings is refused rather than resumed into a different order. The rank
@@ -157,8 +164,13 @@ class ShardAwareDistributedSampler(DistributedSampler):
             twice the window in its cache (where the sampler hands samples out and where
             the loader reads them) and a spare: when its ``cache_limit`` holds fewer
             shards, the sampler shuffles as many as fit (at least 1) and warns once;
-            :attr:`window_shards` is then that number (the order, the same on every
-            rank, depends on ``cache_limit`` too).
+            :attr:`window_shards` is then that number (the order depends on
+            ``cache_limit`` too). Under an initialized ``torch.distributed`` group the
+            ranks agree on it when the sampler is built (a collective: build it on every
+            rank): ranks of a host sharing a cache folder split its limit, and every
+            rank takes the smallest window, so that all draw one order. With
+            ``num_replicas`` and ``rank`` given by hand and no process group, give every
+            rank the same ``cache_limit`` (ranks sharing a folder, each its share).
         partition: ``"epoch"`` (default): the ranks split a new global order each epoch,
             the same whatever the world size. ``"fixed"``: each rank keeps the same
             samples every epoch and shuffles them among themselves (order then depends on
@@ -229,34 +241,46 @@ class ShardAwareDistributedSampler(DistributedSampler):
     def _window_for_cache(self, dataset: object, wanted: int) -> int:
         """``wanted``, or fewer shards when the dataset's capped cache (a remote set) cannot
         hold the shards a shuffled order keeps in use: the order then reads no shard twice
-        an epoch. A pure function of the set and its ``cache_limit``, so every rank with
-        the same arguments draws the same order."""
+        an epoch. A pure function of the set and the ``cache_limit`` of every rank: under
+        an initialized ``torch.distributed`` group the ranks agree on it (the smallest
+        window of any rank, each rank counting its share of a cache folder that ranks of
+        its node share), so that every rank draws the same order."""
+        self._window_source = "its cache_limit"
+        if gathers_caches(dataset, self.num_replicas, self.shuffle, self.partition):
+            return self._window_agreed(dataset, wanted)
         room: Any = getattr(dataset, "cache_room", None)
         if room is None or not self.shuffle or self.partition != "epoch":
             return wanted  # unshuffled, or each rank's own permutation: windows change nothing
         fitting = int(room.window_shards(wanted))
         if fitting < wanted:
-            in_use = 2 * fitting + 1
-            outcome = (
-                f"so that the cache holds the {in_use} its order keeps in use"
-                if in_use <= room.shards
-                else f"and even so its order keeps {in_use} in use, more than the cache holds"
-            )
-            warnings.warn(
-                f"cache_limit ({room.limit_bytes} bytes) holds {room.shards} shard"
-                f"{'s' if room.shards > 1 else ''} of the set: the sampler shuffles {fitting} "
-                f"shard{'s' if fitting > 1 else ''} together instead of "
-                f"window_shards={wanted}, {outcome} (those shuffled together where the "
-                "sampler hands samples out, again where the loader reads them, and one "
-                "spare)"
-                + (
-                    " and no shard is downloaded twice an epoch"
-                    if in_use <= room.shards
-                    else ": shards are downloaded more than once an epoch"
-                )
-                + f"; allow {room.bytes_for(wanted)} bytes to shuffle {wanted} together",
-                UserWarning,
+            _warn_shrunk_window(
+                room,
+                fitting,
+                wanted,
+                limit=f"cache_limit ({room.limit_bytes} bytes)",
+                whose="",
+                sharers=1,
                 stacklevel=3,
+            )
+        return fitting
+
+    def _window_agreed(self, dataset: Any, wanted: int) -> int:
+        """The window every rank takes: the ranks gather their caches (a collective)."""
+        shares = folder_shares(gather_caches(dataset.cache_folder))
+        mine = next(share for share in shares if self.rank in share.ranks)
+        if mine.share_bytes is not None and hasattr(dataset, "share_cache"):
+            dataset.share_cache(mine.share_bytes)  # its read-ahead stays within its share
+        fitting, limiting = agreed_window(shares, wanted)
+        self._window_source = "the cache_limit of every rank (shared by the ranks of a folder)"
+        if limiting is not None and limiting.room is not None:
+            _warn_shrunk_window(
+                limiting.room,
+                fitting,
+                wanted,
+                limit=f"cache_limit ({limiting.limit_bytes} bytes) of {limiting.describe()},",
+                whose=" of every rank",
+                sharers=len(limiting.ranks),
+                stacklevel=4,
             )
         return fitting
 
@@ -487,8 +511,8 @@ class ShardAwareDistributedSampler(DistributedSampler):
             _check_type(key, state[key], mine)
             if state[key] != mine:
                 shrunk = (
-                    f" (its cache_limit lets it shuffle {mine} shard{'s' if mine > 1 else ''}"
-                    " together of the "
+                    f" ({self._window_source} lets it shuffle {mine} "
+                    f"shard{'s' if mine > 1 else ''} together of the "
                     f"{self._window_wanted} asked for: resume with the cache_limit of the "
                     "saved run)"
                     if key == "window_shards" and mine != self._window_wanted
@@ -550,6 +574,41 @@ class ShardAwareDistributedSampler(DistributedSampler):
         state["_stream"] = None  # the main process's record of what it yields
         state["_started"] = None  # a generator of this process, holding its downloads
         return state
+
+
+def _warn_shrunk_window(
+    room: CacheRoom,
+    fitting: int,
+    wanted: int,
+    *,
+    limit: str,
+    whose: str,
+    sharers: int,
+    stacklevel: int,
+) -> None:
+    """Warn that ``room`` (one rank's share of ``limit``) shrinks the window to ``fitting``."""
+    in_use = 2 * fitting + 1
+    outcome = (
+        f"so that the cache holds the {in_use} its order keeps in use"
+        if in_use <= room.shards
+        else f"and even so its order keeps {in_use} in use, more than the cache holds"
+    )
+    warnings.warn(
+        f"{limit} holds {room.shards} shard{'s' if room.shards > 1 else ''} of the set"
+        f"{' for each' if sharers > 1 else ''}: the sampler{whose} shuffles {fitting} "
+        f"shard{'s' if fitting > 1 else ''} together instead of "
+        f"window_shards={wanted}, {outcome} (those shuffled together where the "
+        "sampler hands samples out, again where the loader reads them, and one "
+        "spare)"
+        + (
+            " and no shard is downloaded twice an epoch"
+            if in_use <= room.shards
+            else ": shards are downloaded more than once an epoch"
+        )
+        + f"; allow {room.bytes_for(wanted) * sharers} bytes to shuffle {wanted} together",
+        UserWarning,
+        stacklevel=stacklevel + 1,
+    )
 
 
 def _checked_int(key: str, value: object, low: int, high: int) -> int:

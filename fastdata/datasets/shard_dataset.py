@@ -13,7 +13,7 @@ from fastdata.errors import OnError
 
 if TYPE_CHECKING:
     from fastdata.decode import Decoder
-    from fastdata.shards.reader import CacheRoom
+    from fastdata.shards.reader import CacheFolder, CacheRoom
 
 
 class ShardDataset(BatchedDataset):
@@ -163,6 +163,21 @@ class ShardDataset(BatchedDataset):
         together than it holds twice over, with a spare."""
         store = self.store
         return store.reader.cache_room if isinstance(store, ShardStore) else None
+
+    @property
+    def cache_folder(self) -> CacheFolder | None:
+        """The cache folder of a remote set, its ``cache_limit`` and the set's largest
+        shard (``None``: a local set): what the ranks of a job compare to share a folder's
+        limit (:class:`ShardAwareDistributedSampler`)."""
+        store = self.store
+        return store.reader.cache_folder if isinstance(store, ShardStore) else None
+
+    def share_cache(self, limit_bytes: int) -> None:
+        """Size the read-ahead (and :attr:`cache_room`) by ``limit_bytes``: this process's
+        share of a cache folder that ranks of a node share. The sampler calls it."""
+        store = self.store
+        if isinstance(store, ShardStore):
+            store.reader.share_cache(limit_bytes)
 
     @property
     def class_names(self) -> list[str]:

@@ -197,6 +197,17 @@ class CacheRoom:
         return (2 * window_shards + 1) * self.shard_bytes
 
 
+@dataclass(frozen=True)
+class CacheFolder:
+    """Where this process caches a remote set, as the ranks of a job compare it: the
+    ranks of a node that name the same folder share its limit (see
+    :class:`~fastdata.datasets.ShardAwareDistributedSampler`)."""
+
+    directory: str  # the resolved cache folder
+    limit_bytes: int | None  # the cache_limit this process was given (None: no limit)
+    shard_bytes: int  # the largest shard of the set
+
+
 def _most_at_once(first_use: np.ndarray, last_use: np.ndarray) -> int:
     """The most shards an order reads at once: at some position, shards used before it
     and after it (each shard's first and last position given)."""
@@ -282,6 +293,7 @@ class ShardReader:
         self._reads = 0  # calls of close_unused, and the call that last named each shard
         self._named: dict[int, int] = {}
         self._warned_small_cache = False
+        self._cache_share: int | None = None  # this process's share of a shared limit
 
     # -- basics ---------------------------------------------------------------------------
     @property
@@ -292,7 +304,28 @@ class ShardReader:
         limit = getattr(self.files, "limit_bytes", None)
         if not self.files.remote or limit is None or not self.manifest.shards:
             return None
+        if self._cache_share is not None:
+            limit = min(limit, self._cache_share)
         return CacheRoom(limit, max(info.num_bytes for info in self.manifest.shards))
+
+    @property
+    def cache_folder(self) -> CacheFolder | None:
+        """The cache folder of a remote set, its limit and the set's largest shard
+        (``None``: a local set)."""
+        cache = getattr(self.files, "cache", None)
+        if not self.files.remote or cache is None:
+            return None
+        return CacheFolder(
+            os.path.realpath(cache.directory),
+            cache.limit_bytes,
+            max((info.num_bytes for info in self.manifest.shards), default=0),
+        )
+
+    def share_cache(self, limit_bytes: int) -> None:
+        """Size orders and read-ahead (:attr:`cache_room`) by ``limit_bytes``, this
+        process's share of a cache folder whose limit several processes of a node share
+        (each keeps its own shards in use there). The folder's limit is unchanged."""
+        self._cache_share = int(limit_bytes)
 
     def __len__(self) -> int:
         return int(self._starts[-1])

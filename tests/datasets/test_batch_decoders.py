@@ -16,7 +16,7 @@ import pickle
 import re
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,15 +74,6 @@ DECODERS = [
     pytest.param(_dali_on_gpu, id="dali-gpu", marks=[pytest.mark.dali, pytest.mark.gpu]),
 ]
 Make = Callable[..., Decoder]
-
-
-@pytest.fixture(autouse=True)
-def _collect_pipelines() -> Iterator[None]:
-    """Collect the DALI pipelines a test leaves behind here, in this process, not in a
-    DataLoader worker forked later (their threads are not there)."""
-    gc.collect()
-    yield
-    gc.collect()
 
 
 @pytest.fixture
@@ -236,7 +227,6 @@ def test_the_datasets_on_error_holds_while_the_loader_streams(jpeg_files: list[P
 def _resumable(
     root: Path, make: Make, num_workers: int, batch_size: int = 4
 ) -> ResumableDataLoader:
-    gc.collect()  # the pipelines of decoders dropped here, not in the workers forked next
     dataset = ShardDataset(root, decode=make(random_crop=True, seed=2), on_error="skip")
     sampler = ShardAwareDistributedSampler(dataset, num_replicas=1, rank=0, seed=4)
     return dataset.loader(batch_size=batch_size, sampler=sampler, num_workers=num_workers)
@@ -309,7 +299,7 @@ def test_a_loop_left_early_lets_its_workers_go_and_keeps_the_read_ahead_out(
     batches = iter(loader)
     head = _labels([next(batches)])
     workers = weakref.ref(batches._handing._inner)  # the DataLoader's worker iterator
-    del batches  # no garbage collection needed (none may come in a worker forked later)
+    del batches
     assert workers() is None  # the loader keeps no hold on it: its workers end
     state = loader.state_dict()
     assert (state["sampler"]["num_consumed"], state["num_batches"]) == (4, 1)

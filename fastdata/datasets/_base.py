@@ -645,7 +645,8 @@ class BatchedDataset(Dataset):
         if not isinstance(self.options.decode, bool):
             # A Decoder's threads, pipelines and device state stay in this process: a copy
             # (a spawned worker, another rank) decodes with the geometry kept in crop_decode,
-            # or reads the bytes for a loader here to decode (batch_decode).
+            # or (batch_decode) reads the bytes for a loader here to decode, or, in another
+            # training process, makes its own decoder from the recipe.
             state["options"] = dataclasses.replace(self.options, decode=True)
         return state
 

@@ -92,7 +92,9 @@ class BatchedDataset(Dataset):
             policy=self.on_error,
             source=store.source,
         )
-        self._buffers = BatchBuffers()
+        # Per batch: each field read (and decoded, or transformed) into its own buffer,
+        # plus the transform's output.
+        self._buffers = BatchBuffers(2 * len(self.fields) + 1)
         self._num_threads: int | None = None
         self.num_threads = options.num_threads
         self._executor: ThreadPoolExecutor | None = None

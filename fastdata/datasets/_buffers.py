@@ -111,16 +111,21 @@ class BatchBuffers:
         Only for a loader whose iterator marks the segments free: a
         :class:`~fastdata.datasets.ResumableDataLoader` asks for it in its index batches.
         Hold the batch made within it past its end: segments taken in it that nothing
-        refers to at the end (samples dropped) go back to the ring.
+        refers to at the end (samples dropped) go back to the ring. When the code within
+        raises, every segment taken in it goes back, once the exception is let go of.
         """
         previous = getattr(self._local, "worker_slots", 0)
         self._local.worker_slots = capacity
         try:
             yield
-        finally:
+        except BaseException:
             self._local.worker_slots = previous
-            if capacity:
-                self._worker_slots().settle()
+            if capacity:  # the batch is not sent: its segments go back to the ring
+                self._worker_slots().abandon()
+            raise
+        self._local.worker_slots = previous
+        if capacity:
+            self._worker_slots().settle()
 
     def _worker_slots(self) -> WorkerSlots:
         slots: WorkerSlots | None = getattr(self._local, "slots", None)

@@ -218,7 +218,8 @@ PUBLIC_NAMES = {
         "share_on_node",
     ],
     "fastdata.decode": [
-        "DecodedBatch", "Decoder", "DecodingLoader", "create_decoder", "register_decoder",
+        "DecodedBatch", "Decoder", "DecoderRecipe", "DecodingLoader", "create_decoder",
+        "register_decoder",
     ],
     "fastdata.gpu": [
         "DeviceAugMix", "DeviceColorJitter", "DeviceCutMix", "DeviceGaussianBlur",

@@ -92,7 +92,9 @@ class BatchedDataset(Dataset):
             policy=self.on_error,
             source=store.source,
         )
-        self._buffers = BatchBuffers()
+        # Per batch: each field read (and decoded, or transformed) into its own buffer,
+        # plus the transform's output.
+        self._buffers = BatchBuffers(2 * len(self.fields) + 1)
         self._num_threads: int | None = None
         self.num_threads = options.num_threads
         self._executor: ThreadPoolExecutor | None = None
@@ -645,7 +647,8 @@ class BatchedDataset(Dataset):
         if not isinstance(self.options.decode, bool):
             # A Decoder's threads, pipelines and device state stay in this process: a copy
             # (a spawned worker, another rank) decodes with the geometry kept in crop_decode,
-            # or reads the bytes for a loader here to decode (batch_decode).
+            # or (batch_decode) reads the bytes for a loader here to decode, or, in another
+            # training process, makes its own decoder from the recipe.
             state["options"] = dataclasses.replace(self.options, decode=True)
         return state
 

@@ -12,6 +12,7 @@ runs too.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +31,7 @@ from fastdata.datasets._collate import unmark_collated
 from fastdata.errors import OnError
 
 if TYPE_CHECKING:
-    from fastdata.decode import Decoder
+    from fastdata.decode import Decoder, DecoderRecipe
     from fastdata.shards import FieldSpec
 
 
@@ -74,7 +75,10 @@ class BatchDecode:
         policy: OnError,
         source: Callable[[int], str],
     ) -> None:
-        self.decoder: Decoder | None = decoder  # None in a copy in another process
+        # None in a copy in another process until it decodes (made there from the recipe)
+        self.decoder: Decoder | None = decoder
+        self.recipe: DecoderRecipe | None = decoder.recipe()
+        self.recipe_problem = ""  # why the recipe did not travel with a copy
         self.image = image
         self.count = count
         self.layout = layout
@@ -83,16 +87,27 @@ class BatchDecode:
         self.description = described(decoder)
 
     def __getstate__(self) -> dict[str, Any]:
-        # A copy in another process (a DataLoader worker) reads encoded bytes for the
-        # loader here: the decoder's threads, pipelines and device state do not travel.
-        return {**self.__dict__, "decoder": None}
+        # The decoder's threads, pipelines and device state do not travel: a copy in a
+        # DataLoader worker only reads encoded bytes for the loader here, and a copy in
+        # another training process (a rank given it by share_on_node) makes its own decoder
+        # from the recipe when it first decodes.
+        state = {**self.__dict__, "decoder": None}
+        try:
+            pickle.dumps(self.recipe)
+        except Exception as error:  # an argument that does not pickle (a lambda, ...)
+            state["recipe"] = None
+            state["recipe_problem"] = f"; its arguments do not pickle ({error})"
+        return state
 
     def _decoder(self) -> Decoder:
         if self.decoder is None:
-            raise RuntimeError(
-                f"decode={self.description} stayed in the process that made the dataset; "
-                "this copy cannot decode: make the dataset (and its decoder) in this process"
-            )
+            if self.recipe is None:
+                raise RuntimeError(
+                    f"decode={self.description} stayed in the process that made the dataset"
+                    f"{self.recipe_problem}; this copy cannot decode: make the dataset (and "
+                    "its decoder) in this process"
+                )
+            self.decoder = self.recipe.make()
         return self.decoder
 
     def refuse_in_worker(self) -> None:

@@ -38,7 +38,8 @@ _SHARED_MIN_BYTES = 1 << 16  # smaller batches: a plain allocation is cheaper
 # Free buffers kept per (shape, dtype) and thread: the batch a training loop still holds
 # while it asks for the next one, plus the one it has let go of.
 _SLOTS = 2
-_MAX_KEYS = 4  # batch sizes remembered per thread (full batches, the last partial one)
+# Batch sizes a pool keeps buffers for: the full batches and an epoch's last, partial one.
+_BATCH_SIZES = 2
 
 Key = tuple[tuple[int, ...], torch.dtype]
 
@@ -46,11 +47,33 @@ Key = tuple[tuple[int, ...], torch.dtype]
 class BatchBuffers:
     """Per-thread pools of batch tensors for one dataset.
 
-    Not pickled: each process (and thread) starts with empty pools.
+    Pickled without its pools: each process (and thread) starts with empty ones.
+
+    Args:
+        buffers_per_batch: How many batch tensors (shapes) the dataset may take from the
+            pool for one batch: one per field it reads, plus decoded crops and a
+            transform's output. Each thread keeps buffers for that many shapes in each of
+            two batch sizes (full batches and the last partial one), the shapes used least
+            recently forgotten first, so that no batch of a steady loop allocates.
+
+    Raises:
+        TypeError: ``buffers_per_batch`` is not an int.
+        ValueError: ``buffers_per_batch`` is below 1.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, buffers_per_batch: int = 2) -> None:
+        if isinstance(buffers_per_batch, bool) or not isinstance(buffers_per_batch, int):
+            raise TypeError(f"buffers_per_batch must be an int, got {buffers_per_batch!r}")
+        if buffers_per_batch < 1:
+            raise ValueError(f"buffers_per_batch must be at least 1, got {buffers_per_batch}")
+        self.max_keys = _BATCH_SIZES * buffers_per_batch
+        self._allocated: dict[int, int] = {}  # by thread (no lock: each writes its own)
         self._local = threading.local()
+
+    @property
+    def allocations(self) -> int:
+        """Batch tensors the pools have allocated (not reused) in this process so far."""
+        return sum(list(self._allocated.values()))  # copied at once: threads may add
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype, *, returned: bool) -> torch.Tensor:
         """An uninitialised ``shape`` tensor of ``dtype``.
@@ -88,16 +111,21 @@ class BatchBuffers:
         Only for a loader whose iterator marks the segments free: a
         :class:`~fastdata.datasets.ResumableDataLoader` asks for it in its index batches.
         Hold the batch made within it past its end: segments taken in it that nothing
-        refers to at the end (samples dropped) go back to the ring.
+        refers to at the end (samples dropped) go back to the ring. When the code within
+        raises, every segment taken in it goes back, once the exception is let go of.
         """
         previous = getattr(self._local, "worker_slots", 0)
         self._local.worker_slots = capacity
         try:
             yield
-        finally:
+        except BaseException:
             self._local.worker_slots = previous
-            if capacity:
-                self._worker_slots().settle()
+            if capacity:  # the batch is not sent: its segments go back to the ring
+                self._worker_slots().abandon()
+            raise
+        self._local.worker_slots = previous
+        if capacity:
+            self._worker_slots().settle()
 
     def _worker_slots(self) -> WorkerSlots:
         slots: WorkerSlots | None = getattr(self._local, "slots", None)
@@ -107,17 +135,21 @@ class BatchBuffers:
 
     def _reused(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         pools: dict[Key, list[torch.Tensor]] = self._local.__dict__.setdefault("pools", {})
-        pool = pools.setdefault((shape, dtype), [])
+        key = (shape, dtype)
+        pool = pools.pop(key, [])
+        pools[key] = pool  # the most recently used shape last: forgotten last
         for kept in [k for k in pool if k.is_shared()]:
             pool.remove(kept)  # sent to another process: its readers are out of sight
         for kept in pool:
             if is_free(kept):
                 return kept.detach()  # an alias, not a view: the caller's references count
         kept = torch.empty(shape, dtype=dtype)
+        thread = threading.get_ident()
+        self._allocated[thread] = self._allocated.get(thread, 0) + 1
         if len(pool) < _SLOTS:
             pool.append(kept)
-        if len(pools) > _MAX_KEYS:
-            del pools[next(iter(pools))]
+        while len(pools) > self.max_keys:
+            del pools[next(iter(pools))]  # the shape used least recently
         return kept.detach()
 
     def clear(self) -> None:
@@ -125,7 +157,9 @@ class BatchBuffers:
         self._local = threading.local()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {}
+        return {"max_keys": self.max_keys}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        self.max_keys = state["max_keys"]
+        self._allocated = {}
         self._local = threading.local()

@@ -22,6 +22,9 @@ shape, and the training process keeps each one mapped:
   segment again maps nothing new) and lets it write the flag.
 - When no segment is free (a caller keeping batches, a slow step) the worker sends a fresh
   segment, as without a ring: nobody waits and no kept batch changes.
+- Segments a batch took before its dataset raised are never sent: the worker puts them
+  back in the ring once nothing refers to them (the exception's traceback, until the
+  worker has reported it).
 
 A segment whose batch never reaches the loader's iterator as sent (a ``collate_fn`` that
 copies the batch in the worker) stays ``HELD``: the worker then sends fresh segments, as
@@ -99,12 +102,16 @@ class WorkerSlots:
     def __init__(self) -> None:
         self._rings: dict[tuple[tuple[int, ...], torch.dtype], list[_Slot]] = {}
         self._taken: list[_Slot] = []  # since the last settle()
+        # Taken for a batch that failed: never sent, put back once nothing refers to them.
+        self._unsent: list[_Slot] = []
 
     def take(
         self, shape: tuple[int, ...], dtype: torch.dtype, capacity: int
     ) -> torch.Tensor | None:
         """A batch tensor in a free segment of the ring, or in a new one while the ring has
         fewer than ``capacity``; ``None`` when every one is held."""
+        if self._unsent:
+            self._put_back_unsent()
         ring = self._rings.setdefault((shape, dtype), [])
         for slot in ring:
             # The training process let go of it (FREE) and nothing here refers to it.
@@ -129,6 +136,24 @@ class WorkerSlots:
             if is_free(slot.whole):
                 slot.flag.value = FREE
         self._taken.clear()
+
+    def abandon(self) -> None:
+        """The batch the segments taken since the last :meth:`settle` were for failed (its
+        dataset raised): none of them leaves the worker. Each goes back to the ring once
+        nothing here refers to it any more (the exception's traceback may, until the worker
+        has reported it), checked when a segment is next taken."""
+        self._unsent.extend(self._taken)
+        self._taken.clear()
+        self._put_back_unsent()
+
+    def _put_back_unsent(self) -> None:
+        still_referenced = []
+        for slot in self._unsent:
+            if is_free(slot.whole):
+                slot.flag.value = FREE
+            else:
+                still_referenced.append(slot)
+        self._unsent = still_referenced
 
 
 @dataclass

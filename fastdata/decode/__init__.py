@@ -7,13 +7,14 @@ Backends import their optional packages (torchvision, DALI) only when created. A
 ``random_crop`` is the one description of that crop, :class:`fastdata.ops.RandomResizedCrop`.
 """
 
-from fastdata.decode._base import DecodedBatch, Decoder
+from fastdata.decode._base import DecodedBatch, Decoder, DecoderRecipe
 from fastdata.decode.factory import create_decoder, register_decoder
 from fastdata.decode.loader import DecodingLoader
 
 __all__ = [
     "DecodedBatch",
     "Decoder",
+    "DecoderRecipe",
     "DecodingLoader",
     "create_decoder",
     "register_decoder",

@@ -8,7 +8,7 @@ import warnings
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import numpy as np
 import torch
@@ -20,6 +20,7 @@ from fastdata.decode._geometry import crop_description, parse_size
 from fastdata.errors import DecodeError, OnError
 from fastdata.ops import Executor, RandomResizedCrop
 
+DecoderT = TypeVar("DecoderT", bound="Decoder")
 EncodedImage = bytes | bytearray | memoryview | np.ndarray | torch.Tensor
 
 
@@ -180,6 +181,19 @@ def resolve_num_threads(num_threads: int | None) -> int:
     return num_threads
 
 
+class DecoderRecipe(NamedTuple):
+    """How to make a decoder again, in another process: its class and the arguments it was
+    made with (see :meth:`Decoder.recipe`). Picklable where the arguments are."""
+
+    kind: type[Decoder]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    def make(self) -> Decoder:
+        """A new decoder of this class, made with these arguments."""
+        return self.kind(*self.args, **self.kwargs)
+
+
 def channels_last(images_nhwc: torch.Tensor) -> torch.Tensor:
     """``(B, H, W, C)`` contiguous → ``(B, C, H, W)`` view in channels_last memory format."""
     return images_nhwc.permute(0, 3, 1, 2)
@@ -219,9 +233,16 @@ class Decoder(ABC):
     """
 
     backend: str = ""
+    _arguments: tuple[tuple[Any, ...], dict[str, Any]] = ((), {})
     # A backend that refuses images over max_pixels itself, from the header it reads to
     # plan the batch (cpu: it also records the refusal among its ``last_errors``).
     checks_max_pixels: ClassVar[bool] = False
+
+    def __new__(cls: type[DecoderT], *args: Any, **kwargs: Any) -> DecoderT:
+        decoder = super().__new__(cls)
+        # What the decoder was made with, whatever the subclass: its recipe (see recipe()).
+        decoder._arguments = (args, dict(kwargs))
+        return decoder
 
     def __init__(
         self,
@@ -263,6 +284,16 @@ class Decoder(ABC):
             return self._random.uniform(count, columns)
         with batch_draws(keys.epoch, keys.indices):
             return self._random.uniform(count, columns)
+
+    def recipe(self) -> DecoderRecipe:
+        """How to make this decoder again elsewhere: its class and the arguments it was made
+        with. A decoder made from it in another process decodes as this one does (same
+        backend, size, crop, seed, ``on_error``; a seeded crop keyed by ``(seed, epoch,
+        index)`` is the same crop); what each process resolves for itself (``num_threads=
+        None``, a bare ``"cuda"`` device) is resolved there, and the stream of unkeyed draws
+        starts afresh."""
+        args, kwargs = self._arguments
+        return DecoderRecipe(type(self), args, dict(kwargs))
 
     def derive_seed(self) -> int:
         """A seed for another decoder's draws, taken from this one's (advances its stream):

@@ -34,6 +34,10 @@ EXIF orientation: a JPEG's orientation tag is applied (``adjust_orientation=True
 rule of the other backends, and crop boxes are drawn on the image as displayed (DALI takes
 the slice in displayed coordinates and maps it to the stored pixels before decoding).
 
+Forked children: a pipeline held when a process forks (a DataLoader worker, a
+preprocessing worker) is kept, never destroyed, in the child, whose copy has none of the
+pipeline's threads for its destructor to join (:mod:`fastdata.decode._dali_fork`).
+
 Truncated JPEGs: the CPU-only pipeline reports them as errors, like the ``cpu`` backend;
 the mixed (nvJPEG) decoder may decode them without an error, the missing rows left flat.
 """
@@ -58,6 +62,7 @@ from fastdata.decode._base import (
     resolve_num_threads,
 )
 from fastdata.decode._batching import decode_batch_or_each, is_environment_error
+from fastdata.decode._dali_fork import track
 from fastdata.decode._geometry import Box, crop_boxes
 from fastdata.decode.cpu import decode_crop
 from fastdata.errors import DecodeError, OnError
@@ -106,7 +111,7 @@ def _build_pipeline(
         images = fn.resize(images, resize_x=out_hw[1], resize_y=out_hw[0], antialias=True)
         pipeline.set_outputs(images)
     pipeline.build()
-    return pipeline
+    return track(pipeline)  # never destroyed in a forked child (see _dali_fork)
 
 
 class _Plan(NamedTuple):

@@ -16,7 +16,7 @@ import pickle
 import re
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,15 +74,6 @@ DECODERS = [
     pytest.param(_dali_on_gpu, id="dali-gpu", marks=[pytest.mark.dali, pytest.mark.gpu]),
 ]
 Make = Callable[..., Decoder]
-
-
-@pytest.fixture(autouse=True)
-def _collect_pipelines() -> Iterator[None]:
-    """Collect the DALI pipelines a test leaves behind here, in this process, not in a
-    DataLoader worker forked later (their threads are not there)."""
-    gc.collect()
-    yield
-    gc.collect()
 
 
 @pytest.fixture
@@ -236,7 +227,6 @@ def test_the_datasets_on_error_holds_while_the_loader_streams(jpeg_files: list[P
 def _resumable(
     root: Path, make: Make, num_workers: int, batch_size: int = 4
 ) -> ResumableDataLoader:
-    gc.collect()  # the pipelines of decoders dropped here, not in the workers forked next
     dataset = ShardDataset(root, decode=make(random_crop=True, seed=2), on_error="skip")
     sampler = ShardAwareDistributedSampler(dataset, num_replicas=1, rank=0, seed=4)
     return dataset.loader(batch_size=batch_size, sampler=sampler, num_workers=num_workers)
@@ -282,22 +272,48 @@ def test_state_dict_resumes_exactly_without_the_batch_read_ahead(
 
 
 @pytest.mark.parametrize("make", DECODERS)
-def test_a_copy_in_another_process_reads_bytes_and_leaves_the_decoder_here(
+def test_a_copy_in_another_process_reads_bytes_and_makes_its_own_decoder_to_decode(
     jpeg_files: list[Path], make: Make
 ) -> None:
-    dataset = RAMDataset(jpeg_files, list(range(COUNT)), decode=make(), show_progress=False)
-    decoded = dataset.__getitems__([0, 1])[0]  # the decoder's threads, pipelines are made
-    copy = pickle.loads(pickle.dumps(dataset))  # as spawned workers receive it
+    dataset = RAMDataset(
+        jpeg_files, list(range(COUNT)), decode=make(random_crop=True, seed=3), show_progress=False
+    )
+    dataset.__getitems__([0, 1])  # the decoder's threads, pipelines are made
+    copy = pickle.loads(pickle.dumps(dataset))  # as spawned workers, other ranks receive it
     assert copy.options.decode is True and dataset.options.decode is dataset.batch_decode.decoder
-    assert copy.batch_decode.decoder is None
+    assert copy.batch_decode.decoder is None  # not made where it only reads bytes
     encoded = EpochBatch([0, 1], epoch=0, encoded=True)  # what dataset.loader(...) asks
     blobs, labels = copy.__getitems__(encoded)
     assert [bytes(blob.numpy()) for blob in blobs] == [jpeg_files[i].read_bytes() for i in (0, 1)]
     assert labels.tolist() == [0, 1]
-    with pytest.raises(RuntimeError, match=r"stayed in the process that made the dataset"):
-        copy.__getitems__([0, 1])
+    assert copy.batch_decode.decoder is None
+    # Asked to decode, the copy makes its decoder from the original's recipe: the same
+    # crops of the same (seed, epoch, index) keys.
+    keyed = EpochBatch([3, 1, 4], epoch=2)
+    images, labels = copy.__getitems__(keyed)
+    made = copy.batch_decode.decoder
+    assert type(made) is type(dataset.batch_decode.decoder) and made._random.seed == 3
+    assert torch.equal(images.cpu(), dataset.__getitems__(keyed)[0].cpu())
+    assert labels.tolist() == [3, 1, 4]
     spawned = dataset.loader(batch_size=2, num_workers=1, multiprocessing_context="spawn")
-    assert torch.equal(next(iter(spawned))[0].cpu(), decoded.cpu())
+    first = dataset.__getitems__(EpochBatch([0, 1], epoch=0))[0]
+    assert torch.equal(next(iter(spawned))[0].cpu(), first.cpu())
+
+
+def test_a_copy_whose_decoder_arguments_do_not_pickle_says_so(jpeg_files: list[Path]) -> None:
+    class LocalDecoder(BatchedCpuDecoder):  # a class pickle cannot name
+        pass
+
+    dataset = RAMDataset(
+        jpeg_files, list(range(COUNT)), decode=LocalDecoder(SIZE), show_progress=False
+    )
+    copy = pickle.loads(pickle.dumps(dataset))  # the dataset still travels, to read bytes
+    blobs, _ = copy.__getitems__(EpochBatch([0], epoch=0, encoded=True))
+    assert bytes(blobs[0].numpy()) == jpeg_files[0].read_bytes()
+    with pytest.raises(
+        RuntimeError, match=r"stayed in the process .*; its arguments do not pickle"
+    ):
+        copy.__getitems__([0])
 
 
 @pytest.mark.parametrize("make", DECODERS)
@@ -309,7 +325,7 @@ def test_a_loop_left_early_lets_its_workers_go_and_keeps_the_read_ahead_out(
     batches = iter(loader)
     head = _labels([next(batches)])
     workers = weakref.ref(batches._handing._inner)  # the DataLoader's worker iterator
-    del batches  # no garbage collection needed (none may come in a worker forked later)
+    del batches
     assert workers() is None  # the loader keeps no hold on it: its workers end
     state = loader.state_dict()
     assert (state["sampler"]["num_consumed"], state["num_batches"]) == (4, 1)

@@ -217,3 +217,28 @@ def test_a_workers_scratch_batch_is_reused_in_the_worker(
         np.testing.assert_array_equal(batch.numpy(), expected)
     pools = dataset._buffers._local.__dict__.get("pools", {})
     assert ((4, *raw_shards.images.shape[1:]), torch.uint8) in pools  # the gathered rows
+
+
+def test_three_fields_and_a_partial_last_batch_reuse_their_buffers(
+    raw_shards: Reference,
+) -> None:
+    # image, label and mask: three buffers per batch, in two batch sizes (5 full batches
+    # of 4 and the last one of 2 of the 22 samples), six shapes in all.
+    dataset = ShardDataset(raw_shards.path, fields=("image", "label", "mask"))
+    loader = dataset.loader(batch_size=4, shuffle=True)
+    allocations = []
+    for _ in range(3):
+        for batch in loader:  # each batch let go of when the loop takes the next
+            assert [len(value) for value in batch] in ([4] * 3, [2] * 3)
+        allocations.append(dataset._buffers.allocations)
+    # the first epoch fills the pools (two buffers per shape: the batch the loop holds
+    # and the next one); the later epochs take every batch from them
+    assert allocations[0] <= 2 * 6
+    assert allocations[1] == allocations[2] == allocations[0]
+
+
+def test_buffers_per_batch_is_checked() -> None:
+    with pytest.raises(TypeError, match=r"buffers_per_batch must be an int, got 2.0"):
+        buffers_module.BatchBuffers(2.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"buffers_per_batch must be at least 1, got 0"):
+        buffers_module.BatchBuffers(0)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -8,10 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from fastdata.datasets import RAMDataset
+from fastdata.datasets._loader import EpochBatch
 from fastdata.datasets._shm import SharedBuffer
 from fastdata.datasets.node_shared import (
     _ByDescriptor,
@@ -19,7 +22,8 @@ from fastdata.datasets.node_shared import (
     share_on_node,
     shared_memory_usage,
 )
-from tests.datasets.conftest import gloo_group
+from tests.datasets.conftest import gloo_group, write_jpegs
+from tests.datasets.test_batch_decoders import BatchedCpuDecoder
 
 IMAGES = (48, 64, 64, 3)  # 576 KiB of uint8 pixels
 
@@ -94,3 +98,39 @@ def test_two_ranks_hold_one_copy(tmp_path: Path) -> None:
         assert rank["shared"]["rss_bytes"] >= 0.95 * nbytes  # while mapping all of it
     assert ranks[0]["failure"] == "OSError: disk gone"
     assert ranks[1]["failure"].startswith("RuntimeError: share_on_node failed on ranks {0:")
+
+
+def _build_decoding(files: list[str]) -> RAMDataset:
+    decoder = BatchedCpuDecoder(24, num_threads=1, random_crop=True, seed=5)
+    return RAMDataset(files, list(range(len(files))), decode=decoder, show_progress=False)
+
+
+def _decoding_worker(rank: int, store: str, files: list[str], out: str) -> None:
+    with gloo_group(rank, store):
+        dataset = share_on_node(functools.partial(_build_decoding, files))
+        built_here = dataset.batch_decode.decoder is not None
+        images, labels = dataset.__getitems__(EpochBatch(list(range(len(files))), epoch=1))
+        streamed = [batch[0] for batch in dataset.loader(batch_size=4)]
+        torch.save(
+            {"built_here": built_here, "images": images, "labels": labels, "loader": streamed},
+            Path(out, f"rank{rank}.pt"),
+        )
+
+
+def test_a_rank_given_a_dataset_with_a_batch_decoder_decodes_the_same_crops(
+    tmp_path: Path,
+) -> None:
+    files = [str(path) for path in write_jpegs(tmp_path / "files", 10, 48, 64)]
+    args = (str(tmp_path / "store"), files, str(tmp_path))
+    mp.spawn(_decoding_worker, args=args, nprocs=2, join=True)
+    builder, receiver = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert builder["built_here"] and not receiver["built_here"]  # it had only the recipe
+    here = _build_decoding(files)  # the same crops as one made in this process
+    want = here.__getitems__(EpochBatch(list(range(10)), epoch=1))[0]
+    want_streamed = [batch[0] for batch in here.loader(batch_size=4)]
+    for rank in (builder, receiver):
+        assert rank["labels"].tolist() == list(range(10))
+        assert torch.equal(rank["images"], want)
+        assert len(rank["loader"]) == len(want_streamed) == 3
+        for got, expected in zip(rank["loader"], want_streamed, strict=True):
+            assert torch.equal(got, expected)

@@ -17,11 +17,12 @@ from torch.utils.data import DataLoader
 from fastdata.datasets import (
     ShardAwareDistributedSampler,
     ShardDataset,
+    _base,
     _buffers,
     _slots,
     passthrough_collate,
 )
-from fastdata.datasets._loader import ResumableDataLoader
+from fastdata.datasets._loader import EpochBatch, ResumableDataLoader
 from tests.datasets.conftest import Reference
 
 WORKERS = 2
@@ -241,3 +242,40 @@ def test_a_batch_sent_on_to_another_process_is_never_written_again(
         assert releaser.reuses > 0 and releaser.passed_on > 0
     for index, message in sent:  # what the other process reads once it gets to it
         np.testing.assert_array_equal(pickle.loads(message).numpy(), raw_shards.images[[index]])
+
+
+def test_a_batch_that_raises_in_the_worker_gives_its_segments_back(
+    raw_shards: Reference, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The segments a batch took before its dataset raised never leave the worker: they go
+    back to the ring (once the exception is let go of), not held for good."""
+    monkeypatch.setattr(_buffers, "get_worker_info", object)  # as in a worker
+    monkeypatch.setattr(_base, "get_worker_info", object)
+    dataset = ShardDataset(raw_shards.path, fields=("image", "label", "mask"), layout="HWC")
+    gather, failing = dataset.store.gather, {"mask"}
+
+    def gather_or_fail(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name in failing:  # read after the image and label: mid-batch
+            raise OSError(f"disk gone reading {name}")
+        return gather(name, *args, **kwargs)
+
+    monkeypatch.setattr(dataset.store, "gather", gather_or_fail)
+
+    def read(start: int) -> Any:
+        return dataset.__getitems__(EpochBatch([start, start + 1], epoch=0, worker_slots=1))
+
+    with pytest.raises(OSError, match="disk gone reading mask"):
+        read(0)  # each field's ring of one segment taken, then the read fails
+    failing.clear()
+    addresses = set()
+    for start in (2, 4):
+        batch = read(start)
+        _check(batch, raw_shards, [start, start + 1])
+        for value in batch:  # in the ring's one segment, not in fresh memory
+            assert _slots._trailer(value.untyped_storage()) is not None
+            addresses.add(value.data_ptr())
+        del batch, value
+        for ring in dataset._buffers._local.slots._rings.values():
+            for slot in ring:
+                slot.flag.value = _slots.FREE  # as the training process, done with the batch
+    assert len(addresses) == 3  # one segment per field, used by each batch

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import gc
-from collections.abc import Iterator
+import multiprocessing
 from typing import Any
 
 import numpy as np
@@ -20,14 +21,6 @@ from tests.decode.conftest import BAD, GOOD, exif_rotated_jpeg, rgb_jpeg
 MEAN_TOLERANCE = 3.0
 
 pytestmark = pytest.mark.dali
-
-
-@pytest.fixture(autouse=True)
-def _collect_pipelines() -> Iterator[None]:
-    """Collect the DALI pipelines a test leaves behind here, in this process: collected in a
-    DataLoader worker forked later (their threads are not there), they crash it."""
-    yield
-    gc.collect()
 
 
 @pytest.mark.parametrize("random_crop", [False, True])
@@ -278,3 +271,34 @@ def test_decoding_loader_streams_through_dali() -> None:
     want = create_decoder("dali", size=16, device="cpu", seed=1)
     for (images, _), (encoded, _) in zip(out, batches, strict=True):
         assert torch.equal(images, want(encoded))
+
+
+def _drop_and_exit(held: dict[str, Any], done: Any) -> None:
+    """In a forked child: drop the last reference to the inherited decoder, collect it, and
+    run the interpreter's exit handlers (DALI's shuts down every pipeline it knows of)."""
+    held.clear()
+    gc.collect()
+    atexit._run_exitfuncs()
+    done.set()
+
+
+def test_pipelines_inherited_by_a_forked_child_are_not_destroyed_there() -> None:
+    # DALI's destructor joins the pipeline's threads, which a forked child does not have:
+    # freed in the child (a DataLoader worker forked while a decoder was held), it hangs.
+    decoder = dali_module.DaliDecoder(16, device="cpu", seed=0, num_threads=2)
+    batches = [[rgb_jpeg(40, 40, seed=s)] * 2 for s in range(3)]
+    assert [len(d.kept) for d in decoder.decode_stream(iter(batches))] == [2] * 3
+    assert decoder.decode(batches[0]).images.shape == (2, 3, 16, 16)
+    assert decoder._pipeline is not None and decoder._ahead is not None
+    held = {"decoder": decoder}
+    del decoder
+    context = multiprocessing.get_context("fork")
+    done = context.Event()
+    child = context.Process(target=_drop_and_exit, args=(held, done))
+    child.start()
+    child.join(timeout=60)  # a bound on a hang, not a timing margin: it ends at once
+    if child.is_alive():
+        child.kill()
+        child.join()
+    assert done.is_set() and child.exitcode == 0
+    assert held["decoder"].decode(batches[1]).images.shape == (2, 3, 16, 16)  # here: intact

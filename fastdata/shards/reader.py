@@ -298,15 +298,16 @@ class ShardReader:
     # -- basics ---------------------------------------------------------------------------
     @property
     def cache_room(self) -> CacheRoom | None:
-        """What the cache of a remote set holds (``None``: a local set, or no limit):
+        """What the cache of a remote set holds (``None``: a local set, or no limit,
+        neither given nor shared, see :meth:`share_cache`):
         :class:`ShardAwareDistributedSampler` shuffles no more shards together than it
         holds twice over, with a spare."""
-        limit = getattr(self.files, "limit_bytes", None)
-        if not self.files.remote or limit is None or not self.manifest.shards:
+        given = getattr(self.files, "limit_bytes", None)
+        # a share of a folder whose limit another process was given binds this one too
+        limits = [limit for limit in (given, self._cache_share) if limit is not None]
+        if not self.files.remote or not limits or not self.manifest.shards:
             return None
-        if self._cache_share is not None:
-            limit = min(limit, self._cache_share)
-        return CacheRoom(limit, max(info.num_bytes for info in self.manifest.shards))
+        return CacheRoom(min(limits), max(info.num_bytes for info in self.manifest.shards))
 
     @property
     def cache_folder(self) -> CacheFolder | None:

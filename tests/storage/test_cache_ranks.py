@@ -173,3 +173,26 @@ def test_a_state_saved_under_the_ranks_agreement_names_it_when_refused(
         pytest.warns(UserWarning, match="shuffles 1 shard together"),
     ):
         ShardAwareDistributedSampler(roomy, 2, 0).load_state_dict(saved)
+
+
+def test_a_rank_without_a_limit_reads_ahead_within_its_share_of_a_limited_folder(
+    bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1 was given no cache_limit, rank 0 (same host, same folder) 6 shards: the
+    folder's limit is split, and rank 1's order and read-ahead keep to its 3 shards."""
+    url, largest = _remote_set(bucket, tmp_path, "unlimited")
+    dataset = ShardDataset(url, cache_dir=tmp_path / "cache")
+    assert dataset.cache_room is None  # alone, no limit: no room to keep to
+
+    def gather_with_a_limited_rank_0(gathered: list[object], mine: Any) -> None:
+        host, directory, _, shard_bytes = mine
+        gathered[:] = [(host, directory, 6 * largest, shard_bytes), mine]
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "all_gather_object", gather_with_a_limited_rank_0)
+    with pytest.warns(UserWarning, match="shuffles 1 shard together"):
+        sampler = ShardAwareDistributedSampler(dataset, 2, 1)
+    assert sampler.window_shards == 1
+    room = dataset.cache_room
+    assert room is not None and (room.limit_bytes, room.shard_bytes) == (3 * largest, largest)

@@ -168,9 +168,10 @@ class ShardAwareDistributedSampler(DistributedSampler):
             ``cache_limit`` too). Under an initialized ``torch.distributed`` group the
             ranks agree on it when the sampler is built (a collective: build it on every
             rank): ranks of a host sharing a cache folder split its limit, and every
-            rank takes the smallest window, so that all draw one order. With
-            ``num_replicas`` and ``rank`` given by hand and no process group, give every
-            rank the same ``cache_limit`` (ranks sharing a folder, each its share).
+            rank takes the smallest window, so that all draw one order. Without a
+            process group of ``num_replicas`` ranks (``num_replicas`` and ``rank`` given
+            by hand, or a data-parallel subset of a larger group), give every rank the
+            same ``cache_limit`` (ranks sharing a folder, each its share).
         partition: ``"epoch"`` (default): the ranks split a new global order each epoch,
             the same whatever the world size. ``"fixed"``: each rank keeps the same
             samples every epoch and shuffles them among themselves (order then depends on

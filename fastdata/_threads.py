@@ -3,10 +3,10 @@ release the GIL, so threads scale where worker processes would pay to ship the b
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Executor
-from contextlib import contextmanager
 
 import cv2
 
@@ -67,16 +67,41 @@ def parallel_for(
         future.result()
 
 
-@contextmanager
-def fork_safe_thread_pools() -> Iterator[None]:
-    """Held while forking worker processes: OpenCV runs on one thread here, so the children
-    inherit a pool of one thread (each worker is one of the parallel tasks: OpenCV's own
-    threads would only compete with the other workers for the cores) with no threads to
-    wait for (calling ``cv2.setNumThreads`` in a child forked after the pool has run
-    deadlocks); the previous setting is restored afterwards."""
-    previous = cv2.getNumThreads()
-    cv2.setNumThreads(1)
-    try:
-        yield
-    finally:
-        cv2.setNumThreads(previous)
+class _OpenCVForkedOnOneThread:
+    """Forks from this process start their child with OpenCV on one thread (registered
+    once, below, for every fork: a DataLoader's workers, the preprocessing workers, a
+    user's own pool). Each forked worker is one of the parallel tasks, and OpenCV's own
+    pool in every worker only competes with the others for the cores; the child cannot
+    shrink it itself (``cv2.setNumThreads`` in a child forked after the pool has run
+    deadlocks), so the pool is shrunk here while forking and this process's setting is
+    restored after (a counter: several threads may fork at once)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._forking = 0
+        self._threads = 0
+
+    def before(self) -> None:
+        with self._lock:
+            if self._forking == 0:
+                self._threads = cv2.getNumThreads()
+                cv2.setNumThreads(1)
+            self._forking += 1
+
+    def after_in_parent(self) -> None:
+        with self._lock:
+            self._forking -= 1
+            if self._forking == 0:
+                cv2.setNumThreads(self._threads)
+
+    def after_in_child(self) -> None:
+        self._lock = threading.Lock()  # another thread may have held it at the fork
+        self._forking = 0
+
+
+_FORKS = _OpenCVForkedOnOneThread()
+os.register_at_fork(
+    before=_FORKS.before,
+    after_in_parent=_FORKS.after_in_parent,
+    after_in_child=_FORKS.after_in_child,
+)

@@ -12,7 +12,6 @@ import numpy as np
 from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
-from fastdata._threads import fork_safe_thread_pools
 from fastdata.datasets._collate import passthrough_collate
 from fastdata.datasets._positions import Ranges, consumed_ranges
 from fastdata.datasets._slots import MAX_SHAPES, SlotReleaser
@@ -428,14 +427,12 @@ class _RecordedBatches:
 
 class _SlotIterator(_MultiProcessingDataLoaderIter):
     """The worker iterator, marking free the workers' batch segments nothing refers to
-    any more, before it waits for the next batch (see :mod:`fastdata.datasets._slots`).
-    Workers forked here run OpenCV on one thread each: the workers are the parallelism."""
+    any more, before it waits for the next batch (see :mod:`fastdata.datasets._slots`)."""
 
     def __init__(self, loader: ResumableDataLoader) -> None:
         limit = loader.num_workers * loader._worker_slot_count() * MAX_SHAPES  # what they hold
         self._slots = SlotReleaser(limit)
-        with fork_safe_thread_pools():  # forked workers run OpenCV on their one thread
-            super().__init__(loader)
+        super().__init__(loader)
 
     def _next_data(self) -> Any:
         self._slots.release()

@@ -12,8 +12,8 @@ and a library that waits on its other threads hangs. The rules kept here:
 - never when CUDA is initialised in this process: a forked child cannot use it (CUDA
   raises "Cannot re-initialize CUDA in forked subprocess"), and a dataset returning CUDA
   tensors would need it;
-- OpenCV's thread pool is shrunk to one thread in this process while forking
-  (:func:`fastdata._threads.fork_safe_thread_pools`), and a child
+- OpenCV's thread pool is shrunk to one thread in this process while forking (every
+  fork, :mod:`fastdata._threads`), and a child
   runs torch on one thread, as ``DataLoader`` workers do (torch's OpenMP pool, once used
   here, hangs the child's first parallel operation otherwise).
 """

@@ -44,7 +44,6 @@ from typing import Any
 import cv2
 import numpy as np
 
-from fastdata._threads import fork_safe_thread_pools
 from fastdata.errors import PreprocessError
 from fastdata.preprocess._fork import single_threaded_torch
 from fastdata.preprocess._sources import SourceItem
@@ -283,8 +282,9 @@ def _other_pools_ends(pool: WorkerPool) -> list[Connection]:
 
 @contextmanager
 def _starting_workers(job: ShardJob, *, forked: bool) -> Iterator[None]:
-    """Held while this thread starts a pool's worker processes."""
-    with _start_lock, fork_safe_thread_pools() if forked else _main_for_workers(job):
+    """Held while this thread starts a pool's worker processes (a forked one starts with
+    OpenCV on one thread: :mod:`fastdata._threads`)."""
+    with _start_lock, contextlib.nullcontext() if forked else _main_for_workers(job):
         yield
 
 

@@ -337,14 +337,15 @@ class OpenCVThreads(Dataset[int]):
         return cv2.getNumThreads()
 
 
+@pytest.mark.parametrize("plain", [False, True], ids=["dataset-loader", "plain-dataloader"])
 @pytest.mark.parametrize("persistent_workers", [False, True])
-def test_forked_workers_run_opencv_on_one_thread(persistent_workers: bool) -> None:
+def test_forked_workers_run_opencv_on_one_thread(persistent_workers: bool, plain: bool) -> None:
     # Each worker is one of the parallel tasks: OpenCV's own pool in every worker would
     # compete with the other workers for the cores. This process keeps its setting.
     before = cv2.getNumThreads()
     cv2.setNumThreads(2)
     try:
-        loader = ResumableDataLoader(
+        loader = (DataLoader if plain else ResumableDataLoader)(
             OpenCVThreads(),
             batch_size=2,
             num_workers=2,

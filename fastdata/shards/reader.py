@@ -268,7 +268,7 @@ class ShardReader:
             root,
             cache_dir=cache_dir,
             cache_limit=cache_limit,
-            largest_shard_bytes=max((s.num_bytes for s in self.manifest.shards), default=0),
+            largest_shard_bytes=self._largest_shard_bytes(),
         )
         self.root: Path | str = (
             self.files.root if isinstance(self.files, LocalFiles) else self.files.where("")
@@ -307,7 +307,7 @@ class ShardReader:
         limits = [limit for limit in (given, self._cache_share) if limit is not None]
         if not self.files.remote or not limits or not self.manifest.shards:
             return None
-        return CacheRoom(min(limits), max(info.num_bytes for info in self.manifest.shards))
+        return CacheRoom(min(limits), self._largest_shard_bytes())
 
     @property
     def cache_folder(self) -> CacheFolder | None:
@@ -319,8 +319,13 @@ class ShardReader:
         return CacheFolder(
             os.path.realpath(cache.directory),
             cache.limit_bytes,
-            max((info.num_bytes for info in self.manifest.shards), default=0),
+            self._largest_shard_bytes(),
         )
+
+    def _largest_shard_bytes(self) -> int:
+        """The size of the set's largest shard file (0: no shards): the unit a cache's
+        room is counted in."""
+        return max((info.num_bytes for info in self.manifest.shards), default=0)
 
     def share_cache(self, limit_bytes: int) -> None:
         """Size orders and read-ahead (:attr:`cache_room`) by ``limit_bytes``, this

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from fastdata._mixing import ImageSource
+from fastdata._planes import cached_interleaved, cached_planes
 
 # Output dtypes whose bit patterns OpenCV's LUT writes, as the NumPy dtype it sees.
 _TABLE_VIEWS = {torch.float32: np.float32, torch.float16: np.int16, torch.bfloat16: np.int16}
@@ -84,7 +85,7 @@ def normalize_by_tables(
         target = _bits(out, view).numpy()
         planes = None
         if not planar_in:  # split each image into planes first (OpenCV's vectorised split)
-            planes = np.empty((channels, *images.shape[2:]), np.uint8)
+            planes = cached_planes(1, channels, images.shape[2], images.shape[3])[0]
             source = images.permute(0, 2, 3, 1).numpy()
         else:
             source = images.numpy()
@@ -103,7 +104,7 @@ def normalize_by_tables(
     table = np.ascontiguousarray(tables.T).reshape(1, 256, channels)
     interleaved = None
     if not interleaved_in:
-        interleaved = np.empty((*images.shape[2:], channels), np.uint8)
+        interleaved = cached_interleaved(images.shape[2], images.shape[3], channels)
         source = images.numpy()
     else:
         source = images.permute(0, 2, 3, 1).numpy()

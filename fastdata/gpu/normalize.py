@@ -16,6 +16,7 @@ from torch import nn
 from fastdata._batch_memory import is_free, storage_use_count
 from fastdata._fields import FieldBatch, as_field_batch
 from fastdata._layout import check_layout, resolve_layout
+from fastdata._planes import cached_planes
 from fastdata._roles import IMAGE
 from fastdata.gpu._normalize_tables import ImageSource, channel_tables, normalize_by_tables
 from fastdata.shards import load_manifest
@@ -76,7 +77,7 @@ def _normalize_on_cpu(
         scratch = torch.empty((min(per_chunk, batch), *images.shape[1:]), dtype=torch.float32)
     planar = None
     if _interleaved(images):
-        planar = torch.empty((min(per_chunk, batch), *images.shape[1:]), dtype=torch.uint8)
+        planar = torch.from_numpy(cached_planes(min(per_chunk, batch), *images.shape[1:]))
     scales = [float(value) for value in scale.tolist()]
     biases = list(bias.unbind())  # 0-dim float32 tensors: the add stays in float32
     for start in range(0, batch, per_chunk):

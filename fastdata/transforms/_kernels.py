@@ -18,6 +18,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from fastdata._planes import cached_planes
 from fastdata._tables import (
     LEVELS,
     PARAMETER_LUTS,
@@ -75,14 +76,12 @@ def _per_sample(values: np.ndarray, ndim: int) -> np.ndarray:
 
 
 def apply_luts(images: np.ndarray, luts: np.ndarray) -> np.ndarray:
-    """Map every value through its sample's table, in place (any strides): ``luts``
-    ``(N, 256)`` (all channels) or ``(N, C, 256)`` uint8 (one per channel)."""
+    """Map every value through its sample's table of ``(N, 256)`` uint8 (all channels), in
+    place (any strides)."""
     channels = images.shape[-1]
     for k in range(len(images)):
         image = images[k] if channels > 1 else images[k, ..., 0]
-        table = np.ascontiguousarray(
-            luts[k] if luts.ndim == 2 else luts[k].T.reshape(1, 256, channels)
-        )
+        table = luts[k]
         if image.flags.c_contiguous:
             cv2.LUT(image, table, dst=image)
         else:  # OpenCV writes only into contiguous memory
@@ -258,27 +257,58 @@ def invert(
     return images, masks
 
 
-def histograms(images: np.ndarray) -> np.ndarray:
-    """``(N, C, 256)`` int64 per-channel histograms."""
-    count, channels = len(images), images.shape[-1]
+def split_planes(images: np.ndarray) -> np.ndarray:
+    """``(N, C, H, W)`` planes of ``(N, H, W, C)`` images: a view of a gray batch, else
+    copies split by OpenCV (written through the cache: :mod:`fastdata._planes`)."""
+    if images.shape[-1] == 1:
+        return images.transpose(0, 3, 1, 2)
+    count, height, width, channels = images.shape
+    planes = cached_planes(count, channels, height, width)
+    for k in range(count):
+        cv2.split(images[k], list(planes[k]))
+    return planes
+
+
+def map_planes(images: np.ndarray, planes: np.ndarray, luts: np.ndarray) -> np.ndarray:
+    """``images`` with each of its :func:`split_planes` planes mapped through its table of
+    ``(N, C, 256)`` uint8, in place: a lookup per plane and a merge (OpenCV looks up a
+    table per channel of interleaved pixels value by value, half again slower)."""
+    gray = images.shape[-1] == 1
+    for k in range(len(images)):
+        image_planes = list(planes[k])
+        for channel, plane in enumerate(image_planes):
+            if plane.flags.c_contiguous:
+                cv2.LUT(plane, luts[k, channel], dst=plane)
+            else:  # a gray view of strided memory: OpenCV writes only into contiguous memory
+                plane[...] = cv2.LUT(plane, luts[k, channel])
+        if gray:
+            continue
+        if images[k].flags.c_contiguous:
+            cv2.merge(image_planes, dst=images[k])
+        else:
+            images[k] = cv2.merge(image_planes)
+    return images
+
+
+def histograms(planes: np.ndarray) -> np.ndarray:
+    """``(N, C, 256)`` int64 histograms of :func:`split_planes` planes."""
+    count, channels = planes.shape[:2]
     hist = np.empty((count, channels, 256), np.int64)
     for k in range(count):
         for channel in range(channels):
-            counts = cv2.calcHist([images[k]], [channel], None, [256], [0, 256])
+            counts = cv2.calcHist([planes[k, channel]], [0], None, [256], [0, 256])
             hist[k, channel] = counts.ravel()
     return hist
 
 
-def channel_extremes(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(N, C)`` int64 per-channel minima and maxima of ``(N, H, W, C)`` images."""
-    count, height, width, channels = images.shape
+def channel_extremes(planes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(N, C)`` int64 minima and maxima of :func:`split_planes` planes."""
+    count, channels = planes.shape[:2]
     low = np.empty((count, channels), np.int64)
     high = np.empty((count, channels), np.int64)
     for k in range(count):
-        # reduced over rows first: NumPy's contiguous inner loop, then the W x C rest
-        rows = images[k].reshape(height, width * channels)
-        low[k] = rows.min(axis=0).reshape(width, channels).min(axis=0)
-        high[k] = rows.max(axis=0).reshape(width, channels).max(axis=0)
+        for channel in range(channels):
+            low[k, channel], high[k, channel] = cv2.minMaxLoc(planes[k, channel])[:2]
     return low, high
 
 
@@ -308,14 +338,16 @@ def equalize(
     images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     """PIL's per-channel histogram equalisation."""
-    return apply_luts(images, equalize_luts(histograms(images))), masks
+    planes = split_planes(images)
+    return map_planes(images, planes, equalize_luts(histograms(planes))), masks
 
 
 def autocontrast(
     images: np.ndarray, params: Params, options: dict[str, Any], masks: list[np.ndarray]
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     """PIL's per-channel stretch of [min, max] to [0, 255]."""
-    return apply_luts(images, autocontrast_luts(*channel_extremes(images))), masks
+    planes = split_planes(images)
+    return map_planes(images, planes, autocontrast_luts(*channel_extremes(planes))), masks
 
 
 def blur(

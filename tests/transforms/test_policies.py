@@ -68,6 +68,7 @@ CASES = [
     ("shear_y", -0.99, lambda image, res, v: image.transform(image.size, Image.AFFINE, (1, 0, 0, v, 1, 0), resample=res, fillcolor=FILL)),  # noqa: E501
     ("translate_x", -25.2, lambda image, res, v: image.transform(image.size, Image.AFFINE, (1, 0, v, 0, 1, 0), resample=res, fillcolor=FILL)),  # noqa: E501
     ("translate_y", 7.0, lambda image, res, v: image.transform(image.size, Image.AFFINE, (1, 0, 0, 0, 1, v), resample=res, fillcolor=FILL)),  # noqa: E501
+    ("translate_y", -5.6, lambda image, res, v: image.transform(image.size, Image.AFFINE, (1, 0, 0, 0, 1, v), resample=res, fillcolor=FILL)),  # noqa: E501
 ]  # fmt: skip
 
 
@@ -106,7 +107,7 @@ def test_bilinear_rgb_warps_equal_the_three_channel_warp(fill: tuple[int, ...]) 
     """The RGBA detour of bilinear RGB warps changes no pixel, fill and edges included."""
     rng = np.random.default_rng(3)
     images = rng.integers(0, 256, (4, 23, 41, 3), dtype=np.uint8)
-    cases = [("rotate", 33.0), ("shear_x", -0.4), ("translate_y", 5.6), ("rotate", -170.0)]
+    cases = [("rotate", 33.0), ("shear_x", -0.4), ("shear_y", 0.25), ("rotate", -170.0)]
     matrices = np.concatenate([_matrix(kind, value, 23, 41) for kind, value in cases])
     options = {"interpolation": "bilinear", "fill": fill}
     out, _ = CPU_KERNELS["affine"](images.copy(), {"matrix": matrices}, options, [])
@@ -117,6 +118,28 @@ def test_bilinear_rgb_warps_equal_the_three_channel_warp(fill: tuple[int, ...]) 
             borderMode=cv2.BORDER_CONSTANT, borderValue=border,
         )  # fmt: skip
         assert np.array_equal(warped, expected)
+
+
+@pytest.mark.parametrize("channels", [3, 1])
+def test_bilinear_shifts_along_one_axis_are_opencvs_warp_within_a_level(channels: int) -> None:
+    """A translation along one axis blends two shifted views: OpenCV's bilinear warp (its
+    constant border blended into the pixels next to it) but for rounding, at shifts inside
+    a pixel, across the image and past it, on both sides; the input is left as it was."""
+    images = np.random.default_rng(4).integers(0, 256, (10, 23, 41, channels), dtype=np.uint8)
+    shifts = [("translate_x", 0.3), ("translate_x", -25.23), ("translate_x", 40.5),
+              ("translate_x", -41.7), ("translate_x", 300.5), ("translate_y", 5.6),
+              ("translate_y", -0.01), ("translate_y", 22.4), ("translate_y", -22.9),
+              ("translate_y", -90.2)]  # fmt: skip
+    matrices = np.concatenate([_matrix(kind, value, 23, 41) for kind, value in shifts])
+    fill = (10, 20, 30)[:channels]
+    options = {"interpolation": "bilinear", "fill": fill}
+    out, _ = CPU_KERNELS["affine"](images.copy(), {"matrix": matrices}, options, [])
+    for image, matrix, shifted in zip(images, matrices, out, strict=True):
+        expected = cv2.warpAffine(
+            image, opencv_matrix(matrix), (41, 23), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+            borderMode=cv2.BORDER_CONSTANT, borderValue=tuple(float(v) for v in fill),
+        ).reshape(image.shape)  # fmt: skip
+        assert np.abs(shifted.astype(int) - expected).max() <= 1
 
 
 def test_policies_on_threads_equal_one_thread() -> None:

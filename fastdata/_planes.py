@@ -24,9 +24,8 @@ def cached_planes(count: int, channels: int, height: int, width: int) -> np.ndar
     plane = -(-height * width // _VECTOR_BYTES) * _VECTOR_BYTES + 1
     raw = np.empty(count * channels * plane + _VECTOR_BYTES, np.uint8)
     start = -raw.ctypes.data % _VECTOR_BYTES
-    return np.lib.stride_tricks.as_strided(
-        raw[start:], (count, channels, height, width), (channels * plane, plane, width, 1)
-    )
+    strides = (channels * plane, plane, width, 1)
+    return np.ndarray((count, channels, height, width), np.uint8, raw, start, strides)
 
 
 def cached_interleaved(height: int, width: int, channels: int) -> np.ndarray:

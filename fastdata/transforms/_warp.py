@@ -16,34 +16,18 @@ from fastdata._tables import Params
 def opencv_matrix(matrix: np.ndarray) -> np.ndarray:
     """An inverse map in PIL's coordinates (:mod:`fastdata._affine`) in OpenCV's, whose
     origin is the top-left pixel's centre."""
-    linear, offset = matrix[:, :2], matrix[:, 2]
-    return np.concatenate([linear, (linear @ [0.5, 0.5] + offset - 0.5)[:, None]], axis=1)
+    (a, b, dx), (c, d, dy) = matrix.tolist()  # Python floats: cheaper than NumPy per sample
+    return np.array([[a, b, a * 0.5 + b * 0.5 + dx - 0.5], [c, d, c * 0.5 + d * 0.5 + dy - 0.5]])
 
 
 INTERPOLATION_FLAGS = {"nearest": cv2.INTER_NEAREST, "bilinear": cv2.INTER_LINEAR}
 
 
-def whole_pixel_shift(matrix: np.ndarray) -> tuple[int, int] | None:
-    """``(dx, dy)`` when the inverse map ``matrix`` (PIL's coordinates) only moves by whole
-    pixels (the output at ``(x, y)`` is the input at ``(x + dx, y + dy)``), else ``None``."""
-    (a, b, dx), (c, d, dy) = matrix.tolist()  # Python floats: a few comparisons per sample
-    if (a, b, c, d) == (1.0, 0.0, 0.0, 1.0) and dx.is_integer() and dy.is_integer():
-        return int(dx), int(dy)
-    return None
-
-
-def axis_shift(matrix: np.ndarray) -> tuple[int, float] | None:
-    """``(axis, shift)`` when the inverse map ``matrix`` (PIL's coordinates) moves along one
-    axis only (0: rows, 1: columns; the output at ``x`` is the input at ``x + shift`` on
-    that axis), else ``None``."""
+def translation(matrix: np.ndarray) -> tuple[float, float] | None:
+    """``(dx, dy)`` when the inverse map ``matrix`` (PIL's coordinates) only translates
+    (the output at ``(x, y)`` is the input at ``(x + dx, y + dy)``), else ``None``."""
     (a, b, dx), (c, d, dy) = matrix.tolist()
-    if (a, b, c, d) != (1.0, 0.0, 0.0, 1.0):
-        return None
-    if dy == 0.0:
-        return 1, dx
-    if dx == 0.0:
-        return 0, dy
-    return None
+    return (dx, dy) if (a, b, c, d) == (1.0, 0.0, 0.0, 1.0) else None
 
 
 def _along(axis: int, start: int, stop: int) -> tuple[slice, ...]:
@@ -148,28 +132,31 @@ def affine(
     )
     interpolation = INTERPOLATION_FLAGS[options["interpolation"]]
     flags = interpolation | cv2.WARP_INVERSE_MAP
-    four = channels == 3 and interpolation == cv2.INTER_LINEAR
-    rgba = np.empty((2, height, width, 4), np.uint8) if four else None
+    bilinear = interpolation == cv2.INTER_LINEAR
+    four = channels == 3 and bilinear
     # the RGBA detour warps a copy: its result goes straight back into the batch
     out = images if four else np.empty_like(images)
     mask_outs = [np.empty_like(mask) for mask in masks]
-    scratch = None
+    rgba = scratch = None  # made on first use
     for k, matrix in enumerate(params["matrix"]):
         target = out[k] if channels > 1 else out[k, ..., 0]
         source = images[k] if channels > 1 else images[k, ..., 0]
-        shift = whole_pixel_shift(matrix)
-        if shift is not None:
+        move = translation(matrix)
+        if move is not None and move[0].is_integer() and move[1].is_integer():
+            shift = (int(move[0]), int(move[1]))
             shift_into(target, source, shift, fill_values)
             for mask, mask_out in zip(masks, mask_outs, strict=True):
                 shift_into(mask_out[k], mask[k], shift, 0)
             continue
         transform = opencv_matrix(matrix)
-        along = axis_shift(matrix) if interpolation == cv2.INTER_LINEAR else None
-        if along is not None:
+        if move is not None and bilinear and 0.0 in move:  # along one axis
             scratch = np.empty_like(source) if scratch is None else scratch
-            blend_shift_into(target, source, *along, fill_values, scratch)
-        elif rgba is not None:
-            cv2.cvtColor(images[k], cv2.COLOR_RGB2RGBA, dst=rgba[0])
+            axis, along = (1, move[0]) if move[1] == 0.0 else (0, move[1])
+            blend_shift_into(target, source, axis, along, fill_values, scratch)
+        elif four:
+            if rgba is None:
+                rgba = np.empty((2, height, width, 4), np.uint8)
+            cv2.cvtColor(source, cv2.COLOR_RGB2RGBA, dst=rgba[0])
             cv2.warpAffine(
                 rgba[0], transform, (width, height), dst=rgba[1], flags=flags,
                 borderMode=cv2.BORDER_CONSTANT, borderValue=(*border, 0.0),

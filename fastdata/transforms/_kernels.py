@@ -314,14 +314,12 @@ def channel_extremes(planes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def equalize_luts(hist: np.ndarray) -> np.ndarray:
     """PIL's ``ImageOps.equalize`` tables from ``(..., 256)`` histograms."""
-    levels = np.arange(256)
-    last = 255 - np.argmax(hist[..., ::-1] > 0, axis=-1)
-    last_count = np.take_along_axis(hist, last[..., None], axis=-1)[..., 0]
-    step = (hist.sum(axis=-1) - last_count) // 255
-    below = np.cumsum(hist, axis=-1) - hist  # pixels below each level
-    safe = np.maximum(step, 1)[..., None]
-    spread = (safe // 2 + below) // safe
-    return table(np.where(step[..., None] > 0, spread, levels))
+    below = np.cumsum(hist, axis=-1)
+    below -= hist  # pixels below each level
+    # PIL's step: the pixels below the last level that has any, over 255
+    step = np.where(hist > 0, below, 0).max(axis=-1, keepdims=True) // 255
+    safe = np.maximum(step, 1)
+    return table(np.where(step > 0, (safe // 2 + below) // safe, np.arange(256)))
 
 
 def autocontrast_luts(low: np.ndarray, high: np.ndarray) -> np.ndarray:

@@ -37,16 +37,15 @@ def _run_array(step: Step, images: np.ndarray, masks: list[np.ndarray]) -> None:
     policy's steps spend on them)."""
     kernel = CPU_KERNELS[step.kernel]
     moved = masks if step.kernel in MOVING_KERNELS else []
-    index = step.index
-    if not len(index):
+    index = step.index.tolist()  # a few samples a step: Python lists beat NumPy calls
+    if not index:
         return
-    # indices are increasing and unique: breaks between runs of consecutive ones
-    breaks = np.flatnonzero(np.diff(index) != 1) + 1
-    starts = [0, *breaks.tolist()]
-    stops = [*breaks.tolist(), len(index)]
-    first = index[starts].tolist()
+    # indices are increasing and unique: a run ends where the next one is not the next row
+    starts = [0, *(i for i in range(1, len(index)) if index[i] != index[i - 1] + 1)]
+    stops = [*starts[1:], len(index)]
     whole = len(starts) == 1
-    for low, high, row in zip(starts, stops, first, strict=True):
+    for low, high in zip(starts, stops, strict=True):
+        row = index[low]
         rows = slice(row, row + high - low)
         params = step.params if whole else {k: v[low:high] for k, v in step.params.items()}
         part = images[rows]
@@ -98,7 +97,8 @@ def run_steps(
             def body(start: int, stop: int) -> None:
                 # every step on this slice of samples: a policy's steps hold a few samples
                 # each, and samples do not depend on each other
-                for step in _steps_of(steps, start, stop):
+                mine = steps if stop - start == len(batch) else _steps_of(steps, start, stop)
+                for step in mine:
                     _run_array(step, batch, mask_arrays)
 
             parallel_for(executor, len(batch), body, tasks=tasks)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fastdata import _lazy
+from fastdata import _cuda_fork, _lazy  # noqa: F401 - _cuda_fork: its fork hook (see there)
 from fastdata._version import __version__
 from fastdata.errors import (
     DecodeError,

@@ -61,25 +61,43 @@ def apply_luts(images: torch.Tensor, luts: torch.Tensor) -> torch.Tensor:
     return luts.gather(2, flat).view_as(images)
 
 
-def _host_lut(build: Callable[[Params], np.ndarray]) -> DeviceKernel:
+DeviceLuts = Callable[[torch.Tensor, Params], torch.Tensor]
+_INVERTED = np.arange(255, -1, -1, dtype=np.uint8)
+
+
+# The kernels that are a lookup in per-sample tables built on the host from their
+# parameters alone (invert's tables are one table).
+HOST_LUT_KERNELS = frozenset({"invert", *cpu.PARAMETER_LUTS})
+
+
+def host_luts(kernel: str, params: Params, count: int) -> np.ndarray:
+    """The ``(count, 256)`` uint8 tables of a kernel in ``HOST_LUT_KERNELS``."""
+    if kernel == "invert":
+        return np.broadcast_to(_INVERTED, (count, 256))
+    return cpu.PARAMETER_LUTS[kernel](params)
+
+
+def _lookup(build: DeviceLuts) -> DeviceKernel:
     def kernel(
         images: torch.Tensor, params: Params, options: dict[str, Any], masks: list[torch.Tensor]
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        return apply_luts(images, _host(build(params), images.device)), masks
+        return apply_luts(images, build(images, params)), masks
 
+    kernel.__doc__ = build.__doc__
     return kernel
 
 
-def contrast(
-    images: torch.Tensor, params: Params, options: dict[str, Any], masks: list[torch.Tensor]
-) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _from_host(build: Callable[[Params], np.ndarray]) -> DeviceLuts:
+    return lambda images, params: _host(build(params), images.device)
+
+
+def contrast_luts(images: torch.Tensor, params: Params) -> torch.Tensor:
     """PIL's contrast: a blend with the mean grey level, rounded."""
     gray = luma(images) if images.shape[1] == 3 else images
     means = gray.flatten(1).to(torch.float64).mean(dim=1).add_(0.5).floor_().to(torch.float32)
     levels = torch.arange(256, dtype=torch.float32, device=images.device)
     factor = _host(params["factor"], images.device, torch.float32)
-    luts = blend(means[:, None], levels[None], factor[:, None])
-    return apply_luts(images, luts), masks
+    return blend(means[:, None], levels[None], factor[:, None])
 
 
 def saturation(
@@ -183,9 +201,7 @@ def histograms(images: torch.Tensor) -> torch.Tensor:
     return hist.view(count, channels, 256)
 
 
-def equalize(
-    images: torch.Tensor, params: Params, options: dict[str, Any], masks: list[torch.Tensor]
-) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def equalize_luts(images: torch.Tensor, params: Params) -> torch.Tensor:
     """PIL's per-channel histogram equalisation."""
     hist = histograms(images)
     levels = torch.arange(256, device=images.device)
@@ -197,13 +213,10 @@ def equalize(
     table = torch.div(
         torch.div(safe, 2, rounding_mode="floor") + below, safe, rounding_mode="floor"
     )
-    luts = torch.where(step[..., None] > 0, table, levels).clamp_(0, 255).to(torch.uint8)
-    return apply_luts(images, luts), masks
+    return torch.where(step[..., None] > 0, table, levels).clamp_(0, 255).to(torch.uint8)
 
 
-def autocontrast(
-    images: torch.Tensor, params: Params, options: dict[str, Any], masks: list[torch.Tensor]
-) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def autocontrast_luts(images: torch.Tensor, params: Params) -> torch.Tensor:
     """PIL's per-channel stretch of [min, max] to [0, 255]."""
     flat = images.flatten(2)
     low, high = flat.amin(dim=2).to(torch.float64), flat.amax(dim=2).to(torch.float64)
@@ -212,8 +225,7 @@ def autocontrast(
     # tensor / tensor: ``255.0 / span`` is computed as 255 * (1 / span), a rounding apart
     scale = torch.full_like(span, 255.0) / torch.where(span > 0, span, torch.ones_like(span))
     stretched = torch.trunc(levels * scale - low[..., None] * scale)
-    luts = torch.where(span > 0, stretched, levels).clamp_(0, 255).to(torch.uint8)
-    return apply_luts(images, luts), masks
+    return torch.where(span > 0, stretched, levels).clamp_(0, 255).to(torch.uint8)
 
 
 def blur(
@@ -296,16 +308,24 @@ def erase(
     return torch.where(inside, replacement.to(images.dtype), images), masks
 
 
+# The table-lookup kernels' tables (``(N, 256)`` or ``(N, C, 256)`` uint8) on the device.
+DEVICE_LUTS: dict[str, DeviceLuts] = {
+    **{name: _from_host(build) for name, build in cpu.PARAMETER_LUTS.items()},
+    "contrast": contrast_luts,
+    "equalize": equalize_luts,
+    "autocontrast": autocontrast_luts,
+}
+
+# Every kernel that is a lookup in per-sample tables (invert: one subtraction when alone).
+LOOKUP_KERNELS = frozenset({"invert", *DEVICE_LUTS})
+
 DEVICE_KERNELS: dict[str, DeviceKernel] = {
-    **{name: _host_lut(build) for name, build in cpu.PARAMETER_LUTS.items()},
-    "contrast": contrast,
+    **{name: _lookup(build) for name, build in DEVICE_LUTS.items()},
     "saturation": saturation,
     "hue": hue,
     "sharpness": sharpness,
     "grayscale": grayscale,
     "invert": invert,
-    "equalize": equalize,
-    "autocontrast": autocontrast,
     "blur": blur,
     "affine": affine,
     "erase": erase,

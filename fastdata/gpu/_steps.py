@@ -12,8 +12,15 @@ import torch
 from fastdata import ops
 from fastdata._ops_augmix import refuse_masks
 from fastdata._ops_steps import MOVING_KERNELS, Step, StepOperation
-from fastdata._transfer import copy_to_device, upload
-from fastdata.gpu._kernels import DEVICE_KERNELS
+from fastdata._transfer import upload
+from fastdata.gpu._kernels import (
+    DEVICE_KERNELS,
+    DEVICE_LUTS,
+    HOST_LUT_KERNELS,
+    LOOKUP_KERNELS,
+    apply_luts,
+    host_luts,
+)
 from fastdata.gpu.augment import _channels_last, _check_batch, _SeededModule
 
 
@@ -100,14 +107,21 @@ def run_device_steps(
     """Run ``steps`` in order on ``(B, C, H, W)`` uint8 ``out`` (written into) and move
     the ``(B, 1, H, W)`` masks with the pixel-moving steps; returns both."""
     batch = len(out)
-    for step, rows in zip(steps, _step_rows(steps, batch, out.device), strict=True):
-        kernel = DEVICE_KERNELS[step.kernel]
+    units = _units(steps, batch)
+    for unit, rows in zip(units, _unit_rows(units, batch, out.device), strict=True):
         part = out if rows is None else out.index_select(0, rows)
+        if len(unit) > 1:  # table lookups on disjoint samples: one lookup
+            result = apply_luts(part, _unit_luts(part, unit))
+            out = result if rows is None else out.index_copy_(0, rows, result)
+            continue
+        step = unit[0]
         moving = step.kernel in MOVING_KERNELS
         mask_parts = (
             [m if rows is None else m.index_select(0, rows) for m in moved] if moving else []
         )
-        result, mask_results = kernel(part, step.params, step.options, mask_parts)
+        result, mask_results = DEVICE_KERNELS[step.kernel](
+            part, step.params, step.options, mask_parts
+        )
         out = result if rows is None else out.index_copy_(0, rows, result)
         if moving:
             moved = [
@@ -117,23 +131,78 @@ def run_device_steps(
     return out, moved
 
 
-def _step_rows(steps: list[Step], batch: int, device: torch.device) -> list[torch.Tensor | None]:
-    """Each step's sample positions on ``device`` (``None``: the whole batch), all copied in
-    one pinned, non-blocking transfer: a copy per step from pageable memory would make the
-    host wait for the device each time."""
-    partial = [step.index for step in steps if len(step.index) != batch]
+def _units(steps: list[Step], batch: int) -> list[list[Step]]:
+    """``steps`` in the order they run, a step alone or several in one lookup.
+
+    Consecutive steps on disjoint samples (a layer: one position of a policy's ops) may run
+    in any order; the table lookups of a layer run as one, at the place of its first (its
+    host-built tables first). Each step's kernel launches once per batch, so this saves a
+    gather, a lookup and a scatter per step.
+    """
+    units: list[list[Step]] = []
+    lookups: list[Step] | None = None
+    touched = np.zeros(batch, dtype=bool)
+    for step in steps:
+        if touched[step.index].any():  # a sample seen in this layer: the next layer starts
+            touched[:] = False
+            lookups = None
+        touched[step.index] = True
+        if step.kernel not in LOOKUP_KERNELS:
+            units.append([step])
+        elif lookups is None:
+            lookups = [step]
+            units.append(lookups)
+        else:
+            lookups.append(step)
+    return [sorted(unit, key=lambda step: step.kernel not in HOST_LUT_KERNELS) for unit in units]
+
+
+def _unit_rows(
+    units: list[list[Step]], batch: int, device: torch.device
+) -> list[torch.Tensor | None]:
+    """Each unit's sample positions on ``device`` (``None``: a step on the whole batch),
+    all copied in one pinned, non-blocking transfer: a copy per step from pageable memory
+    would make the host wait for the device each time."""
+    indices = [np.concatenate([step.index for step in unit]) for unit in units]
+    whole = [
+        len(unit) == 1 and len(index) == batch for unit, index in zip(units, indices, strict=True)
+    ]
+    partial = [index for index, is_whole in zip(indices, whole, strict=True) if not is_whole]
     if not partial:
-        return [None] * len(steps)
-    rows = copy_to_device(torch.from_numpy(np.concatenate(partial)), device)
+        return [None] * len(units)
+    rows = upload(np.concatenate(partial), device)
     out: list[torch.Tensor | None] = []
     start = 0
-    for step in steps:
-        if len(step.index) == batch:
+    for index, is_whole in zip(indices, whole, strict=True):
+        if is_whole:
             out.append(None)
         else:
-            out.append(rows[start : start + len(step.index)])
-            start += len(step.index)
+            out.append(rows[start : start + len(index)])
+            start += len(index)
     return out
+
+
+def _unit_luts(images: torch.Tensor, unit: list[Step]) -> torch.Tensor:
+    """``(N, C, 256)`` tables of a unit's lookups for ``images`` (its samples in the unit's
+    order): the host-built ones in one copy, the others made from their images."""
+    channels = images.shape[1]
+    on_host = [
+        host_luts(step.kernel, step.params, len(step.index))
+        for step in unit
+        if step.kernel in HOST_LUT_KERNELS
+    ]
+    pieces: list[torch.Tensor] = []
+    start = 0
+    if on_host:
+        tables = upload(np.concatenate(on_host), images.device)
+        pieces.append(tables[:, None].expand(-1, channels, 256))
+        start = len(tables)
+    for step in unit[len(on_host) :]:
+        count = len(step.index)
+        luts = DEVICE_LUTS[step.kernel](images[start : start + count], step.params)
+        pieces.append(luts[:, None].expand(-1, channels, 256) if luts.dim() == 2 else luts)
+        start += count
+    return torch.cat(pieces)
 
 
 def _module_doc(op: str, summary: str) -> str:

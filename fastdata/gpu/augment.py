@@ -40,10 +40,8 @@ from fastdata._fields import (
     moved_roles,
 )
 from fastdata._layout import check_layout
-from fastdata._transfer import copy_to_device
+from fastdata._transfer import upload
 from fastdata.gpu._boxes import PaddedBoxes, as_padded, move_padded, repack
-
-_to = copy_to_device
 
 
 def _channels_last(images: torch.Tensor) -> bool:
@@ -176,7 +174,7 @@ class _SeededModule(nn.Module, ops.Executor):
         if size is None:
             raise ValueError("padded boxes need one output size for the whole batch")
         crops, offsets, resized, flips = (
-            _to(torch.from_numpy(np.ascontiguousarray(part)), device)
+            upload(part, device)
             for part in (geometry.box_crops(), geometry.offsets, geometry.resized, geometry.flips)
         )
         return move_padded(
@@ -284,7 +282,7 @@ class DeviceRandomHorizontalFlip(_SeededModule):
     ) -> tuple[torch.Tensor, list[torch.Tensor], Geometry]:
         _check_batches(images, masks, self.layout)
         flips_host = self.op.flips(self._uniform(images.shape[0]))
-        flip = _to(torch.from_numpy(flips_host), images.device)
+        flip = upload(flips_host, images.device)
         out_images = self._flip(images, flip, -2 if self.layout == "HWC" else -1)
         moved = [
             self._flip(mask, flip, -1 if mask.dim() == 3 or self.layout == "CHW" else -2)
@@ -407,7 +405,8 @@ class DeviceRandomResizedCrop(_SeededModule):
         theta[:, 1, 1] = box_h / height
         theta[:, 1, 2] = (2 * y0 + box_h) / height - 1
         out_size = (batch, 1, *self.size)
-        grid = F.affine_grid(_to(theta, images.device), list(out_size), align_corners=False)
+        theta_there = upload(theta.numpy(), images.device)
+        grid = F.affine_grid(theta_there, list(out_size), align_corners=False)
         out = self._resample(bchw, grid, "bilinear")
         if self.layout == "HWC":
             out = out.permute(0, 2, 3, 1).contiguous()

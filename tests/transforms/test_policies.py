@@ -24,7 +24,8 @@ from fastdata._ops_policy import (
     geometry_matrices,
     rand_augment_values,
 )
-from fastdata._ops_steps import Step
+from fastdata._ops_steps import Step, StepOperation
+from fastdata.gpu._steps import _units, run_device_steps
 from fastdata.transforms._kernels import CPU_KERNELS
 from fastdata.transforms._steps import run_steps
 from fastdata.transforms._warp import opencv_matrix
@@ -32,6 +33,15 @@ from fastdata.transforms._warp import opencv_matrix
 stats = pytest.importorskip("scipy.stats")
 
 FILL = (10, 20, 30)
+
+
+# the policies the step tests run: timm's recipe, one with every op at full strength, and
+# one op per sample
+POLICIES = [
+    ops.RandAugment(2, 9, 0.5),
+    ops.RandAugment(3, 5, float("inf"), p=0.9, increasing=True),
+    ops.TrivialAugmentWide(),
+]
 
 
 def _photo(height: int = 40, width: int = 56, seed: int = 0) -> np.ndarray:
@@ -221,6 +231,25 @@ def test_one_seed_one_result_on_cpu_and_device(op: ops.Operation) -> None:
         assert diff.max() <= 1 and (diff > 0).mean() < 0.01
         agree = (device_masks.numpy() == cpu_masks).mean()
         assert agree > 0.995  # nearest: ties at exact half pixels may round apart
+
+
+@pytest.mark.parametrize("op", POLICIES, ids=repr)
+def test_device_lookups_on_disjoint_samples_run_as_one_with_the_same_bytes(
+    op: StepOperation,
+) -> None:
+    """The table lookups of one layer of steps (one position of a policy) run as one: the
+    same bytes as every step run alone, in order."""
+    count = 64
+    images = np.stack([_photo(24, 32, seed=s) for s in range(count)])
+    planar = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
+    draws = np.random.default_rng(3).random((count, op.draws_per_sample))
+    steps = op.steps(draws, np.full(count, 24), np.full(count, 32))
+    assert any(len(unit) > 2 for unit in _units(steps, count))
+    together, _ = run_device_steps(steps, planar.clone(), [])
+    alone = planar.clone()
+    for step in steps:
+        alone, _ = run_device_steps([step], alone, [])
+    assert torch.equal(together, alone)
 
 
 def test_device_modules_keep_layouts() -> None:
@@ -413,15 +442,7 @@ def _by_sample(steps: list[Step]) -> dict[int, list[tuple[str, dict[str, np.ndar
     return out
 
 
-@pytest.mark.parametrize(
-    "op",
-    [
-        ops.RandAugment(2, 9, 0.5),
-        ops.RandAugment(3, 5, float("inf"), p=0.9, increasing=True),
-        ops.TrivialAugmentWide(),
-    ],
-    ids=repr,
-)
+@pytest.mark.parametrize("op", POLICIES, ids=repr)
 def test_policy_steps_give_each_sample_what_its_own_draws_give_it(op: ops.Operation) -> None:
     # grouped by op, the geometric ops of a position in one affine step: per sample the
     # same kernels and parameters as the sample drawn alone

@@ -30,8 +30,10 @@ class _ForkedFromCuda:
         self.cuda = False
 
     def before(self) -> None:
-        torch = sys.modules.get("torch")  # never imported here: a process without it has no CUDA
-        self.cuda = torch is not None and torch.cuda.is_initialized()
+        # torch is never imported here (a process without it has no CUDA), and may be half
+        # imported by another thread
+        cuda = getattr(sys.modules.get("torch"), "cuda", None)
+        self.cuda = cuda is not None and cuda.is_initialized()
 
     def after_in_child(self) -> None:
         if self.cuda:

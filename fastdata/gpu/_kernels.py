@@ -4,7 +4,10 @@ same definitions as the CPU kernels (:mod:`fastdata.transforms._kernels`), whose
 host-side tables and taps they reuse.
 
 Each takes the slice, the step's per-sample parameters (NumPy, on the host), its options
-and ``(N, 1, H, W)`` mask slices (kernels that move pixels), and returns new tensors.
+and ``(N, 1, H, W)`` mask slices (kernels that move pixels), and returns new tensors. The
+kernels that look each sample up in a table of 256 values are defined by the function that
+makes the tables (``DEVICE_LUTS``; ``host_luts`` for those made from the parameters alone),
+so that the lookups of several steps can run as one (:func:`fastdata.gpu._steps.run_device_steps`).
 """
 
 from __future__ import annotations

@@ -41,9 +41,10 @@ def upload(
     than the copy itself for the small arrays of a batch's parameters.
     """
     tensor = torch.from_numpy(np.ascontiguousarray(array))
-    if dtype is not None:
-        tensor = tensor.to(dtype)
     if device.type != "cuda":
-        return copy_to_device(tensor, device)
-    pinned = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        return copy_to_device(tensor if dtype is None else tensor.to(dtype), device)
+    # the cast, if any, in the same host copy
+    pinned = torch.empty(
+        tensor.shape, dtype=tensor.dtype if dtype is None else dtype, pin_memory=True
+    )
     return copy_to_device(pinned.copy_(tensor), device, pinned=True)

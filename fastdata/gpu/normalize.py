@@ -18,6 +18,7 @@ from fastdata._fields import FieldBatch, as_field_batch
 from fastdata._layout import check_layout, resolve_layout
 from fastdata._planes import cached_planes
 from fastdata._roles import IMAGE
+from fastdata.gpu._normalize_kernel import normalize_in_one_pass
 from fastdata.gpu._normalize_tables import ImageSource, channel_tables, normalize_by_tables
 from fastdata.shards import load_manifest
 
@@ -144,7 +145,9 @@ class Normalize(nn.Module):
     ``out = (x * value_range / 255 - mean) / std``, computed as one multiply-add
     ``x * scale + bias`` straight from the uint8 input, in float32, written in the output
     dtype and memory format by the same kernel (on CUDA the casts happen inside it: there is
-    no float copy of the batch, neither on the host nor on the device; on the CPU each
+    no float copy of the batch, neither on the host nor on the device; on CUDA it is a
+    Triton kernel of wide memory accesses where Triton is installed, ``torch.addcmul``
+    otherwise, with one warning; on the CPU each
     output value is looked up in a table per channel of the 256 results of the same float32
     arithmetic, image by image (memory neither planar nor interleaved per image goes
     through in cache-sized chunks of images), into memory of an earlier output that nothing
@@ -214,10 +217,12 @@ class Normalize(nn.Module):
         self.channels_last = bool(channels_last)
         self._cpu_outputs = _CpuOutputs()
         self._cpu_tables: tuple[Any, np.ndarray] | None = None
+        self._kept_constants: tuple[Any, ...] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_cpu_outputs"] = _CpuOutputs()  # memory is not state: not pickled or copied
+        state["_kept_constants"] = None  # computed again from the buffers
         return state
 
     @classmethod
@@ -331,15 +336,14 @@ class Normalize(nn.Module):
                 f"move the module first: normalize.to({str(images.device)!r})"
             )
         memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
-        # float32 statistics even if the module was cast (e.g. by model.half()).
-        scale = self.std.float().reciprocal().view(1, channels, 1, 1)
-        bias = (-self.mean.float()).view(1, channels, 1, 1) * scale
         if image_at is not None and (_is_compiling() or images.device.type != "cpu"):
             return None
         if _is_compiling():
+            scale, bias = self._scale_and_bias()
             # Dynamo cannot trace a channels_last `out=`; inductor fuses this into one kernel.
             out = torch.addcmul(bias, images, scale).to(self.dtype)
             return out.contiguous(memory_format=memory_format)
+        scale, bias = self._kept_scale_and_bias()
         if images.device.type == "cpu":
             out = self._cpu_outputs.empty(images.shape, self.dtype, memory_format)
             if normalize_by_tables(images, out, self._tables(scale, bias), image_at):
@@ -350,8 +354,27 @@ class Normalize(nn.Module):
         out = torch.empty(
             images.shape, dtype=self.dtype, device=images.device, memory_format=memory_format
         )
-        # One kernel: reads uint8, computes in float32, writes `dtype` in the asked layout.
+        if normalize_in_one_pass(images, out, scale, bias):
+            return out
+        # One kernel too: reads uint8, computes in float32, writes `dtype` in the asked
+        # layout, through torch's strided loop.
         return torch.addcmul(bias, images, scale, out=out)
+
+    def _scale_and_bias(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(1, C, 1, 1)`` float32 ``scale`` and ``bias`` of the statistics, on their device
+        (float32 even if the module was cast, e.g. by ``model.half()``)."""
+        scale = self.std.float().reciprocal().view(1, -1, 1, 1)
+        return scale, (-self.mean.float()).view(1, -1, 1, 1) * scale
+
+    def _kept_scale_and_bias(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_scale_and_bias`, kept while the buffers are the same tensors, unchanged
+        (version counters and memory): on CUDA a call then launches no kernels for them."""
+        mean, std = self.mean, self.std
+        state = (mean._version, std._version, mean.data_ptr(), std.data_ptr())
+        kept = self._kept_constants
+        if kept is None or kept[0] is not mean or kept[1] is not std or kept[2] != state:
+            kept = self._kept_constants = (mean, std, state, *self._scale_and_bias())
+        return kept[3], kept[4]
 
     def _tables(self, scale: torch.Tensor, bias: torch.Tensor) -> np.ndarray:
         """The per-channel lookup tables of ``scale`` and ``bias`` in the output dtype,

@@ -169,6 +169,23 @@ def test_buffers_move_and_save_with_the_module() -> None:
     assert moved.mean.device.type == "meta"
 
 
+def test_statistics_changed_after_a_call_take_effect(bchw: torch.Tensor) -> None:
+    # the constants of the statistics are kept between calls: every way of changing the
+    # buffers must still reach the output
+    normalize = Normalize(MEAN, STD)
+    normalize(bchw)
+    normalize.load_state_dict({"mean": torch.zeros(3), "std": torch.ones(3)})
+    torch.testing.assert_close(normalize(bchw), bchw.float())
+    normalize.std.mul_(2)  # in place
+    torch.testing.assert_close(normalize(bchw), bchw.float() / 2)
+    normalize.mean = torch.full((3,), 4.0)  # a new buffer
+    torch.testing.assert_close(normalize(bchw), (bchw.float() - 4) / 2)
+    copied = pickle.loads(pickle.dumps(normalize))
+    copied.mean.fill_(0)
+    torch.testing.assert_close(copied(bchw), bchw.float() / 2)
+    torch.testing.assert_close(normalize(bchw), (bchw.float() - 4) / 2)
+
+
 def test_module_cast_keeps_output_dtype_and_wrong_device_is_explained(bchw: torch.Tensor) -> None:
     normalize = Normalize(MEAN, STD).double()
     assert normalize.mean.dtype == torch.float64

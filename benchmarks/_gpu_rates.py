@@ -60,7 +60,8 @@ def host_syncs(fn: Callable[[], object]) -> int:
 
 
 def device_rates(device: torch.device, batch: int, repeat: int) -> dict[str, float]:
-    """img/s of Normalize (uint8 HWC 224 px to bfloat16 and float32, channels_last), device
+    """img/s of Normalize (uint8 HWC 224 px to bfloat16 and float32, channels_last, and to
+    float32 planar) beside the same expression as one ``torch.addcmul``, device
     flip + RandomResizedCrop (uint8 320 -> 224, channels_last), the same followed by the
     timm recipe's RandAugment, RandomErasing and MixUp (img/s and host syncs per batch), and
     the prefetcher over
@@ -68,10 +69,28 @@ def device_rates(device: torch.device, batch: int, repeat: int) -> dict[str, flo
     sync = torch.cuda.synchronize
     images = torch.randint(0, 256, (batch, 224, 224, 3), dtype=torch.uint8, device=device)
     rates: dict[str, float] = {}
-    for name, dtype in (("normalize_bf16", torch.bfloat16), ("normalize_f32", torch.float32)):
-        module = Normalize(MEAN, STD, dtype=dtype, channels_last=True).to(device)
+    # the same expression as one torch call, beside it: addcmul reads the uint8 batch and
+    # writes the output dtype and memory format itself
+    scale = 1 / torch.tensor(STD, device=device).view(1, 3, 1, 1)
+    bias = -torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * scale
+    for name, dtype, channels_last in (
+        ("normalize_bf16", torch.bfloat16, True),
+        ("normalize_f32", torch.float32, True),
+        ("normalize_f32_planar", torch.float32, False),  # Normalize's defaults
+    ):
+        module = Normalize(MEAN, STD, dtype=dtype, channels_last=channels_last).to(device)
         rates[f"{name}_img_s"] = items_per_second(
             lambda m=module: [m(images) for _ in range(10)], 10 * batch, repeat=repeat, sync=sync
+        )
+        memory_format = torch.channels_last if channels_last else torch.contiguous_format
+
+        def addcmul(dtype: torch.dtype = dtype, memory_format: Any = memory_format) -> object:
+            view = images.permute(0, 3, 1, 2)
+            out = torch.empty(view.shape, dtype=dtype, device=device, memory_format=memory_format)
+            return torch.addcmul(bias, view, scale, out=out)
+
+        rates[f"{name}_addcmul_img_s"] = items_per_second(
+            lambda: [addcmul() for _ in range(10)], 10 * batch, repeat=repeat, sync=sync
         )
     large = torch.randint(0, 256, (batch, 3, 320, 320), dtype=torch.uint8, device=device)
     large = large.contiguous(memory_format=torch.channels_last)

@@ -10,12 +10,12 @@ For one batch (default 256 x 224 x 224 x 3):
   synthetic compute step: of the copy alone (the device Normalize then runs in the step;
   target >= 90%), and of copy + Normalize on the prefetcher's side stream. The copy runs
   on a copy engine, beside the compute; the Normalize is a kernel on the same SMs as the
-  compute, so behind compute-bound work its time shows wherever it runs (a copy of
-  0.71 ms and a Normalize of 0.2 ms per batch hide at most ~78% together);
-  rates (CUDA only): Normalize, device flip + RandomResizedCrop, the prefetcher from
-  pageable batches, and (torchvision with nvJPEG present) the nvjpeg decoder on a batch of
-  64 photos (random and centre crops, through DecodingLoader's look-ahead, host syncs per
-  batch) beside bare ``torchvision.io.decode_jpeg`` and the cpu backend.
+  compute, so behind compute-bound work its time shows wherever it runs;
+  rates (CUDA only): Normalize beside the same expression as one ``torch.addcmul``, device
+  flip + RandomResizedCrop, the prefetcher from pageable batches, and (torchvision with
+  nvJPEG present) the nvjpeg decoder on a batch of 64 photos (random and centre crops,
+  through DecodingLoader's look-ahead, host syncs per batch) beside bare
+  ``torchvision.io.decode_jpeg`` and the cpu backend.
 
     python benchmarks/bench_gpu.py [--batch 256] [--size 224] [--steps 50] [--repeat 5]
         [--skip-decode]
@@ -324,8 +324,17 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device("cuda", torch.cuda.current_device())
         results["rates"] = rates = device_rates(device, args.batch, args.repeat)
         print(
-            f"rates: Normalize uint8 HWC -> bf16 channels_last {rates['normalize_bf16_img_s']:,.0f}"
-            f" img/s (float32 {rates['normalize_f32_img_s']:,.0f}); device flip +"
+            "rates: Normalize uint8 HWC -> "
+            + ", ".join(
+                f"{label} {rates[f'{key}_img_s']:,.0f} img/s"
+                f" ({rates[f'{key}_img_s'] / rates[f'{key}_addcmul_img_s']:.2f}x torch.addcmul)"
+                for label, key in (
+                    ("bf16 channels_last", "normalize_bf16"),
+                    ("float32 channels_last", "normalize_f32"),
+                    ("float32 planar", "normalize_f32_planar"),
+                )
+            )
+            + "; device flip +"
             f" RandomResizedCrop 320->224 {rates['augment_img_s']:,.0f} img/s; + RandAugment n2 m9,"
             f" RandomErasing 0.25, MixUp {rates['augment_heavy_img_s']:,.0f} img/s"
             f" ({rates.get('augment_heavy_host_syncs')} host syncs a batch); prefetcher from"

@@ -123,8 +123,11 @@ def test_device_rates_run_on_any_device(bench: Any, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(rates_module.torch.cuda, "synchronize", lambda: None)
     rates = rates_module.device_rates(torch.device("cpu"), batch=2, repeat=1)
     assert set(rates) == {
-        "normalize_bf16_img_s",
-        "normalize_f32_img_s",
+        *(
+            f"{name}{peer}_img_s"
+            for name in ("normalize_bf16", "normalize_f32", "normalize_f32_planar")
+            for peer in ("", "_addcmul")
+        ),
         "augment_img_s",
         "augment_heavy_img_s",
         "prefetch_pageable_img_s",

@@ -11,12 +11,15 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from fastdata.gpu import Normalize
+from fastdata.gpu import _normalize_kernel as kernel_module
 from fastdata.gpu._normalize_kernel import normalize_in_one_pass
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,6 +94,31 @@ def test_the_kernels_decline_a_batch_whose_rows_are_not_one_run_of_pixels() -> N
     images = torch.zeros((2, 3, 8, 9), dtype=torch.uint8)[:, :, 2:6, 1:6]
     out = torch.empty((2, 3, 4, 5), dtype=torch.float32)
     assert not normalize_in_one_pass(images, out, torch.ones(3), torch.zeros(3))
+
+
+def test_a_kernel_that_cannot_launch_warns_once_and_leaves_the_work_to_addcmul(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    launches: list[tuple[int, ...]] = []
+
+    class Unbuildable:  # what Triton raises where its launcher cannot be compiled
+        def __getitem__(self, grid: tuple[int, ...]) -> Any:
+            def launch(*args: Any, **kwargs: Any) -> None:
+                launches.append(grid)
+                raise RuntimeError("Failed to find C compiler")
+
+            return launch
+
+    monkeypatch.setattr(kernel_module, "_kernels", lambda: (Unbuildable(), Unbuildable()))
+    monkeypatch.setattr(kernel_module, "_unavailable", [])
+    images = torch.zeros((2, 3, 4, 5), dtype=torch.uint8)
+    out = torch.full((2, 3, 4, 5), -1.0)
+    with pytest.warns(RuntimeWarning, match="C compiler.*torch.addcmul normalizes instead"):
+        assert not normalize_in_one_pass(images, out, torch.ones(3), torch.zeros(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning, no second try
+        assert not normalize_in_one_pass(images, out, torch.ones(3), torch.zeros(3))
+    assert len(launches) == 1
 
 
 @pytest.mark.gpu

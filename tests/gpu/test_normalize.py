@@ -186,6 +186,22 @@ def test_statistics_changed_after_a_call_take_effect(bchw: torch.Tensor) -> None
     torch.testing.assert_close(normalize(bchw), (bchw.float() - 4) / 2)
 
 
+def test_constants_are_not_kept_from_a_cuda_graph_capture(
+    bchw: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # During a capture kernels are recorded, not run: constants made then hold nothing
+    # until the graph replays, and a graph must read the buffers as they are at each replay.
+    normalize = Normalize(MEAN, STD)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    first, _ = normalize._kept_scale_and_bias()
+    second, _ = normalize._kept_scale_and_bias()
+    assert first is not second  # made again for each captured call
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    kept, _ = normalize._kept_scale_and_bias()
+    assert normalize._kept_scale_and_bias()[0] is kept  # kept outside a capture
+
+
 def test_module_cast_keeps_output_dtype_and_wrong_device_is_explained(bchw: torch.Tensor) -> None:
     normalize = Normalize(MEAN, STD).double()
     assert normalize.mean.dtype == torch.float64

@@ -369,10 +369,13 @@ class Normalize(nn.Module):
     def _kept_scale_and_bias(self) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`_scale_and_bias`, kept while the buffers are the same tensors, unchanged
         (version counters and memory): on CUDA a call then launches no kernels for them.
-        Not while a CUDA graph is captured: its kernels run at each replay, so they compute
+        Not for buffers made under ``torch.inference_mode`` (they keep no version counter),
+        nor while a CUDA graph is captured: its kernels run at each replay, so they compute
         the constants from the buffers themselves (and values made during the capture would
         exist only once the graph has run)."""
         mean, std = self.mean, self.std
+        if mean.is_inference() or std.is_inference():
+            return self._scale_and_bias()
         if mean.is_cuda and torch.cuda.is_current_stream_capturing():
             return self._scale_and_bias()
         state = (mean._version, std._version, mean.data_ptr(), std.data_ptr())

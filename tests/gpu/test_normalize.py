@@ -186,6 +186,18 @@ def test_statistics_changed_after_a_call_take_effect(bchw: torch.Tensor) -> None
     torch.testing.assert_close(normalize(bchw), (bchw.float() - 4) / 2)
 
 
+def test_a_module_made_under_inference_mode_normalizes_and_follows_its_buffers(
+    bchw: torch.Tensor,
+) -> None:
+    # inference tensors keep no version counter: nothing can tell that they changed
+    with torch.inference_mode():
+        normalize = Normalize([0.0] * 3, [1.0] * 3)
+        torch.testing.assert_close(normalize(bchw), bchw.float())
+        normalize.std.fill_(2.0)
+        torch.testing.assert_close(normalize(bchw), bchw.float() / 2)
+    torch.testing.assert_close(normalize(bchw), bchw.float() / 2)
+
+
 def test_constants_are_not_kept_from_a_cuda_graph_capture(
     bchw: torch.Tensor, monkeypatch: pytest.MonkeyPatch
 ) -> None:

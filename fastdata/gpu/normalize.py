@@ -374,9 +374,8 @@ class Normalize(nn.Module):
         the constants from the buffers themselves (and values made during the capture would
         exist only once the graph has run)."""
         mean, std = self.mean, self.std
-        if mean.is_inference() or std.is_inference():
-            return self._scale_and_bias()
-        if mean.is_cuda and torch.cuda.is_current_stream_capturing():
+        untracked = mean.is_inference() or std.is_inference()
+        if untracked or (mean.is_cuda and torch.cuda.is_current_stream_capturing()):
             return self._scale_and_bias()
         state = (mean._version, std._version, mean.data_ptr(), std.data_ptr())
         kept = self._kept_constants

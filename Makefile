@@ -15,7 +15,7 @@ BENCH_EXTRAS ?= bench,ray,dali
 # it is pinned because an unpinned resolve pulls several GB of CUDA packages. The extras are
 # then installed against a constraint on the torch that is there, so that no extra (e.g.
 # torchvision, which pins one torch release) can replace it.
-$(VENV)/.installed-%: pyproject.toml Makefile
+$(VENV)/.installed-%: pyproject.toml setup.py fastdata/_lookup.c Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==$(TORCH_VERSION)
 	$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/torch-constraint.txt

@@ -83,10 +83,13 @@ def module_name(path: Path) -> str:
 
 
 def is_top_level_module(name: str) -> bool:
-    """``fastdata._crop`` and the like: the shared internal modules of ``fastdata/``, and
-    its shared internal packages (``fastdata._storage``)."""
-    return (PACKAGE / f"{name}.py").is_file() or (
-        name.startswith("_") and (PACKAGE / name / "__init__.py").is_file()
+    """``fastdata._crop`` and the like: the shared internal modules of ``fastdata/`` (a
+    compiled one, ``fastdata._lookup``, by its type stub), and its shared internal
+    packages (``fastdata._storage``)."""
+    return (
+        (PACKAGE / f"{name}.py").is_file()
+        or (PACKAGE / f"{name}.pyi").is_file()
+        or (name.startswith("_") and (PACKAGE / name / "__init__.py").is_file())
     )
 
 

@@ -2,9 +2,12 @@
 
 A uint8 input has 256 values per channel, so ``bias + x * scale`` in float32 (rounded once
 to the output dtype) is a table of 256 entries per channel, built by that very expression.
-OpenCV's ``LUT`` then writes each output value from its table in one pass: no float copy
-of the input, no second pass to scale and shift, and the same bytes as the arithmetic.
-Tables of 16-bit floats are looked up as their ``int16`` bit patterns.
+Each output value is then its table's entry, written in one pass: no float copy of the
+input, no second pass to scale and shift, and the same bytes as the arithmetic. Planar
+output is written by the compiled ``fastdata._lookup`` where it was built (streaming
+stores: the output's lines are not read into the cache first), else, and channels_last
+output always, by OpenCV's ``LUT``. Tables of 16-bit floats are looked up as their
+``int16`` bit patterns.
 """
 
 from __future__ import annotations
@@ -15,6 +18,11 @@ import torch
 
 from fastdata._mixing import ImageSource
 from fastdata._planes import cached_interleaved, cached_planes
+
+try:
+    from fastdata._lookup import planes as compiled_planes
+except ImportError:  # installed without a C compiler: OpenCV's lookups, the same bytes
+    compiled_planes = None  # type: ignore[assignment]
 
 # Output dtypes whose bit patterns OpenCV's LUT writes, as the NumPy dtype it sees.
 _TABLE_VIEWS = {torch.float32: np.float32, torch.float16: np.int16, torch.bfloat16: np.int16}
@@ -81,6 +89,15 @@ def normalize_by_tables(
     if not (planar_in or interleaved_in) or not (planar_out or interleaved_out):
         return False
     view = tables.dtype
+    if planar_out and compiled_planes is not None:
+        target = _bits(out, view).numpy()
+        source = images.numpy() if planar_in else images.permute(0, 2, 3, 1).numpy()
+        for k in range(len(images)):
+            image = source[k] if image_at is None else image_at(k)
+            if image.shape != source.shape[1:]:  # only the first can differ: nothing written
+                return False
+            compiled_planes(image, tables, target[k], channels, not planar_in)
+        return True
     if planar_out:
         target = _bits(out, view).numpy()
         planes = None

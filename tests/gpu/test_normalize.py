@@ -2,13 +2,14 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 from fastdata.errors import ShardFormatError
-from fastdata.gpu import MaskToLong, Normalize
+from fastdata.gpu import MaskToLong, Normalize, _normalize_tables
 from fastdata.shards import FieldSpec, Manifest, ShardWriter, save_manifest
 
 MEAN = [120.0, 110.0, 100.0]
@@ -354,23 +355,37 @@ def _every_level(channels: int) -> torch.Tensor:
     return torch.stack(planes).to(torch.uint8).view(3, channels, 16, 16)
 
 
+@pytest.mark.parametrize("lookups", ["compiled", "opencv"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("channels", [1, 3, 4])
-def test_cpu_tables_give_the_fused_expression_for_every_level(
+def test_cpu_tables_give_the_fused_expression_for_every_level(  # noqa: PLR0917
     monkeypatch: pytest.MonkeyPatch,
     dtype: torch.dtype,
     channels_last: bool,
     interleaved: bool,
     channels: int,
+    lookups: str,
 ) -> None:
     # planar or interleaved uint8 in, contiguous or channels_last out: one table lookup per
-    # value (the chunked arithmetic is not run), the bytes of ``bias + x * scale``
+    # value (the chunked arithmetic is not run), the bytes of ``bias + x * scale``, by the
+    # compiled module and by OpenCV (an install without a C compiler)
     def not_expected(*args: object) -> None:
         raise AssertionError("the chunked arithmetic ran instead of the tables")
 
     monkeypatch.setattr("fastdata.gpu.normalize._normalize_on_cpu", not_expected)
+    compiled = _normalize_tables.compiled_planes
+    calls = []
+    if lookups == "opencv":
+        monkeypatch.setattr(_normalize_tables, "compiled_planes", None)
+    elif compiled is not None:  # counted: planar output is written by the compiled module
+
+        def counted(*args: Any) -> None:
+            calls.append(args)
+            compiled(*args)
+
+        monkeypatch.setattr(_normalize_tables, "compiled_planes", counted)
     bchw = _every_level(channels)
     mean, std = {1: (MEAN[:1], STD[:1]), 3: (MEAN, STD), 4: ([1.5, *MEAN], [0.7, *STD])}[channels]
     given = bchw.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2) if interleaved else bchw
@@ -381,6 +396,9 @@ def test_cpu_tables_give_the_fused_expression_for_every_level(
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     assert out.dtype == dtype and out.is_contiguous(memory_format=memory_format)
     assert torch.equal(out, expected)
+    if lookups == "compiled" and compiled is not None:
+        # one channel: channels_last memory is planar too
+        assert len(calls) == (0 if channels_last and channels > 1 else len(bchw))
 
 
 def test_cpu_memory_the_tables_skip_is_normalized_by_arithmetic() -> None:

@@ -235,10 +235,19 @@ def _memory(images: torch.Tensor, memory: str) -> torch.Tensor:
 @pytest.mark.parametrize("mode", ["batch", "elem"])
 @pytest.mark.parametrize("mixer", [MixUp, CutMix])
 @pytest.mark.parametrize("channels_last_out", [False, True])
-def test_mixing_with_normalize_gives_normalize_of_the_mixed_batch(
-    memory: str, mode: str, mixer: type, channels_last_out: bool
+@pytest.mark.parametrize("lookups", ["compiled", "opencv"])
+def test_mixing_with_normalize_gives_normalize_of_the_mixed_batch(  # noqa: PLR0917
+    monkeypatch: pytest.MonkeyPatch,
+    memory: str,
+    mode: str,
+    mixer: type,
+    channels_last_out: bool,
+    lookups: str,
 ) -> None:
-    # mixed and normalized image by image (OpenCV's tables), the same bytes as the two steps
+    # mixed and normalized image by image (the compiled lookups, or OpenCV's tables where
+    # they were not built), the same bytes as the two steps
+    if lookups == "opencv":
+        monkeypatch.setattr("fastdata.gpu._normalize_tables.compiled_planes", None)
     images, labels = _batch(9)
     given = _memory(images, memory)
     layout = "HWC" if memory == "HWC" else "CHW"

@@ -120,6 +120,8 @@ def environment() -> dict[str, Any]:
         "load_average_1_5_15": list(os.getloadavg()),
         "gpu": _gpu_name(),
         "git_commit": _git_commit(),
+        # the compiled module (setup.py) is optional: the CPU Normalize is slower without it
+        "fastdata_compiled_lookups": importlib.util.find_spec("fastdata._lookup") is not None,
         "versions": {name: _version(name) for name in packages},
     }
 

@@ -277,6 +277,31 @@ class _PackedList(list[torch.Tensor]):
         return (_unpack, (data, dtype, shapes))
 
 
+class _PackedTensor(_Marked):
+    """A small tensor of a batch (its labels) that a DataLoader worker sends as bytes in
+    the queue message.
+
+    PyTorch sends every tensor out of a worker in shared memory: a segment made for it,
+    its file descriptor handed over a socket (a connection and an authentication handshake
+    each), a mapping made in the training process, each batch. For the few hundred bytes
+    of a batch's labels that costs more CPU than the bytes themselves. Unpickled, it is a
+    plain tensor: the same values, dtype and shape (contiguous).
+    """
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        plain = self._plain()
+        if type(plain) is not torch.Tensor or plain.requires_grad:
+            return plain.__reduce_ex__(protocol)
+        data = bytearray(plain.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        return (_tensor_from_bytes, (data, plain.dtype, tuple(plain.shape)))
+
+
+def _tensor_from_bytes(data: bytearray, dtype: torch.dtype, shape: tuple[int, ...]) -> Any:
+    if not data:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(data, dtype=torch.uint8).view(dtype).reshape(shape)
+
+
 def _packable(items: list[Any]) -> bool:
     if not all(type(item) is torch.Tensor and item.device.type == "cpu" for item in items):
         return False
@@ -292,12 +317,26 @@ def _unpack(data: bytearray, dtype: torch.dtype, shapes: list[tuple[int, ...]]) 
 
 
 def pack_ragged(batch: Any) -> Any:
-    """``batch`` with its lists of tensors after the first field set to travel out of a
-    DataLoader worker as one buffer each (see :class:`_PackedList`); unchanged outside a
-    worker, where nothing is pickled."""
+    """``batch`` with its fields after the first (which marks the batch as collated) set
+    to travel out of a DataLoader worker cheaply: lists of tensors as one buffer each (see
+    :class:`_PackedList`), small tensors in plain memory as bytes
+    (:class:`_PackedTensor`); unchanged outside a worker, where nothing is pickled."""
     if get_worker_info() is None or not isinstance(batch, tuple):
         return batch
-    return tuple(
-        _PackedList(value) if position and type(value) is list else value
-        for position, value in enumerate(batch)
-    )
+    return tuple(_packed(value, position) for position, value in enumerate(batch))
+
+
+def _packed(value: Any, position: int) -> Any:
+    if not position:
+        return value
+    if type(value) is list:
+        return _PackedList(value)
+    if (
+        type(value) is torch.Tensor
+        and value.device.type == "cpu"
+        and not value.requires_grad
+        and not value.is_shared()  # large batches are made in shared memory: sent as is
+        and value.numel() * value.element_size() <= _PACKED_MAX_BYTES
+    ):
+        return value.as_subclass(_PackedTensor)
+    return value

@@ -3,6 +3,7 @@ and both moved by the device prefetcher."""
 
 from __future__ import annotations
 
+import math
 import pickle
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
@@ -129,3 +130,28 @@ def test_passthrough_collate_packs_a_plain_datasets_ragged_fields(
     for got, want in zip([*received[1], *received[2]], [*boxes, *labels], strict=True):
         assert got.shape == want.shape and got.dtype == want.dtype
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bfloat16, torch.bool, torch.float32])
+@pytest.mark.parametrize("shape", [(7,), (7, 3), (0,), ()])
+def test_a_worker_sends_a_batchs_small_tensors_as_bytes(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, shape: tuple[int, ...]
+) -> None:
+    """Out of a DataLoader worker, a batch's labels (a small tensor after the first field)
+    travel inside the queue message, not in a shared-memory segment of their own, and
+    arrive as a plain tensor of the same values, dtype and shape; the first field (which
+    marks the batch collated) and large tensors travel as before."""
+    images = torch.zeros(7, 3, 4, 4, dtype=torch.uint8)
+    labels = (torch.arange(math.prod(shape)) % 3).to(dtype).reshape(shape)
+    monkeypatch.setattr(collate_module, "get_worker_info", object)  # as in a worker
+    batch = passthrough_collate((images, labels))
+    received = pickle.loads(ForkingPickler.dumps(batch))
+    assert not labels.is_shared()  # left where it was: copied into the message
+    assert batch[0].is_shared()  # the images: shared memory, as torch sends them
+    assert type(received[1]) is torch.Tensor
+    assert received[1].dtype == dtype and received[1].shape == labels.shape
+    torch.testing.assert_close(received[1], labels, rtol=0, atol=0)
+    assert torch.equal(batch[1] + 1, labels + 1)  # in the worker it works as the tensor
+    big = torch.zeros(1 << 19, dtype=torch.int64)  # 4 MB: over the limit, shared memory
+    received = pickle.loads(ForkingPickler.dumps(passthrough_collate((images, big))))
+    assert big.is_shared() and received[1].is_shared()

@@ -161,7 +161,8 @@ def passthrough_collate(batch: Any) -> Any:
 
     In a DataLoader worker, each list of tensors after the first field of a tuple batch
     (boxes, box labels) leaves the worker as one buffer and arrives as the same list of
-    tensors (views of that buffer), instead of one shared-memory segment per tensor.
+    tensors (views of that buffer), instead of one shared-memory segment per tensor; each
+    small tensor there (labels) travels as bytes in the queue message.
 
     Example:
         >>> loader = DataLoader(ds, batch_size=64, collate_fn=passthrough_collate)  # doctest: +SKIP

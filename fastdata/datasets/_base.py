@@ -22,7 +22,7 @@ from fastdata._system import available_memory_bytes, usable_cpus
 from fastdata._threads import parallel_for
 from fastdata.datasets._batch_decode import batch_decode_for
 from fastdata.datasets._buffers import BatchBuffers
-from fastdata.datasets._collate import RAGGED_MODES, RaggedCollate, mark_collated, pack_ragged
+from fastdata.datasets._collate import RAGGED_MODES, RaggedCollate, mark_collated, pack_for_transfer
 from fastdata.datasets._decoding import (
     PlannedCrop,
     as_buffer,
@@ -208,7 +208,7 @@ class BatchedDataset(Dataset):
         if decodes_here and self.batch_decode is not None:
             known = epoch if isinstance(epoch, int) else None
             batch = self.batch_decode.decode(batch, array.tolist(), self.on_error, known)
-        return mark_collated(pack_ragged(batch) if len(batch) > 1 else batch[0])
+        return mark_collated(pack_for_transfer(batch) if len(batch) > 1 else batch[0])
 
     def loader(
         self, batch_size: int = 1, *, ragged: str = "list", **kwargs: Any

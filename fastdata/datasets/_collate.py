@@ -171,7 +171,7 @@ def passthrough_collate(batch: Any) -> Any:
         return unmark_collated(batch)
     if isinstance(batch, list):
         return default_collate(batch)
-    return pack_ragged(batch)
+    return pack_for_transfer(batch)
 
 
 RAGGED_MODES = ("list", "padded")
@@ -317,7 +317,7 @@ def _unpack(data: bytearray, dtype: torch.dtype, shapes: list[tuple[int, ...]]) 
     return [part.view(shape) for part, shape in zip(flat.split(sizes), shapes, strict=True)]
 
 
-def pack_ragged(batch: Any) -> Any:
+def pack_for_transfer(batch: Any) -> Any:
     """``batch`` with its fields after the first (which marks the batch as collated) set
     to travel out of a DataLoader worker cheaply: lists of tensors as one buffer each (see
     :class:`_PackedList`), small tensors in plain memory as bytes

@@ -8,8 +8,9 @@
  * writes cost twice their bytes in memory traffic. Streaming (non-temporal) stores write
  * whole lines without that read. NumPy and OpenCV use them only for copies far larger than
  * a batch, and neither offers a lookup that does, hence this module. The values are the
- * table's entries copied: the same bytes as OpenCV's LUT. Where SSE2 is absent the same
- * loop uses ordinary stores.
+ * table's entries copied: the same bytes as OpenCV's LUT. Interleaved pixels are read once
+ * for all their planes where the planes start equally far from a 16-byte boundary. Where
+ * SSE2 is absent the same loops use ordinary stores.
  *
  * Built by setup.py when a C compiler is present (optional: the install goes on without
  * it, and the OpenCV path runs instead).
@@ -67,6 +68,58 @@ static void plane16(const uint8_t *source, Py_ssize_t step, Py_ssize_t count,
         out[i] = table[source[i * step]];
 }
 
+#if STREAMING
+/* Interleaved pixels into all their planes in one pass (the source read once), four values
+ * of each plane a store; the planes start equally far from a 16-byte boundary. */
+static void pixels32(const uint8_t *source, Py_ssize_t channels, Py_ssize_t count,
+                     const uint32_t *tables, uint32_t *out)
+{
+    Py_ssize_t i = 0;
+    for (; i < count && ((uintptr_t)(out + i) & 15) != 0; i++)
+        for (Py_ssize_t c = 0; c < channels; c++)
+            out[c * count + i] = tables[c * 256 + source[i * channels + c]];
+    for (; i + 4 <= count; i += 4) {
+        const uint8_t *p = source + i * channels;
+        for (Py_ssize_t c = 0; c < channels; c++) {
+            const uint32_t *table = tables + c * 256;
+            __m128i values = _mm_setr_epi32(
+                (int)table[p[c]], (int)table[p[channels + c]], (int)table[p[2 * channels + c]],
+                (int)table[p[3 * channels + c]]);
+            _mm_stream_si128((__m128i *)(out + c * count + i), values);
+        }
+    }
+    for (; i < count; i++)
+        for (Py_ssize_t c = 0; c < channels; c++)
+            out[c * count + i] = tables[c * 256 + source[i * channels + c]];
+}
+
+/* the same for 2-byte values, eight of each plane a store */
+static void pixels16(const uint8_t *source, Py_ssize_t channels, Py_ssize_t count,
+                     const uint16_t *tables, uint16_t *out)
+{
+    Py_ssize_t i = 0;
+    for (; i < count && ((uintptr_t)(out + i) & 15) != 0; i++)
+        for (Py_ssize_t c = 0; c < channels; c++)
+            out[c * count + i] = tables[c * 256 + source[i * channels + c]];
+    for (; i + 8 <= count; i += 8) {
+        const uint8_t *p = source + i * channels;
+        for (Py_ssize_t c = 0; c < channels; c++) {
+            const uint16_t *table = tables + c * 256;
+            const uint8_t *q = p + c;
+            __m128i values = _mm_setr_epi16(
+                (short)table[q[0]], (short)table[q[channels]], (short)table[q[2 * channels]],
+                (short)table[q[3 * channels]], (short)table[q[4 * channels]],
+                (short)table[q[5 * channels]], (short)table[q[6 * channels]],
+                (short)table[q[7 * channels]]);
+            _mm_stream_si128((__m128i *)(out + c * count + i), values);
+        }
+    }
+    for (; i < count; i++)
+        for (Py_ssize_t c = 0; c < channels; c++)
+            out[c * count + i] = tables[c * 256 + source[i * channels + c]];
+}
+#endif
+
 PyDoc_STRVAR(planes_doc,
 "planes(source, tables, out, channels, interleaved)\n--\n\n"
 "Write ``tables[c][source value]`` for every value of channel ``c`` of one uint8 image\n"
@@ -115,15 +168,27 @@ static PyObject *planes(PyObject *module, PyObject *args)
         Py_ssize_t count = source.len / channels;
         Py_ssize_t step = interleaved ? channels : 1;
         const uint8_t *pixels = (const uint8_t *)source.buf;
+        /* interleaved pixels whose planes start equally far from a 16-byte boundary: every
+         * plane in one pass over the pixels, else a pass per plane */
+        int one_pass = STREAMING && interleaved && channels > 1 && (count * itemsize) % 16 == 0;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t c = 0; c < channels; c++) {
-            const uint8_t *first = interleaved ? pixels + c : pixels + c * count;
+        if (one_pass) {
+#if STREAMING
             if (itemsize == 4)
-                plane32(first, step, count, (const uint32_t *)tables.buf + c * 256,
-                        (uint32_t *)out.buf + c * count);
+                pixels32(pixels, channels, count, tables.buf, out.buf);
             else
-                plane16(first, step, count, (const uint16_t *)tables.buf + c * 256,
-                        (uint16_t *)out.buf + c * count);
+                pixels16(pixels, channels, count, tables.buf, out.buf);
+#endif
+        } else {
+            for (Py_ssize_t c = 0; c < channels; c++) {
+                const uint8_t *first = interleaved ? pixels + c : pixels + c * count;
+                if (itemsize == 4)
+                    plane32(first, step, count, (const uint32_t *)tables.buf + c * 256,
+                            (uint32_t *)out.buf + c * count);
+                else
+                    plane16(first, step, count, (const uint16_t *)tables.buf + c * 256,
+                            (uint16_t *)out.buf + c * count);
+            }
         }
 #if STREAMING
         _mm_sfence(); /* the streamed lines are visible before the caller reads them */

@@ -127,12 +127,19 @@ def environment() -> dict[str, Any]:
 
 
 def images_per(
-    epochs: Iterable[Any], batches: int, warmup: int, clocks: Sequence[Callable[[], float]]
+    epochs: Iterable[Any],
+    batches: int,
+    warmup: int,
+    clocks: Sequence[Callable[[], float]],
+    min_seconds: float = 0.0,
 ) -> list[float]:
     """Images per unit of each clock (``time.perf_counter``, a CPU-time reading) over
-    ``batches`` batches after ``warmup`` untimed ones (enough to start the workers and
-    drain the batches they queued meanwhile). ``epochs`` is iterated again whenever an
-    epoch ends; a batch is a tuple whose first item holds the images."""
+    ``batches`` batches, or more until ``min_seconds`` of wall time have passed, after
+    ``warmup`` untimed ones (enough to start the workers and drain the batches they queued
+    meanwhile). ``epochs`` is iterated again whenever an epoch ends; a batch is a tuple
+    whose first item holds the images. The operating system counts a process's CPU time
+    in ticks of 10 ms: a fast loader's pass of a fraction of a second reads several per
+    cent off from it, which ``min_seconds`` bounds."""
     iterator = iter(epochs)
 
     def take() -> int:
@@ -146,7 +153,11 @@ def images_per(
     for _ in range(warmup):
         take()
     starts = [clock() for clock in clocks]
-    count = sum(take() for _ in range(batches))
+    began = time.perf_counter()
+    count = taken = 0
+    while taken < batches or time.perf_counter() - began < min_seconds:
+        count += take()
+        taken += 1
     spans = [clock() - start for clock, start in zip(clocks, starts, strict=True)]
     return [count / span if span > 0 else float("nan") for span in spans]
 

@@ -380,10 +380,12 @@ def sample_data(data: Path, num_images: int) -> tuple[Path, list[Path], list[int
 
 
 # -- timing --------------------------------------------------------------------------------
-def rates(epochs: Epochs, batches: int, warmup: int) -> tuple[float, float]:
+def rates(epochs: Epochs, batches: int, warmup: int, min_seconds: float) -> tuple[float, float]:
     """Images per second of wall time and per CPU second (the training process and its
-    workers) over ``batches`` batches after ``warmup`` untimed ones."""
-    wall, cpu = images_per(epochs, batches, warmup, [time.perf_counter, tree_cpu_seconds])
+    workers) over ``batches`` batches (more until ``min_seconds`` have passed) after
+    ``warmup`` untimed ones."""
+    clocks = [time.perf_counter, tree_cpu_seconds]
+    wall, cpu = images_per(epochs, batches, warmup, clocks, min_seconds)
     return wall, cpu
 
 
@@ -393,6 +395,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-images", type=int, default=1000)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--batches", type=int, default=10, help="timed batches per pass")
+    parser.add_argument(
+        "--min-seconds",
+        type=float,
+        default=2.0,
+        help="a pass goes on past --batches until this much wall time (CPU time is read in "
+        "10 ms ticks)",
+    )
     parser.add_argument(
         "--warmup", type=int, default=2 * WORKERS + 1, help="untimed batches first (the queue)"
     )
@@ -421,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu_passes: dict[str, list[float]] = {name: [] for name in selected}
 
     def measure(name: str, epochs: Epochs) -> float:
-        wall, cpu = rates(epochs, args.batches, args.warmup)
+        wall, cpu = rates(epochs, args.batches, args.warmup, args.min_seconds)
         passes[name].append(wall)
         cpu_passes[name].append(cpu)
         return wall
@@ -459,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
             "batch_size": args.batch_size,
             "workers": WORKERS,
             "timed_batches": args.batches,
+            "min_seconds_per_pass": args.min_seconds,
             "warmup_batches": args.warmup,
             "repeats_best_of": args.repeats,
             "images_per_s": best,

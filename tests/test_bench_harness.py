@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import ast
 import importlib
+import itertools
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -78,3 +81,19 @@ def test_a_partial_loaders_run_leaves_the_tracked_files(
     assert not (tmp_path / "results" / "loaders.json").exists() and not chart.exists()
     runs = sorted((tmp_path / "results" / "runs").iterdir())
     assert [p.suffix for p in runs] == [".json", ".png"]
+
+
+def test_a_pass_goes_on_past_its_batches_until_its_minimum_time(harness: ModuleType) -> None:
+    # CPU time is read in 10 ms ticks: a fast loader's pass is made long enough to read it
+    class Epochs:
+        def __iter__(self) -> Iterator[tuple[list[int]]]:
+            for _ in range(4):  # an epoch: 4 batches of 2 images, 20 ms each
+                time.sleep(0.02)
+                yield ([0, 0],)
+
+    def images(min_seconds: float) -> float:
+        ticks = itertools.count()  # reads 0 at the start, 1 at the end: images per pass
+        return harness.images_per(Epochs(), 3, 1, [lambda: float(next(ticks))], min_seconds)[0]
+
+    assert images(0.0) == 3 * 2
+    assert images(0.2) >= 8 * 2  # 0.2 s of 20 ms batches, across epochs

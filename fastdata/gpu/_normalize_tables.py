@@ -89,27 +89,19 @@ def normalize_by_tables(
     if not (planar_in or interleaved_in) or not (planar_out or interleaved_out):
         return False
     view = tables.dtype
-    if planar_out and compiled_planes is not None:
-        target = _bits(out, view).numpy()
-        source = images.numpy() if planar_in else images.permute(0, 2, 3, 1).numpy()
-        for k in range(len(images)):
-            image = source[k] if image_at is None else image_at(k)
-            if image.shape != source.shape[1:]:  # only the first can differ: nothing written
-                return False
-            compiled_planes(image, tables, target[k], channels, not planar_in)
-        return True
     if planar_out:
         target = _bits(out, view).numpy()
+        source = images.numpy() if planar_in else images.permute(0, 2, 3, 1).numpy()
         planes = None
-        if not planar_in:  # split each image into planes first (OpenCV's vectorised split)
+        if not planar_in and compiled_planes is None:  # OpenCV's vectorised split first
             planes = cached_planes(1, channels, images.shape[2], images.shape[3])[0]
-            source = images.permute(0, 2, 3, 1).numpy()
-        else:
-            source = images.numpy()
         for k in range(len(images)):
             image = source[k] if image_at is None else image_at(k)
             if image.shape != source.shape[1:]:  # only the first can differ: nothing written
                 return False
+            if compiled_planes is not None:
+                compiled_planes(image, tables, target[k], channels, not planar_in)
+                continue
             if planes is not None:
                 cv2.split(image, list(planes))
             rows = planes if planes is not None else image

@@ -303,10 +303,15 @@ def _tensor_from_bytes(data: bytearray, dtype: torch.dtype, shape: tuple[int, ..
     return torch.frombuffer(data, dtype=torch.uint8).view(dtype).reshape(shape)
 
 
+def _as_bytes(item: Any) -> bool:
+    """Whether ``item`` is a plain CPU tensor whose values can travel as bytes."""
+    return type(item) is torch.Tensor and item.device.type == "cpu" and not item.requires_grad
+
+
 def _packable(items: list[Any]) -> bool:
-    if not all(type(item) is torch.Tensor and item.device.type == "cpu" for item in items):
+    if not all(_as_bytes(item) for item in items):
         return False
-    if items and any(item.dtype != items[0].dtype or item.requires_grad for item in items):
+    if items and any(item.dtype != items[0].dtype for item in items):
         return False
     return sum(item.numel() * item.element_size() for item in items) <= _PACKED_MAX_BYTES
 
@@ -333,9 +338,7 @@ def _packed(value: Any, position: int) -> Any:
     if type(value) is list:
         return _PackedList(value)
     if (
-        type(value) is torch.Tensor
-        and value.device.type == "cpu"
-        and not value.requires_grad
+        _as_bytes(value)
         and not value.is_shared()  # large batches are made in shared memory: sent as is
         and value.numel() * value.element_size() <= _PACKED_MAX_BYTES
     ):

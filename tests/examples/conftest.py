@@ -30,8 +30,11 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_example(args: list[str], cwd: Path, timeout_s: float = 300) -> str:
-    """Run ``python examples/<args>`` as a user would; return its stdout (asserts success)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
+    """Run ``python examples/<args>`` as a user would; return its stdout (asserts success).
+
+    Temporary files go to ``cwd`` (a test's ``tmp_path``): torchrun leaves its log folder.
+    """
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore", "TMPDIR": str(cwd)}
     done = subprocess.run(
         [sys.executable, *args],
         check=False,

@@ -22,6 +22,7 @@ def test_autotune_notebook_shows_the_table_and_the_plot(
     assert "TIME_BUDGET_S = " in parameters.source
     parameters.source = parameters.source.replace("TIME_BUDGET_S = 20", "TIME_BUDGET_S = 3")
     monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the kernel imports this checkout's fastdata
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the notebook's demo folder goes with the test's
     client = nbclient.NotebookClient(
         notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": tmp_path}}
     )

@@ -8,8 +8,12 @@ here rather than on a user's machine.
 from __future__ import annotations
 
 import ast
+import os
 import re
+import shutil
+import subprocess
 import sys
+import zipfile
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -122,3 +126,47 @@ def test_the_test_extra_brings_everything_the_suite_imports(project: dict[str, A
     # `dali`- and `ray`-marked tests run only when these are installed (tests/conftest.py).
     assert {"nvidia-dali-cuda130", "ray", "pytest"} <= provided
     assert sorted(missing) == []
+
+
+def _tracked() -> list[str]:
+    """This checkout's files under version control."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: the tracked files are unknown")
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True)
+    return [name for name in listed.stdout.decode().split("\0") if (ROOT / name).is_file()]
+
+
+def _wheel_files(tmp_path: Path, **env: str) -> set[str]:
+    """The files of a wheel built from this checkout's tracked files, as pip builds it."""
+    source = tmp_path / "source"
+    for name in _tracked():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, source / name)
+    pip = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+    built = subprocess.run(
+        [*pip, "-w", str(tmp_path / "wheel"), str(source)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        check=False,
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    (wheel,) = (tmp_path / "wheel").glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        return {name for name in archive.namelist() if not name.startswith("torch_fastdata-")}
+
+
+def test_the_wheel_carries_the_package_its_types_and_the_compiled_module(tmp_path: Path) -> None:
+    files = _wheel_files(tmp_path)
+    assert {"fastdata/__init__.py", "fastdata/py.typed", "fastdata/_lookup.pyi"} <= files
+    assert [name for name in files if name.startswith("fastdata/_lookup.cpython")]
+    assert not [name for name in files if not name.startswith("fastdata/")]  # no tests, tools
+    assert not [name for name in files if name.endswith(".c")]  # the source stays in the sdist
+    modules = {name for name in files if name.endswith(".py")}
+    assert modules == {n for n in _tracked() if n.startswith("fastdata/") and n.endswith(".py")}
+
+
+def test_without_a_compiler_the_wheel_builds_without_the_compiled_module(tmp_path: Path) -> None:
+    files = _wheel_files(tmp_path, CC="/bin/false")
+    assert "fastdata/_lookup.pyi" in files and "fastdata/gpu/normalize.py" in files
+    assert not [name for name in files if name.startswith("fastdata/_lookup.cpython")]

@@ -33,7 +33,11 @@ import pytest
 from fastdata.cli import main
 from fastdata.shards import load_manifest
 from tests.detection_sets import painted_photos, write_coco, write_voc, write_yolo
-from tests.preprocess.test_ray_engine import _ray_module, ray_instance  # noqa: F401
+from tests.preprocess.test_ray_engine import (  # noqa: F401
+    _ray_folder,
+    _ray_module,
+    ray_instance,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = (

@@ -32,7 +32,11 @@ from fastdata.cli import main
 from fastdata.datasets import ShardDataset, passthrough_collate
 from tests.conftest import DEMO_IMAGES, make_demo_workdir
 from tests.detection_sets import painted_photos, write_coco
-from tests.preprocess.test_ray_engine import _ray_module, ray_instance  # noqa: F401
+from tests.preprocess.test_ray_engine import (  # noqa: F401
+    _ray_folder,
+    _ray_module,
+    ray_instance,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

@@ -15,7 +15,11 @@ import pytest
 import torch
 
 from tests.conftest import make_demo_workdir
-from tests.preprocess.test_ray_engine import _ray_module, ray_instance  # noqa: F401
+from tests.preprocess.test_ray_engine import (  # noqa: F401
+    _ray_folder,
+    _ray_module,
+    ray_instance,
+)
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 MAX_LINES = 200

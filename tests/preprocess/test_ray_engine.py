@@ -40,12 +40,29 @@ def _ray_module() -> Iterator[Any]:
         ray.shutdown()
 
 
+@pytest.fixture(scope="module")
+def _ray_folder(_ray_module: Any) -> Iterator[Path]:
+    """The private temporary folder of the instance started in this process (removed after
+    it is shut down)."""
+    folder = Path(tempfile.mkdtemp(prefix="fdray", dir="/tmp"))
+    yield folder
+    if _ray_module.is_initialized():
+        _ray_module.shutdown()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture
-def ray_instance(_ray_module: Any) -> Any:
+def ray_instance(_ray_module: Any, _ray_folder: Path) -> Any:
     """Ray running in this process (started once, and again after a test shut it down)."""
     if not _ray_module.is_initialized():
         # "local": a private instance even when `ray start` runs one on this machine
-        _ray_module.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+        _ray_module.init(
+            address="local",
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            _temp_dir=str(_ray_folder),
+        )
     return _ray_module
 
 

@@ -274,8 +274,7 @@ class _PackedList(list[torch.Tensor]):
         dtype = items[0].dtype
         shapes = [tuple(item.shape) for item in items]
         flat = torch.cat([item.detach().reshape(-1) for item in items]) if items else None
-        data = bytearray() if flat is None else bytearray(flat.numpy().tobytes())
-        return (_unpack, (data, dtype, shapes))
+        return (_unpack, (bytearray() if flat is None else _bytes_of(flat), dtype, shapes))
 
 
 class _PackedTensor(_Marked):
@@ -293,14 +292,18 @@ class _PackedTensor(_Marked):
         plain = self._plain()
         if type(plain) is not torch.Tensor or plain.requires_grad:
             return plain.__reduce_ex__(protocol)
-        data = bytearray(plain.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-        return (_tensor_from_bytes, (data, plain.dtype, tuple(plain.shape)))
+        return (_tensor_from_bytes, (_bytes_of(plain), plain.dtype, tuple(plain.shape)))
 
 
 def _tensor_from_bytes(data: bytearray, dtype: torch.dtype, shape: tuple[int, ...]) -> Any:
     if not data:
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(data, dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+def _bytes_of(tensor: torch.Tensor) -> bytearray:
+    """A copy of the values of a CPU tensor of any dtype (bfloat16 too, which NumPy lacks)."""
+    return bytearray(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
 def _as_bytes(item: Any) -> bool:

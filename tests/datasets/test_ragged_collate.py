@@ -114,6 +114,20 @@ def test_a_worker_sends_each_ragged_field_as_one_buffer(
     assert 0 in COUNTS  # an empty sample travels too
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.bool])
+def test_a_worker_sends_a_list_of_any_dtype_as_one_buffer(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
+    """Lists of tensors of dtypes NumPy lacks (bfloat16) travel too, values unchanged."""
+    images = torch.zeros(3, 3, 4, 4, dtype=torch.uint8)
+    values = [(torch.arange(count * 4) % 5).to(dtype).reshape(count, 4) for count in (2, 0, 3)]
+    monkeypatch.setattr(collate_module, "get_worker_info", object)  # as in a worker
+    received = pickle.loads(ForkingPickler.dumps(passthrough_collate((images, values))))
+    assert type(received[1]) is list and len(received[1]) == 3
+    for got, want in zip(received[1], values, strict=True):
+        assert got.dtype == dtype and got.shape == want.shape and torch.equal(got, want)
+
+
 def test_passthrough_collate_packs_a_plain_datasets_ragged_fields(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
